@@ -1,0 +1,174 @@
+"""The names every part of fedgate shares: one source of truth.
+
+Gateways, the backend wiring, the router, the demo and the tests import these
+instead of spelling exchange names or headers themselves.  Changing a name here
+changes it everywhere; a name that has to change on a running federation
+needs a migration, so treat these as a wire contract.
+
+Message paths (see docs/architecture.md):
+
+  uplink    device --MQTT--> gateway amq.topic ==federation==> backend
+            TELEMETRY_EXCHANGE --#--> UPLINK_QUEUE
+  presence  gateway amq.rabbitmq.event ==federation==> backend PRESENCE_EXCHANGE
+  downlink  backend downlink_exchange(region) ==federation==> gateway
+            GATEWAY_DOWNLINK_EXCHANGE --#--> amq.topic --> MQTT subscriber
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# --- backend -------------------------------------------------------------
+
+#: Cluster name of the backend; federation uses cluster names to detect cycles.
+BACKEND_CLUSTER_NAME = "fedgate-backend"
+
+#: Topic exchange on the backend receiving every device publish from every
+#: gateway (federated from each gateway's MQTT exchange).  Routing keys are the
+#: MQTT topics in AMQP form (see mqtt_topic_to_routing_key).
+TELEMETRY_EXCHANGE = "fedgate.telemetry"
+
+#: Durable quorum queue bound to TELEMETRY_EXCHANGE with "#": the intake of
+#: the Kafka bridge.  Bound on the backend so that the federation keeps a
+#: binding on every gateway even while no consumer runs.
+UPLINK_QUEUE = "fedgate.uplink"
+
+#: Topic exchange on the backend receiving the gateways' connection events.
+PRESENCE_EXCHANGE = "fedgate.presence"
+
+#: Routing keys of the gateway events presence needs.  Consumers bind with
+#: these (not "#") so that the gateways only forward connection events.
+PRESENCE_EVENT_KEYS = ("connection.created", "connection.closed")
+
+DOWNLINK_EXCHANGE_PREFIX = "fedgate.downlink."
+
+
+def downlink_exchange(region: str) -> str:
+    """Backend exchange that only `region`'s gateway pulls."""
+    return DOWNLINK_EXCHANGE_PREFIX + validate_region(region)
+
+
+# --- gateways --------------------------------------------------------------
+
+#: The exchange the MQTT plugin publishes device messages to and binds device
+#: subscriptions on.
+MQTT_EXCHANGE = "amq.topic"
+
+#: rabbitmq_event_exchange's exchange on every gateway.
+EVENT_EXCHANGE = "amq.rabbitmq.event"
+
+#: Exchange on each gateway federated from its region's backend downlink
+#: exchange; bound to MQTT_EXCHANGE with "#", the one and only downlink binding.
+GATEWAY_DOWNLINK_EXCHANGE = "fedgate.downlink"
+
+# --- users -------------------------------------------------------------------
+
+#: Administrator on every node (management UI, the fedgate CLI).  Replaces
+#: RabbitMQ's `guest`, which fedgate never creates.
+ADMIN_USER = "fedgate-admin"
+
+#: User the backend's federation links log into gateways with.
+BACKEND_LINK_USER = "fedgate-backend"
+
+#: MQTT user of devices on the local default (per-device identity comes with
+#: device authentication).
+DEVICE_USER = "device"
+
+
+def gateway_link_user(region: str) -> str:
+    """User a region's gateway logs into the backend with (its downlink link)."""
+    return "gw-" + validate_region(region)
+
+
+def gateway_upstream_name(region: str) -> str:
+    """Name of the backend's federation upstream pointing at a region's gateway."""
+    return "gw-" + validate_region(region)
+
+
+# --- headers -----------------------------------------------------------------
+
+#: Header RabbitMQ federation adds to every message it moves: a list, newest
+#: hop first, of tables with `cluster-name`, `exchange`, `uri`, `redelivered`.
+RECEIVED_FROM_HEADER = "x-received-from"
+
+# --- regions -----------------------------------------------------------------
+
+REGION_RE = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
+
+
+class InvalidRegionError(ValueError):
+    """A region name that cannot name exchanges, users and nodes."""
+
+
+def validate_region(region: str) -> str:
+    """Return `region` if it is a valid region name, raise otherwise.
+
+    Region names become parts of exchange names, user names, node names and
+    DNS labels, so they are restricted to lowercase letters, digits and
+    hyphens (e.g. ``local-eu``, ``eu-west-1``).
+    """
+    if not isinstance(region, str) or not REGION_RE.match(region):
+        raise InvalidRegionError(
+            f"invalid region name {region!r}: use 3-32 lowercase letters, digits and "
+            "hyphens, starting with a letter (e.g. local-eu, eu-west-1)"
+        )
+    return region
+
+
+def gateway_cluster_name(region: str) -> str:
+    """Cluster name of a region's gateway cluster.
+
+    Federation stamps it into every message it moves (x-received-from), which
+    is how the backend knows the region a device message came from: a
+    gateway cluster is named after its region.
+    """
+    return validate_region(region)
+
+
+def region_from_headers(headers: Mapping[str, Any] | None) -> str | None:
+    """The region an uplink message came from, or None if it did not cross a gateway link.
+
+    Reads the oldest hop of `x-received-from`: the gateway the device
+    published on.
+    """
+    if not headers:
+        return None
+    hops = headers.get(RECEIVED_FROM_HEADER)
+    if not hops:
+        return None
+    first = hops[-1]
+    name = first.get("cluster-name") if isinstance(first, Mapping) else None
+    if isinstance(name, bytes):
+        name = name.decode()
+    return name if isinstance(name, str) and REGION_RE.match(name) else None
+
+
+# --- MQTT topics <-> AMQP routing keys ------------------------------------------
+
+
+def mqtt_topic_to_routing_key(topic: str) -> str:
+    """AMQP routing key RabbitMQ's MQTT plugin uses for an MQTT topic.
+
+    The plugin swaps the separators: "/" becomes "." and "." becomes "/".
+    Filters map the same way ("+" -> "*", "#" stays "#").
+    """
+    return "".join(
+        "." if c == "/" else "/" if c == "." else "*" if c == "+" else c for c in topic
+    )
+
+
+def routing_key_to_mqtt_topic(routing_key: str) -> str:
+    """Inverse of mqtt_topic_to_routing_key (for topics, not filters)."""
+    return "".join("/" if c == "." else "." if c == "/" else c for c in routing_key)
+
+
+def device_command_topic(device: str, name: str) -> str:
+    """MQTT topic a device listens on for a command (convention)."""
+    return f"devices/{device}/commands/{name}"
+
+
+def device_telemetry_topic(device: str, stream: str = "telemetry") -> str:
+    """MQTT topic a device publishes a stream on (convention)."""
+    return f"devices/{device}/{stream}"

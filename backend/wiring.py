@@ -1,0 +1,143 @@
+"""The backend's side of the federation, as data (see backend/definitions.py).
+
+The backend pulls from the gateways: for each region it defines a federation
+upstream pointing at the region's gateway and uses it twice -- once for
+device traffic (gateway ``amq.topic`` -> backend TELEMETRY_EXCHANGE) and once
+for connection events (gateway ``amq.rabbitmq.event`` -> backend
+PRESENCE_EXCHANGE).  Both links use ``ack-mode: on-confirm``: a message leaves
+the gateway's federation queue only after the backend confirmed it, so a
+backend outage is buffered on the gateway.
+
+For the downlink the backend only declares one exchange per region; the
+region's gateway pulls it (gateways/wiring.py) with its own credentials, which
+may touch nothing but that exchange.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from backend import contract as c
+from backend.definitions import (
+    Binding,
+    Exchange,
+    NodeDefinitions,
+    Parameter,
+    Permission,
+    Policy,
+    Queue,
+    User,
+)
+
+UPLINK_UPSTREAM_SET = "fedgate-uplink"
+PRESENCE_UPSTREAM_SET = "fedgate-presence"
+
+
+@dataclass(frozen=True)
+class AmqpEndpoint:
+    """Where a node's AMQP listener is reachable from its federation peer."""
+
+    host: str
+    port: int
+    tls: bool = False
+
+    def uri(self, user: str, password: str) -> str:
+        scheme = "amqps" if self.tls else "amqp"
+        return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class GatewayLink:
+    """What the backend needs to know about one region's gateway cluster."""
+
+    region: str
+    endpoint: AmqpEndpoint
+    #: password of the gateway's own user on the backend (its downlink link)
+    gateway_password: str
+
+
+#: Federation link settings shared by every link fedgate defines.
+LINK_SETTINGS = {
+    # Ack the upstream only once the downstream confirmed: nothing is lost
+    # when either side dies mid-transfer (duplicates are possible, bounded
+    # by prefetch-count).
+    "ack-mode": "on-confirm",
+    # One hop only: a downlink command that reaches a gateway's amq.topic is
+    # never carried back into telemetry.  (Federation's own cycle detection
+    # by cluster name would also stop it; this is the second guard.)
+    "max-hops": 1,
+    "prefetch-count": 1000,
+    "reconnect-delay": 1,
+    "trust-user-id": False,
+}
+
+
+def backend_definitions(
+    gateways: Sequence[GatewayLink],
+    *,
+    admin_password: str,
+    backend_link_password: str,
+) -> NodeDefinitions:
+    """Everything the backend node holds for the given set of gateways."""
+    d = NodeDefinitions(cluster_name=c.BACKEND_CLUSTER_NAME)
+    d.users.append(User(c.ADMIN_USER, admin_password, ("administrator",)))
+    d.permissions.append(Permission(c.ADMIN_USER, ".*", ".*", ".*"))
+
+    d.exchanges += [Exchange(c.TELEMETRY_EXCHANGE), Exchange(c.PRESENCE_EXCHANGE)]
+    # Quorum: survives node restarts and, on a backend cluster, node loss.
+    d.queues.append(Queue(c.UPLINK_QUEUE, arguments={"x-queue-type": "quorum"}))
+    d.bindings.append(Binding(c.TELEMETRY_EXCHANGE, c.UPLINK_QUEUE, "queue", "#"))
+
+    uplink_set = []
+    presence_set = []
+    for gw in gateways:
+        region = c.validate_region(gw.region)
+        upstream = c.gateway_upstream_name(region)
+        d.parameters.append(
+            Parameter(
+                "federation-upstream",
+                upstream,
+                {"uri": gw.endpoint.uri(c.BACKEND_LINK_USER, backend_link_password), **LINK_SETTINGS},
+            )
+        )
+        uplink_set.append({"upstream": upstream, "exchange": c.MQTT_EXCHANGE})
+        presence_set.append({"upstream": upstream, "exchange": c.EVENT_EXCHANGE})
+
+        downlink = c.downlink_exchange(region)
+        d.exchanges.append(Exchange(downlink))
+        link_user = c.gateway_link_user(region)
+        d.users.append(User(link_user, gw.gateway_password))
+        # The gateway's link declares "federation: <exchange> -> <cluster>..."
+        # objects here; it may create those and read its own downlink exchange
+        # -- not another region's, and nothing else.
+        own = re.escape(downlink)
+        fed = f"federation: {own} -> .*"
+        d.permissions.append(
+            Permission(link_user, configure=f"^{fed}$", write=f"^{fed}$", read=f"^({own}|{fed})$")
+        )
+
+    if uplink_set:
+        d.parameters.append(Parameter("federation-upstream-set", UPLINK_UPSTREAM_SET, uplink_set))
+        d.parameters.append(
+            Parameter("federation-upstream-set", PRESENCE_UPSTREAM_SET, presence_set)
+        )
+        d.policies.append(
+            Policy(
+                "fedgate-uplink",
+                f"^{re.escape(c.TELEMETRY_EXCHANGE)}$",
+                "exchanges",
+                {"federation-upstream-set": UPLINK_UPSTREAM_SET},
+            )
+        )
+        d.policies.append(
+            Policy(
+                "fedgate-presence",
+                f"^{re.escape(c.PRESENCE_EXCHANGE)}$",
+                "exchanges",
+                {"federation-upstream-set": PRESENCE_UPSTREAM_SET},
+            )
+        )
+    return d

@@ -1,0 +1,94 @@
+"""A gateway's side of the federation, as data (see backend/definitions.py).
+
+A gateway holds device connections and nothing else of value.  It declares:
+
+- the user the backend's federation links log in with, allowed to read only
+  the MQTT exchange and the event exchange (plus the federation objects those
+  links create);
+- the downlink: exchange GATEWAY_DOWNLINK_EXCHANGE, federated from the
+  backend's exchange for this region only, bound to the MQTT exchange with a
+  single "#" binding.  No per-device binding ever reaches the backend;
+- the MQTT user devices connect with on the local default.
+"""
+
+from __future__ import annotations
+
+import re
+
+from backend import contract as c
+from backend.definitions import (
+    Binding,
+    Exchange,
+    NodeDefinitions,
+    Parameter,
+    Permission,
+    Policy,
+    User,
+)
+from backend.wiring import LINK_SETTINGS, AmqpEndpoint
+
+DOWNLINK_UPSTREAM = "fedgate-backend"
+
+
+def gateway_definitions(
+    region: str,
+    backend: AmqpEndpoint,
+    *,
+    admin_password: str,
+    backend_link_password: str,
+    gateway_password: str,
+    device_password: str,
+) -> NodeDefinitions:
+    """Everything a region's gateway node holds."""
+    region = c.validate_region(region)
+    d = NodeDefinitions(cluster_name=c.gateway_cluster_name(region))
+    d.users.append(User(c.ADMIN_USER, admin_password, ("administrator",)))
+    d.permissions.append(Permission(c.ADMIN_USER, ".*", ".*", ".*"))
+
+    fed = "federation: .*"
+    sources = "|".join(re.escape(x) for x in (c.MQTT_EXCHANGE, c.EVENT_EXCHANGE))
+    d.users.append(User(c.BACKEND_LINK_USER, backend_link_password))
+    d.permissions.append(
+        Permission(
+            c.BACKEND_LINK_USER,
+            configure=f"^{fed}$",
+            write=f"^{fed}$",
+            read=f"^({sources}|{fed})$",
+        )
+    )
+
+    # Devices: publish to and subscribe on the MQTT exchange; the plugin
+    # names subscription queues mqtt-subscription-<client id>qos<n>.
+    mqtt_x = re.escape(c.MQTT_EXCHANGE)
+    d.users.append(User(c.DEVICE_USER, device_password))
+    d.permissions.append(
+        Permission(
+            c.DEVICE_USER,
+            configure="^mqtt-subscription-.*$",
+            write=f"^({mqtt_x}|mqtt-subscription-.*)$",
+            read=f"^({mqtt_x}|mqtt-subscription-.*)$",
+        )
+    )
+
+    d.exchanges.append(Exchange(c.GATEWAY_DOWNLINK_EXCHANGE))
+    d.bindings.append(Binding(c.GATEWAY_DOWNLINK_EXCHANGE, c.MQTT_EXCHANGE, "exchange", "#"))
+    d.parameters.append(
+        Parameter(
+            "federation-upstream",
+            DOWNLINK_UPSTREAM,
+            {
+                "uri": backend.uri(c.gateway_link_user(region), gateway_password),
+                "exchange": c.downlink_exchange(region),
+                **LINK_SETTINGS,
+            },
+        )
+    )
+    d.policies.append(
+        Policy(
+            "fedgate-downlink",
+            f"^{re.escape(c.GATEWAY_DOWNLINK_EXCHANGE)}$",
+            "exchanges",
+            {"federation-upstream": DOWNLINK_UPSTREAM},
+        )
+    )
+    return d

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# fedgate setup: everything the local federation, the tests and the demo need.
+#
+# Idempotent by design: every step checks what is already there and does
+# nothing when it is. A second run takes seconds. Nothing is downloaded later
+# at service start -- the local driver only reads what this script put in
+# place.
+#
+#   1. system packages from Debian: RabbitMQ (with its plugins), a Java
+#      runtime for Kafka and Spark, Maven to resolve jars
+#   2. the project virtualenv (.venv) with the Python dependencies
+#   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
+#   4. Spark's Kafka source jars matching the installed pyspark into
+#      .cache/jars/spark-kafka-<v>/
+#
+# Environment: FEDGATE_VENV (default .venv), FEDGATE_CACHE (default .cache),
+# PYTHON (interpreter used to create the venv, default python3).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="${FEDGATE_VENV:-$ROOT/.venv}"
+CACHE="${FEDGATE_CACHE:-$ROOT/.cache}"
+PYTHON="${PYTHON:-python3}"
+KAFKA_VERSION="4.1.0"
+
+step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+SECONDS=0
+
+# --- 1. system packages -----------------------------------------------------
+need_pkgs=()
+[[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || need_pkgs+=(rabbitmq-server)
+command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
+if ((${#need_pkgs[@]})); then
+    step "installing Debian packages: ${need_pkgs[*]}"
+    [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"
+    # The rabbitmq-server package starts a system-wide broker on 5672 when it
+    # is installed. fedgate runs its own nodes, so keep the system one from
+    # starting (policy-rc.d is Debian's switch for that) -- and only remove
+    # the switch again if we were the ones who put it there.
+    created_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        created_policy=1
+    fi
+    trap '[[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+    [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+else
+    step "Debian packages present (rabbitmq-server, java, maven)"
+fi
+java_major=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')
+[[ "${java_major%%.*}" -ge 17 ]] || die "Kafka 4 and Spark 4 need Java 17 or newer; found $java_major"
+
+# --- 2. Python virtualenv -----------------------------------------------------
+# The stamp holds a hash of pyproject.toml: a changed dependency list
+# reinstalls, an unchanged one skips pip entirely.
+want_stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
+if [[ -f "$VENV/.fedgate-stamp" && "$(cat "$VENV/.fedgate-stamp")" == "$want_stamp" ]]; then
+    step "virtualenv up to date ($VENV)"
+else
+    step "installing Python dependencies into $VENV (pyspark is large: a minute or two)"
+    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q --progress-bar on -e "$ROOT[dev]"
+    echo "$want_stamp" >"$VENV/.fedgate-stamp"
+fi
+
+# --- 3 & 4. jars from Maven Central ---
+# pyspark is pinned to a release whose Kafka source resolves from Maven Central
+# here (4.0.0: the later 4.x Kafka source jars were not all resolvable).
+# -U: retry artifacts an earlier failed run marked missing.---------------------------------------
+fetch_jars() { # name pom dest [extra mvn args...]
+    local name=$1 pom=$2 dest=$3
+    shift 3
+    if [[ -f "$dest/.complete" ]]; then
+        step "$name jars present ($dest)"
+        return
+    fi
+    step "downloading $name jars with Maven into $dest"
+    rm -rf "$dest.partial"
+    mkdir -p "$dest.partial"
+    mvn -B -q -U -f "$pom" "$@" dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$dest.partial" \
+        || die "Maven could not resolve the $name jars (see the output above)"
+    touch "$dest.partial/.complete"
+    rm -rf "$dest"
+    mv "$dest.partial" "$dest"
+}
+fetch_jars "Kafka $KAFKA_VERSION" "$ROOT/infra/setup/kafka-pom.xml" \
+    "$CACHE/jars/kafka-$KAFKA_VERSION" -Dkafka.version="$KAFKA_VERSION"
+
+spark_version=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
+spark_jars="$CACHE/jars/spark-kafka-$spark_version"
+if [[ ! -f "$spark_jars/.complete" ]]; then
+    fetch_jars "Spark Kafka source $spark_version" "$ROOT/infra/setup/spark-kafka-pom.xml" \
+        "$spark_jars" -Dspark.version="$spark_version"
+    # Keep only what pyspark lacks: a second scala-library or hadoop client on
+    # the classpath would shadow pyspark's own and break at run time.
+    pyspark_jars=$("$VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+    for jar in "$spark_jars"/*.jar; do
+        artifact=$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')
+        if compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null; then rm -f "$jar"; fi
+    done
+else
+    step "Spark Kafka source $spark_version jars present ($spark_jars)"
+fi
+
+step "done in ${SECONDS}s"
