@@ -1,0 +1,158 @@
+"""Small blocking AMQP helpers (pika) for backend tools, the demo and the tests.
+
+The router uses aio-pika; these are for scripts that want to look at or
+inject traffic on the backend: tap an exchange, read the uplink queue,
+publish to a region's downlink -- always with publisher confirms.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from backend import contract as c
+
+
+@dataclass(frozen=True)
+class UplinkMessage:
+    """A device message as the backend sees it."""
+
+    region: str | None
+    topic: str
+    payload: bytes
+    headers: dict[str, Any]
+    delivery_tag: int = 0
+
+    @property
+    def device(self) -> str | None:
+        parts = self.topic.split("/")
+        return parts[1] if len(parts) >= 2 and parts[0] == "devices" else None
+
+
+def to_uplink(method: Any, props: pika.BasicProperties, body: bytes) -> UplinkMessage:
+    headers = dict(props.headers or {})
+    return UplinkMessage(
+        region=c.region_from_headers(headers),
+        topic=c.routing_key_to_mqtt_topic(method.routing_key),
+        payload=body,
+        headers=headers,
+        delivery_tag=method.delivery_tag,
+    )
+
+
+def connect(url: str, timeout: float = 10.0) -> pika.BlockingConnection:
+    params = pika.URLParameters(url)
+    params.socket_timeout = timeout
+    params.blocked_connection_timeout = 60
+    params.heartbeat = 30
+    return pika.BlockingConnection(params)
+
+
+def publish_downlink(
+    url: str, region: str, topic: str, payload: bytes | str, *, headers: dict[str, Any] | None = None
+) -> None:
+    """Publish a message to `region`'s downlink exchange and wait for the broker's confirm.
+
+    `topic` is the MQTT topic the device subscribed to.  Raises if the broker
+    cannot route it (mandatory): the region's gateway has never linked.
+    """
+    conn = connect(url)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish(
+            exchange=c.downlink_exchange(region),
+            routing_key=c.mqtt_topic_to_routing_key(topic),
+            body=payload.encode() if isinstance(payload, str) else payload,
+            properties=pika.BasicProperties(
+                delivery_mode=pika.DeliveryMode.Persistent,
+                headers=headers or {},
+                message_id=str(uuid.uuid4()),
+            ),
+            mandatory=True,
+        )
+    finally:
+        conn.close()
+
+
+class Tap:
+    """A temporary queue on the backend bound to an exchange: see what flows through it.
+
+    Use as a context manager; the queue is exclusive and vanishes with the
+    connection.  With `durable_name`, a durable queue of that name is used
+    instead (and survives a backend restart; delete it with `delete()`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        exchange: str,
+        keys: Iterable[str] = ("#",),
+        *,
+        durable_name: str | None = None,
+    ):
+        self.url = url
+        self.exchange = exchange
+        self.keys = list(keys)
+        self.durable_name = durable_name
+        self.conn: pika.BlockingConnection | None = None
+        self.queue = durable_name or ""
+
+    def open(self) -> Tap:
+        self.conn = connect(self.url)
+        ch = self.conn.channel()
+        if self.durable_name:
+            ch.queue_declare(self.durable_name, durable=True,
+                             arguments={"x-queue-type": "quorum"})  # fmt: skip
+            self.queue = self.durable_name
+        else:
+            self.queue = ch.queue_declare("", exclusive=True).method.queue
+        for key in self.keys:
+            ch.queue_bind(self.queue, self.exchange, routing_key=key)
+        self.ch = ch
+        return self
+
+    def drain(self, expect: int | None = None, timeout: float = 10.0, idle: float = 1.0) -> list[UplinkMessage]:
+        """Read and ack messages until `expect` arrived (or `timeout`), or, without
+        `expect`, until none arrived for `idle` seconds."""
+        assert self.conn is not None
+        out: list[UplinkMessage] = []
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            method, props, body = self.ch.basic_get(self.queue, auto_ack=False)
+            if method is None:
+                if expect is None and time.monotonic() - last > idle:
+                    break
+                self.conn.process_data_events(time_limit=0.05)
+                continue
+            out.append(to_uplink(method, props, body))
+            self.ch.basic_ack(method.delivery_tag)
+            last = time.monotonic()
+            if expect is not None and len(out) >= expect:
+                break
+        return out
+
+    def delete(self) -> None:
+        if self.conn is not None and self.durable_name:
+            self.ch.queue_delete(self.durable_name)
+
+    def close(self) -> None:
+        if self.conn is not None and self.conn.is_open:
+            try:
+                self.conn.close()
+            except pika.exceptions.AMQPError:
+                pass
+        self.conn = None
+
+    def __enter__(self) -> Tap:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

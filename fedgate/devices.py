@@ -1,0 +1,150 @@
+"""Simulated devices: real MQTT 3.1.1 clients (paho-mqtt) for the demo and the tests.
+
+A SimDevice connects to its region's gateway, publishes at QoS 1 and waits
+for the PUBACK (the gateway's confirm that the message is safely queued), and
+records what it receives.  It is deliberately synchronous and small; the
+device army for benchmarks builds on the same client.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+
+class DeviceError(RuntimeError):
+    pass
+
+
+@dataclass
+class Received:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    at: float = field(default_factory=time.time)
+
+    def json(self) -> Any:
+        return json.loads(self.payload)
+
+
+class SimDevice:
+    def __init__(
+        self,
+        device_id: str,
+        host: str,
+        port: int,
+        username: str,
+        password: str,
+        *,
+        clean_session: bool = True,
+        keepalive: int = 30,
+    ):
+        self.device_id = device_id
+        self.host, self.port = host, port
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=device_id,
+            clean_session=clean_session,
+            protocol=mqtt.MQTTv311,
+        )
+        self.client.username_pw_set(username, password)
+        self.keepalive = keepalive
+        self.received: list[Received] = []
+        self._cond = threading.Condition()
+        self._connected = threading.Event()
+        self._connect_rc: Any = None
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.client.on_disconnect = self._on_disconnect
+        # PUBACKs can take a while when the gateway applies back-pressure.
+        self.client.max_inflight_messages_set(100)
+
+    # --- callbacks (paho's network thread) ------------------------------------
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        self._connect_rc = rc
+        self._connected.set()
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        self._connected.clear()
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        with self._cond:
+            self.received.append(Received(msg.topic, msg.payload, msg.qos, msg.retain))
+            self._cond.notify_all()
+
+    # --- API ---------------------------------------------------------------------
+
+    def connect(self, timeout: float = 10.0) -> SimDevice:
+        self._connected.clear()
+        try:
+            self.client.connect(self.host, self.port, keepalive=self.keepalive)
+        except OSError as e:
+            raise DeviceError(f"{self.device_id}: cannot reach {self.host}:{self.port}: {e}") from e
+        self.client.loop_start()
+        if not self._connected.wait(timeout):
+            self.close()
+            raise DeviceError(f"{self.device_id}: no CONNACK from {self.host}:{self.port} in {timeout}s")
+        if self._connect_rc != 0 and getattr(self._connect_rc, "is_failure", True):
+            rc = self._connect_rc
+            self.close()
+            raise DeviceError(f"{self.device_id}: connection refused: {rc}")
+        return self
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def subscribe(self, topic_filter: str, qos: int = 1, timeout: float = 10.0) -> None:
+        done = threading.Event()
+
+        def on_subscribe(client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
+            done.set()
+
+        self.client.on_subscribe = on_subscribe
+        result, _ = self.client.subscribe(topic_filter, qos)
+        if result != mqtt.MQTT_ERR_SUCCESS or not done.wait(timeout):
+            raise DeviceError(f"{self.device_id}: SUBSCRIBE {topic_filter} not acknowledged")
+
+    def publish(self, topic: str, payload: bytes | str | dict[str, Any], qos: int = 1,
+                timeout: float = 10.0) -> None:  # fmt: skip
+        """Publish and, for QoS 1, wait until the gateway acknowledged (PUBACK)."""
+        if isinstance(payload, dict):
+            payload = json.dumps(payload)
+        info = self.client.publish(topic, payload, qos=qos)
+        if qos > 0:
+            info.wait_for_publish(timeout)
+            if not info.is_published():
+                raise DeviceError(f"{self.device_id}: no PUBACK for {topic} in {timeout}s")
+
+    def publish_async(self, topic: str, payload: bytes | str, qos: int = 1) -> mqtt.MQTTMessageInfo:
+        return self.client.publish(topic, payload, qos=qos)
+
+    def wait_for(self, count: int = 1, timeout: float = 10.0) -> list[Received]:
+        """Wait until at least `count` messages arrived; return all received so far."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self.received) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return list(self.received)
+
+    def close(self) -> None:
+        try:
+            self.client.disconnect()
+        finally:
+            self.client.loop_stop()
+
+    def __enter__(self) -> SimDevice:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,490 @@
+"""The local driver: the local way of stamping out a federation on one machine.
+
+``up`` starts epmd, the backend node, one gateway node per region and a Kafka
+broker, waits for each to be ready, applies the federation wiring (the same
+definitions a cloud region gets) and waits for the federation links.  ``down``
+stops them all and checks that no process is left.  ``status`` reports on
+every node.
+
+Everything lives under the state dir::
+
+    state/
+      federation.json   the nodes, their roles, regions and ports (status --json reads it)
+      secrets.json      generated passwords (mode 600)
+      home/             HOME of the Erlang nodes (.erlang.cookie)
+      nodes/<node>/     config, data, logs and pid of each node
+"""
+
+from __future__ import annotations
+
+import json
+import secrets as pysecrets
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend import contract as c
+from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
+from gateways.wiring import gateway_definitions
+from infra.local import processes
+from infra.local.nodes import (
+    NODE_CLASSES,
+    ROLE_BACKEND,
+    ROLE_EPMD,
+    ROLE_GATEWAY,
+    ROLE_KAFKA,
+    KafkaNode,
+    Node,
+    NodeError,
+    NodeSpec,
+    RabbitNode,
+)
+from infra.local.settings import LocalSettings
+from infra.rabbitmq_admin import AdminError
+
+Progress = Callable[[str], None]
+
+#: Offsets of each node's ports from port_base.
+EPMD_OFFSET = 0
+KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11}
+BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23}
+GATEWAY_BASE_OFFSET = 100
+GATEWAY_STRIDE = 10
+GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4}
+
+BACKEND_NODE = "backend"
+KAFKA_NODE = "kafka"
+EPMD_NODE = "epmd"
+
+
+def gateway_node_name(region: str) -> str:
+    return "gw-" + c.validate_region(region)
+
+
+class FederationError(RuntimeError):
+    """`up` could not bring the federation up; nothing it started is left running."""
+
+
+def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = None) -> list[NodeSpec]:
+    """Every node of the federation with its ports.
+
+    Nodes already recorded in federation.json keep their ports (a region added
+    later does not move the others); new ones get theirs from the layout;
+    ``settings.ports`` pins any single port.
+    """
+    recorded = recorded or {}
+    base = settings.port_base
+
+    def spec(name: str, role: str, region: str | None, offsets: dict[str, int], start: int) -> NodeSpec:
+        if name in recorded:
+            ports = dict(recorded[name].ports)
+        else:
+            ports = {k: start + off for k, off in offsets.items()}
+        for k in ports:
+            pinned = settings.ports.get(f"{name}.{k}")
+            if pinned:
+                ports[k] = pinned
+        return NodeSpec(name, role, region, ports)
+
+    specs = [
+        spec(EPMD_NODE, ROLE_EPMD, None, {"epmd": 0}, base + EPMD_OFFSET),
+        spec(BACKEND_NODE, ROLE_BACKEND, None, BACKEND_OFFSETS, base),
+    ]
+    used_slots = {
+        (s.ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+        for s in recorded.values()
+        if s.role == ROLE_GATEWAY
+    }
+    next_slot = 0
+    # Gateways recorded but no longer configured stay part of the federation
+    # until they are removed explicitly: `up` must never orphan a running node.
+    extra = [s.region for s in recorded.values() if s.role == ROLE_GATEWAY and s.region not in settings.regions]
+    for region in [*settings.regions, *(r for r in extra if r)]:
+        name = gateway_node_name(region)
+        if name in recorded:
+            slot = 0
+        else:
+            while next_slot in used_slots:
+                next_slot += 1
+            slot = next_slot
+            used_slots.add(slot)
+        start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
+        specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
+    specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
+
+    seen: dict[int, str] = {}
+    for s in specs:
+        for k, p in s.ports.items():
+            if p in seen:
+                raise FederationError(f"port {p} is given to both {seen[p]} and {s.name}.{k}")
+            seen[p] = f"{s.name}.{k}"
+    return specs
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    role: str
+    region: str | None
+    ports: dict[str, int]
+    state: str  # running | stopped | unhealthy
+    pid: int | None
+    connections: int | None
+    messages: int | None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class LocalFederation:
+    def __init__(self, settings: LocalSettings, progress: Progress | None = None):
+        self.settings = settings
+        self.state_dir = settings.state_dir
+        self.progress: Progress = progress or (lambda msg: None)
+
+    # --- files -------------------------------------------------------------------
+
+    @property
+    def record_file(self) -> Path:
+        return self.state_dir / "federation.json"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.state_dir / "secrets.json"
+
+    def recorded(self) -> dict[str, NodeSpec]:
+        try:
+            data = json.loads(self.record_file.read_text())
+        except FileNotFoundError:
+            return {}
+        return {n["name"]: NodeSpec.from_json(n) for n in data["nodes"]}
+
+    def specs(self) -> list[NodeSpec]:
+        """The nodes of this federation: as recorded while it exists, else as configured."""
+        recorded = self.recorded()
+        if recorded:
+            return list(recorded.values())
+        return port_layout(self.settings)
+
+    def secrets(self) -> dict[str, Any]:
+        """Generated credentials, created once per state dir."""
+        try:
+            data: dict[str, Any] = json.loads(self.secrets_file.read_text())
+        except FileNotFoundError:
+            data = {}
+        changed = False
+        for key in ("admin", "backend_link", "device", "erlang_cookie"):
+            if key not in data:
+                data[key] = pysecrets.token_urlsafe(18)
+                changed = True
+        gw = data.setdefault("gateways", {})
+        for region in self.settings.regions:
+            if region not in gw:
+                gw[region] = pysecrets.token_urlsafe(18)
+                changed = True
+        if changed:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.secrets_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2))
+            tmp.chmod(0o600)
+            tmp.replace(self.secrets_file)
+        return data
+
+    def _write_record(self, specs: list[NodeSpec]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "state_dir": str(self.state_dir),
+            "host": self.settings.host,
+            "secrets_file": str(self.secrets_file),
+            "nodes": [s.to_json() for s in specs],
+        }
+        tmp = self.record_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.record_file)
+
+    def _prepare_home(self, cookie: str) -> None:
+        home = self.state_dir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        path = home / ".erlang.cookie"
+        if not path.exists():
+            path.write_text(cookie)
+            path.chmod(0o400)
+
+    # --- nodes -------------------------------------------------------------------
+
+    def nodes(self, specs: list[NodeSpec] | None = None) -> list[Node]:
+        specs = specs or self.specs()
+        sec = self.secrets()
+        epmd_port = next(s.ports["epmd"] for s in specs if s.role == ROLE_EPMD)
+        return [NODE_CLASSES[s.role](s, self.settings, sec, epmd_port) for s in specs]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r} in this federation")
+
+    def gateways(self) -> list[RabbitNode]:
+        return [n for n in self.nodes() if isinstance(n, RabbitNode) and n.spec.role == ROLE_GATEWAY]
+
+    def backend(self) -> RabbitNode:
+        node = self.node(BACKEND_NODE)
+        assert isinstance(node, RabbitNode)
+        return node
+
+    def kafka(self) -> KafkaNode:
+        node = self.node(KAFKA_NODE)
+        assert isinstance(node, KafkaNode)
+        return node
+
+    # --- up ------------------------------------------------------------------------
+
+    def up(self) -> list[NodeStatus]:
+        """Start whatever is not running, wire the federation, wait until it carries traffic.
+
+        Idempotent: with everything running it only re-checks the wiring. On
+        any failure every node this call started is stopped again and
+        FederationError names the node and its log.
+        """
+        t0 = time.monotonic()
+        specs = port_layout(self.settings, self.recorded())
+        sec = self.secrets()
+        self._prepare_home(sec["erlang_cookie"])
+        nodes = self.nodes(specs)
+        to_start = [n for n in nodes if not n.is_running()]
+        if not to_start:
+            self.progress("federation already up")
+            return self.status()
+
+        for n in to_start:
+            try:
+                n.preflight()
+            except NodeError as e:
+                raise FederationError(str(e)) from e
+        self._write_record(specs)
+
+        started: list[Node] = []
+        try:
+            # epmd first: the Erlang nodes register with it as they boot.
+            for n in to_start:
+                if n.spec.role == ROLE_EPMD:
+                    self._start_and_wait([n], started)
+            others = [n for n in to_start if n.spec.role != ROLE_EPMD]
+            # The rest boot in parallel; a gateway's first boot takes ~11 s.
+            self._start_and_wait(others, started)
+            self._wire(nodes)
+        except (NodeError, AdminError, TimeoutError) as e:
+            self.progress(f"error: {e}; stopping what this run started")
+            for n in reversed(started):
+                n.stop(grace=15)
+            raise FederationError(str(e)) from e
+        self.progress(f"federation up in {time.monotonic() - t0:.1f}s")
+        return self.status()
+
+    def _start_and_wait(self, nodes: list[Node], started: list[Node]) -> None:
+        t0 = time.monotonic()
+        for n in nodes:
+            self.progress(f"starting {n.name} ({self._ports_text(n.spec)})")
+            n.start()
+            started.append(n)
+        waiting = list(nodes)
+        deadline = t0 + self.settings.boot_timeout
+        last_note = t0
+        while waiting:
+            for n in list(waiting):
+                code = n.exited()
+                if code is not None:
+                    raise NodeError(f"{n.name} failed to boot (exit code {code}); see {n.log_file}")
+                if n.ready():
+                    waiting.remove(n)
+                    self.progress(f"{n.name} ready in {time.monotonic() - t0:.1f}s")
+            if not waiting:
+                break
+            now = time.monotonic()
+            if now > deadline:
+                n = waiting[0]
+                raise NodeError(
+                    f"{n.name} not ready after {self.settings.boot_timeout:.0f}s; see {n.log_file}"
+                )
+            if now - last_note > 10:
+                self.progress(f"waiting for {', '.join(n.name for n in waiting)} ...")
+                last_note = now
+            time.sleep(0.25)
+
+    def _wire(self, nodes: list[Node]) -> None:
+        """Apply the federation definitions to every RabbitMQ node and wait for the links."""
+        sec = self.secrets()
+        backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
+        gateways = [n for n in nodes if n.spec.role == ROLE_GATEWAY]
+        assert isinstance(backend, RabbitNode)
+        host = self.settings.host
+        backend_ep = AmqpEndpoint(host, backend.spec.ports["amqp"])
+        for gw in gateways:
+            assert isinstance(gw, RabbitNode) and gw.spec.region
+            gw.admin().apply(
+                gateway_definitions(
+                    gw.spec.region,
+                    backend_ep,
+                    admin_password=sec["admin"],
+                    backend_link_password=sec["backend_link"],
+                    gateway_password=sec["gateways"][gw.spec.region],
+                    device_password=sec["device"],
+                )
+            )
+        links = [
+            GatewayLink(
+                gw.spec.region or "",
+                AmqpEndpoint(host, gw.spec.ports["amqp"]),
+                sec["gateways"][gw.spec.region],
+            )
+            for gw in gateways
+        ]
+        backend.admin().apply(
+            backend_definitions(
+                links, admin_password=sec["admin"], backend_link_password=sec["backend_link"]
+            )
+        )
+        self.progress("federation wired; waiting for links")
+        self.wait_for_links(timeout=60)
+
+    def link_states(self) -> dict[str, list[tuple[str, str]]]:
+        """Federation links per RabbitMQ node: (upstream/exchange, status)."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for n in self.nodes():
+            if isinstance(n, RabbitNode):
+                try:
+                    links = n.admin(timeout=3).federation_links()
+                except AdminError:
+                    links = []
+                out[n.name] = [
+                    (f"{lk.get('upstream')}:{lk.get('upstream_exchange') or lk.get('exchange')}",
+                     lk.get("status", "?"))
+                    for lk in links
+                ]  # fmt: skip
+        return out
+
+    def wait_for_links(self, timeout: float = 60) -> None:
+        """Block until every federation link is running: 2 per gateway on the backend, 1 on each gateway."""
+        gateways = [n.name for n in self.gateways()]
+        want = {BACKEND_NODE: 2 * len(gateways), **{g: 1 for g in gateways}}
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.link_states()
+            missing = {
+                node: f"{sum(1 for _, s in states.get(node, []) if s == 'running')}/{n} running"
+                for node, n in want.items()
+                if sum(1 for _, s in states.get(node, []) if s == "running") < n
+            }
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"federation links not running after {timeout:.0f}s: {missing}")
+            time.sleep(0.25)
+
+    # --- single nodes (chaos, tests) -------------------------------------------------
+
+    def stop_node(self, name: str) -> None:
+        self.progress(f"stopping {name}")
+        self.node(name).stop()
+
+    def start_node(self, name: str) -> None:
+        """Start one stopped node again and wait until it is ready (wiring persists in its data)."""
+        node = self.node(name)
+        if node.is_running():
+            return
+        node.preflight()
+        self._start_and_wait([node], [])
+
+    # --- down ----------------------------------------------------------------------
+
+    def down(self, purge: bool = False) -> list[int]:
+        """Stop every node (Kafka and gateways first, epmd last); no process is left.
+
+        Returns pids that had to be SIGKILLed (empty on a clean stop).
+        """
+        nodes = self.nodes() if self.record_file.exists() else []
+        running = [n for n in nodes if n.is_running()]
+        order = {ROLE_KAFKA: 0, ROLE_GATEWAY: 1, ROLE_BACKEND: 2, ROLE_EPMD: 3}
+        killed: list[int] = []
+        if not running and not self.leftover_pids():
+            self.progress("federation already down")
+        else:
+            t0 = time.monotonic()
+            for role in sorted(order, key=order.__getitem__):
+                group = [n for n in running if n.spec.role == role]
+                for n in group:
+                    self.progress(f"stopping {n.name}")
+                # nodes of one role stop in parallel: each takes seconds
+                with ThreadPoolExecutor(max_workers=max(1, len(group))) as pool:
+                    list(pool.map(lambda n: n.stop(), group))
+            # anything else carrying this state dir's marker (a crashed node's children)
+            leftovers = self.leftover_pids()
+            if leftovers:
+                killed += processes.stop_marked(self._marker_prefix(), grace=10)
+            self.progress(f"federation down in {time.monotonic() - t0:.1f}s")
+        if purge and self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+            self.progress(f"removed {self.state_dir}")
+        return killed
+
+    def _marker_prefix(self) -> str:
+        return processes.marker(self.state_dir, "")
+
+    def leftover_pids(self) -> list[int]:
+        """Processes of this federation still alive (empty after a clean down)."""
+        return processes.marked_pids(self._marker_prefix())
+
+    # --- status ---------------------------------------------------------------------
+
+    def status(self) -> list[NodeStatus]:
+        out = []
+        for n in self.nodes():
+            pid = n.pid() if n.is_running() else None
+            st = NodeStatus(n.name, n.spec.role, n.spec.region, n.spec.ports,
+                            "running" if pid else "stopped", pid, None, None)  # fmt: skip
+            if pid and isinstance(n, RabbitNode):
+                try:
+                    ov = n.admin(timeout=3).overview()
+                    st.connections = ov.get("object_totals", {}).get("connections")
+                    st.messages = ov.get("queue_totals", {}).get("messages")
+                except AdminError as e:
+                    st.state, st.detail = "unhealthy", str(e)
+            elif pid and isinstance(n, KafkaNode):
+                st.state = "running" if n.ready() else "unhealthy"
+            out.append(st)
+        return out
+
+    @staticmethod
+    def _ports_text(spec: NodeSpec) -> str:
+        return ", ".join(f"{k} {v}" for k, v in spec.ports.items())
+
+    # --- what clients need -------------------------------------------------------------
+
+    def endpoints(self) -> dict[str, Any]:
+        """Connection details for clients (demo, tests, later the router)."""
+        sec = self.secrets()
+        host = self.settings.host
+        b = self.backend().spec.ports
+        return {
+            "host": host,
+            "backend": {
+                "amqp": b["amqp"],
+                "management": b["management"],
+                "url": f"amqp://{c.ADMIN_USER}:{sec['admin']}@{host}:{b['amqp']}/%2F",
+            },
+            "gateways": {
+                g.spec.region: {"mqtt": g.spec.ports["mqtt"], "amqp": g.spec.ports["amqp"],
+                                "management": g.spec.ports["management"]}
+                for g in self.gateways()
+            },  # fmt: skip
+            "kafka": {"bootstrap": self.kafka().bootstrap},
+            "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
+            "device": {"user": c.DEVICE_USER, "password": sec["device"]},
+        }
+
+

@@ -1,0 +1,148 @@
+"""Starting and stopping the local federation's OS processes, leaving none behind.
+
+Every process the local driver starts carries an environment marker,
+``FEDGATE_NODE_ID=<state dir>::<node>``, inherited by all its children
+(Erlang's helper processes, the JVM's).  Liveness and clean-up go by that
+marker, not by pid alone: a stale pid file can never make fedgate signal a
+stranger's process, and ``down`` finds every child even if a wrapper script
+exited early.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+MARKER_VAR = "FEDGATE_NODE_ID"
+
+
+def marker(state_dir: Path, node: str) -> str:
+    return f"{state_dir.resolve()}::{node}"
+
+
+def _read_environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return b""
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # the state field follows the parenthesised command name
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+def marked_pids(prefix: str) -> list[int]:
+    """Live (non-zombie) pids whose environment carries a marker starting with `prefix`."""
+    needle = f"{MARKER_VAR}={prefix}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid == os.getpid():
+            continue
+        for var in _read_environ(pid).split(b"\0"):
+            if var.startswith(needle):
+                if not _is_zombie(pid):
+                    found.append(pid)
+                break
+    return sorted(found)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    node_marker: str,
+    log_path: Path,
+    cwd: Path,
+    max_fds: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a node process in its own session, stdout/stderr appended to `log_path`."""
+    full_env = {**env, MARKER_VAR: node_marker}
+
+    def before_exec() -> None:
+        if max_fds:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            want = max_fds if hard == resource.RLIM_INFINITY else min(max_fds, max(hard, max_fds))
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
+            except (ValueError, OSError):
+                # not root: keep the hard limit we have
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=before_exec,
+        )
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_marked(prefix: str, *, primary: Sequence[int] = (), grace: float = 30.0) -> list[int]:
+    """Stop every process carrying `prefix`, gracefully first.
+
+    SIGTERM goes to the `primary` pids (the node's own process: RabbitMQ and
+    Kafka shut down cleanly on it, children follow).  What is still alive
+    after `grace` seconds gets SIGKILL.  Returns the pids that had to be
+    killed.
+    """
+    targets = list(primary) or marked_pids(prefix)
+    signal_pids(targets, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not marked_pids(prefix):
+            return []
+        _reap_children()
+        time.sleep(0.1)
+    stragglers = marked_pids(prefix)
+    signal_pids(stragglers, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while marked_pids(prefix) and time.monotonic() < deadline:
+        _reap_children()
+        time.sleep(0.05)
+    return stragglers
+
+
+def _reap_children() -> None:
+    """Collect exit statuses of our own children so they do not linger as zombies."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def pid_alive(pid: int, node_marker: str) -> bool:
+    """True if `pid` runs and is the process started for `node_marker`."""
+    if pid <= 0 or _is_zombie(pid):
+        return False
+    env = _read_environ(pid)
+    return f"{MARKER_VAR}={node_marker}".encode() in env.split(b"\0")

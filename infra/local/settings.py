@@ -1,0 +1,182 @@
+"""Typed settings of the local federation, validated at start-up.
+
+Sources, later ones winning: the defaults below, a TOML file (``fedgate.toml``
+in the project root, or the path in ``FEDGATE_CONFIG``), then environment
+variables ``FEDGATE_<FIELD>`` (e.g. ``FEDGATE_PORT_BASE=27000``,
+``FEDGATE_REGIONS=local-eu,local-us``).
+
+Ports: every node gets its ports from ``port_base`` by a fixed layout
+(``port_layout``) that stays clear of the standard ports (1883, 5672, 15672,
+4369, 9092, ...), so a system broker on the same machine does not clash.
+Any single port can be pinned in the TOML file::
+
+    [ports]
+    "gw-local-eu.mqtt" = 18830
+    "kafka.bootstrap" = 19092
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from backend.contract import InvalidRegionError, validate_region
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SettingsError(ValueError):
+    """A setting is missing or wrong; the message names the field."""
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    state_dir: Path = field(
+        default=PROJECT_ROOT / "state",
+        metadata={"doc": "Folder holding every node's config, data, logs and pid (git ignores it)."},
+    )
+    cache_dir: Path = field(
+        default=PROJECT_ROOT / ".cache",
+        metadata={"doc": "Folder `make setup` downloads jars into."},
+    )
+    regions: tuple[str, ...] = field(
+        default=("local-eu", "local-us"),
+        metadata={"doc": "Local regions, one gateway node each."},
+    )
+    port_base: int = field(
+        default=17000,
+        metadata={"doc": "First port of the block every node's ports are laid out in."},
+    )
+    ports: dict[str, int] = field(
+        default_factory=dict,
+        metadata={"doc": 'Pinned ports, "<node>.<port name>" -> port; override the layout.'},
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"doc": "Address every listener binds to (loopback by default)."},
+    )
+    rabbitmq_memory_mb: int = field(
+        default=1024,
+        metadata={"doc": "Memory high watermark of each RabbitMQ node (absolute, MB)."},
+    )
+    gateway_max_fds: int = field(
+        default=65536,
+        metadata={"doc": "File descriptor limit of gateway nodes (one per device connection)."},
+    )
+    mqtt_tcp_buffer: int = field(
+        default=32768,
+        metadata={"doc": "MQTT socket sndbuf/recbuf in bytes (the kernel default costs ~4 MB a connection)."},
+    )
+    kafka_heap_mb: int = field(
+        default=512,
+        metadata={"doc": "Kafka broker JVM heap (MB)."},
+    )
+    kafka_opts: str = field(
+        default="",
+        metadata={"doc": "Extra JVM options for the Kafka broker."},
+    )
+    kafka_version: str = field(
+        default="4.1.0",
+        metadata={"doc": "Apache Kafka release whose jars `make setup` downloaded."},
+    )
+    boot_timeout: float = field(
+        default=90.0,
+        metadata={"doc": "Seconds a node may take to become ready before `up` gives up."},
+    )
+    rabbitmq_bin_dir: Path = field(
+        default=Path("/usr/lib/rabbitmq/bin"),
+        metadata={"doc": "Folder with rabbitmq-server from Debian's package."},
+    )
+
+    # --- derived -------------------------------------------------------------
+
+    @property
+    def kafka_jars(self) -> Path:
+        return self.cache_dir / "jars" / f"kafka-{self.kafka_version}"
+
+    def validate(self) -> LocalSettings:
+        try:
+            for r in self.regions:
+                validate_region(r)
+        except InvalidRegionError as e:
+            raise SettingsError(f"regions: {e}") from e
+        if len(set(self.regions)) != len(self.regions):
+            raise SettingsError(f"regions: duplicate region in {list(self.regions)}")
+        if not 1024 <= self.port_base <= 65535 - 1000:
+            raise SettingsError(f"port_base: {self.port_base} must be in 1024..64535")
+        for key, port in self.ports.items():
+            if "." not in key:
+                raise SettingsError(f"ports: key {key!r} must look like '<node>.<port name>'")
+            if not isinstance(port, int) or not 1 <= port <= 65535:
+                raise SettingsError(f"ports: {key} = {port!r} is not a TCP port")
+        for name in ("rabbitmq_memory_mb", "kafka_heap_mb", "gateway_max_fds", "mqtt_tcp_buffer"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.boot_timeout <= 0:
+            raise SettingsError("boot_timeout: must be positive")
+        return self
+
+
+def _coerce(name: str, kind: Any, raw: Any) -> Any:
+    """Convert a TOML or environment value to the field's type, naming the field on error."""
+    try:
+        if kind in ("Path", Path):
+            return Path(raw).expanduser().resolve()
+        if kind in ("int", int):
+            return int(raw)
+        if kind in ("float", float):
+            return float(raw)
+        if kind in ("tuple[str, ...]",):
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            return tuple(s.strip() for s in items if s.strip())
+        if kind in ("dict[str, int]",):
+            if isinstance(raw, str):  # env: "gw-local-eu.mqtt=18830,kafka.bootstrap=19092"
+                raw = dict(item.split("=", 1) for item in raw.split(",") if item.strip())
+            return {str(k).strip(): int(v) for k, v in dict(raw).items()}
+        return str(raw)
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"{name}: cannot read {raw!r} ({e})") from e
+
+
+def load_settings(
+    env: dict[str, str] | None = None, config_file: Path | None = None, **overrides: Any
+) -> LocalSettings:
+    """Settings from defaults, the TOML file, the environment and `overrides`, validated."""
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    path = config_file or (Path(env["FEDGATE_CONFIG"]) if "FEDGATE_CONFIG" in env else None)
+    if path is None and (PROJECT_ROOT / "fedgate.toml").exists():
+        path = PROJECT_ROOT / "fedgate.toml"
+    known = {f.name: f for f in fields(LocalSettings)}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as e:
+            raise SettingsError(f"config file {path} does not exist") from e
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"config file {path}: {e}") from e
+        for key, raw in data.get("local", data).items():
+            if key not in known:
+                raise SettingsError(f"config file {path}: unknown setting {key!r}")
+            values[key] = _coerce(key, known[key].type, raw)
+    for key, f in known.items():
+        raw = env.get("FEDGATE_" + key.upper())
+        if raw is not None and raw != "":
+            values[key] = _coerce(key, f.type, raw)
+    for key, raw in overrides.items():
+        if key not in known:
+            raise SettingsError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, known[key].type, raw)
+    return LocalSettings(**values).validate()
+
+
+def describe_settings() -> list[tuple[str, str, str]]:
+    """(env var, default, description) for every setting, for docs and --help."""
+    out = []
+    for f in fields(LocalSettings):
+        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        out.append((f"FEDGATE_{f.name.upper()}", str(default), f.metadata.get("doc", "")))
+    return out

@@ -1,0 +1,140 @@
+"""A small client for RabbitMQ's management HTTP API, and the definitions applier.
+
+Used by the local driver and (later) the cloud driver to make a node hold the
+objects the federation wiring describes (backend/definitions.py).  Every call
+is an idempotent PUT/POST, so applying the same definitions twice changes
+nothing; a failed call raises AdminError naming the object.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import quote
+
+from backend.definitions import NodeDefinitions
+
+log = logging.getLogger(__name__)
+
+VHOST = "/"
+
+
+class AdminError(RuntimeError):
+    """A management API call failed. `retriable` is True for connection-level failures."""
+
+    def __init__(self, msg: str, *, retriable: bool = False, status: int | None = None):
+        super().__init__(msg)
+        self.retriable = retriable
+        self.status = status
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
+
+
+class RabbitAdmin:
+    def __init__(self, base_url: str, user: str, password: str, timeout: float = 10.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._auth = f"Basic {token}"
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        url = self.base_url + "/api/" + path.lstrip("/")
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Authorization", self._auth)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            raise AdminError(
+                f"{method} {path}: HTTP {e.code} {detail}", status=e.code, retriable=e.code >= 500
+            ) from e
+        except (urllib.error.URLError, OSError) as e:
+            raise AdminError(f"{method} {path}: {e}", retriable=True) from e
+        return json.loads(raw) if raw else None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    # --- definitions -------------------------------------------------------
+
+    def apply(self, d: NodeDefinitions) -> None:
+        """Make the node hold everything in `d` (vhost "/"). Idempotent."""
+        v = _q(VHOST)
+        self.request("PUT", "cluster-name", {"name": d.cluster_name})
+        for u in d.users:
+            self.request("PUT", f"users/{_q(u.name)}", {"password": u.password, "tags": ",".join(u.tags)})
+        for p in d.permissions:
+            self.request(
+                "PUT",
+                f"permissions/{v}/{_q(p.user)}",
+                {"configure": p.configure, "write": p.write, "read": p.read},
+            )
+        for x in d.exchanges:
+            self.request(
+                "PUT",
+                f"exchanges/{v}/{_q(x.name)}",
+                {
+                    "type": x.type,
+                    "durable": x.durable,
+                    "internal": x.internal,
+                    "auto_delete": False,
+                    "arguments": x.arguments,
+                },
+            )
+        for q in d.queues:
+            self.request(
+                "PUT",
+                f"queues/{v}/{_q(q.name)}",
+                {"durable": q.durable, "auto_delete": False, "arguments": q.arguments},
+            )
+        for b in d.bindings:
+            kind = "q" if b.destination_type == "queue" else "e"
+            self.request(
+                "POST",
+                f"bindings/{v}/e/{_q(b.source)}/{kind}/{_q(b.destination)}",
+                {"routing_key": b.routing_key, "arguments": {}},
+            )
+        # Upstreams before the sets and policies that refer to them.
+        for prm in sorted(d.parameters, key=lambda p: p.component != "federation-upstream"):
+            self.request(
+                "PUT",
+                f"parameters/{_q(prm.component)}/{v}/{_q(prm.name)}",
+                {"value": prm.value, "component": prm.component, "vhost": VHOST, "name": prm.name},
+            )
+        for pol in d.policies:
+            self.request(
+                "PUT",
+                f"policies/{v}/{_q(pol.name)}",
+                {
+                    "pattern": pol.pattern,
+                    "apply-to": pol.apply_to,
+                    "definition": pol.definition,
+                    "priority": pol.priority,
+                },
+            )
+        log.debug("applied %s", json.dumps(asdict(d), default=str)[:200])
+
+    # --- what status and readiness checks read -------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        return self.get("overview")  # type: ignore[no-any-return]
+
+    def federation_links(self) -> list[dict[str, Any]]:
+        return self.get("federation-links")  # type: ignore[no-any-return]
+
+    def connections(self) -> list[dict[str, Any]]:
+        return self.get("connections")  # type: ignore[no-any-return]
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self.get("queues")  # type: ignore[no-any-return]
