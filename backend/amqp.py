@@ -28,6 +28,8 @@ class UplinkMessage:
     payload: bytes
     headers: dict[str, Any]
     delivery_tag: int = 0
+    #: when this process read it (wall clock), for latency figures
+    received_at: float = 0.0
 
     @property
     def device(self) -> str | None:
@@ -43,6 +45,7 @@ def to_uplink(method: Any, props: pika.BasicProperties, body: bytes) -> UplinkMe
         payload=body,
         headers=headers,
         delivery_tag=method.delivery_tag,
+        received_at=time.time(),
     )
 
 

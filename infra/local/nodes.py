@@ -22,7 +22,7 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -65,6 +65,9 @@ class NodeSpec:
 
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # As the servers themselves do: connections of a stopped node lingering
+        # in TIME_WAIT must not count as "in use".
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -91,7 +94,6 @@ class Node:
     settings: LocalSettings
     secrets: dict[str, Any]
     epmd_port: int
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     # --- identity and files --------------------------------------------------
 
@@ -157,16 +159,20 @@ class Node:
         argv, env, max_fds = self.command()
         with open(self.stdout_log, "ab") as f:
             f.write(f"\n==== fedgate: starting {self.name} at {time.ctime()}\n".encode())
-        self.proc = processes.spawn(
+        proc = processes.spawn(
             argv, env=env, node_marker=self.marker, log_path=self.stdout_log, cwd=self.dir, max_fds=max_fds
         )
-        self.pid_file.write_text(str(self.proc.pid))
+        self.pid_file.write_text(str(proc.pid))
 
     def exited(self) -> int | None:
-        """Exit code if the process we started has died (None while it runs)."""
-        if self.proc is not None:
-            return self.proc.poll()
-        return None if self.is_running() else -1
+        """Exit code if the node's process has died, None while it runs."""
+        pid = self.pid()
+        if pid is None:
+            return -1
+        code = processes.exit_code(pid)
+        if code is not None:
+            return code
+        return None if processes.pid_alive(pid, self.marker) else -1
 
     def ready(self) -> bool:
         raise NotImplementedError
@@ -175,9 +181,8 @@ class Node:
         pid = self.pid()
         primary = [pid] if pid is not None and processes.pid_alive(pid, self.marker) else []
         processes.stop_marked(self.marker, primary=primary, grace=grace)
-        if self.proc is not None:
-            self.proc.wait(timeout=5)
-            self.proc = None
+        if pid is not None:
+            processes.forget(pid)
         self.pid_file.unlink(missing_ok=True)
 
     def base_env(self) -> dict[str, str]:

@@ -20,6 +20,11 @@ from pathlib import Path
 
 MARKER_VAR = "FEDGATE_NODE_ID"
 
+#: Node processes this Python process started and has not yet waited for.
+#: Held here, not on short-lived objects, so that a node's Popen is never
+#: garbage-collected while the node runs.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
 
 def marker(state_dir: Path, node: str) -> str:
     return f"{state_dir.resolve()}::{node}"
@@ -84,7 +89,7 @@ def spawn(
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(argv),
             env=full_env,
             cwd=cwd,
@@ -94,6 +99,24 @@ def spawn(
             start_new_session=True,
             preexec_fn=before_exec,
         )
+    _CHILDREN[proc.pid] = proc
+    return proc
+
+
+def exit_code(pid: int) -> int | None:
+    """Exit code of a node process this process started, None while it runs or if not ours."""
+    proc = _CHILDREN.get(pid)
+    return None if proc is None else proc.poll()
+
+
+def forget(pid: int, timeout: float = 5.0) -> None:
+    """Wait for (reap) a stopped child so it leaves no zombie."""
+    proc = _CHILDREN.pop(pid, None)
+    if proc is not None:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _CHILDREN[pid] = proc
 
 
 def signal_pids(pids: Iterable[int], sig: int) -> None:
@@ -116,9 +139,9 @@ def stop_marked(prefix: str, *, primary: Sequence[int] = (), grace: float = 30.0
     signal_pids(targets, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
+        _reap_children()
         if not marked_pids(prefix):
             return []
-        _reap_children()
         time.sleep(0.1)
     stragglers = marked_pids(prefix)
     signal_pids(stragglers, signal.SIGKILL)
@@ -130,14 +153,9 @@ def stop_marked(prefix: str, *, primary: Sequence[int] = (), grace: float = 30.0
 
 
 def _reap_children() -> None:
-    """Collect exit statuses of our own children so they do not linger as zombies."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    """Collect exit statuses of our node children so they do not linger as zombies."""
+    for proc in list(_CHILDREN.values()):
+        proc.poll()
 
 
 def pid_alive(pid: int, node_marker: str) -> bool:

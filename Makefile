@@ -1,0 +1,43 @@
+# fedgate -- make targets are thin wrappers around the `fedgate` command.
+# `make help` lists them.
+
+SHELL := /bin/bash
+VENV ?= .venv
+FEDGATE := $(VENV)/bin/fedgate
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: ## install RabbitMQ, Java, the Python venv and the Kafka/Spark jars (idempotent)
+	@bash infra/setup/setup.sh
+
+up: setup ## start the local federation (backend, gateways, Kafka)
+	@$(FEDGATE) up
+
+down: ## stop the local federation; leaves no process behind
+	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down; else echo "nothing to stop (no $(VENV))"; fi
+
+status: ## nodes, ports, state, connections and queue depths (JSON=1 for --json)
+	@$(FEDGATE) status $(if $(JSON),--json,)
+
+demo: setup ## the whole federation on this machine with devices sending and receiving
+	@$(FEDGATE) demo
+
+test: setup ## unit and integration tests against real RabbitMQ and Kafka
+	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+unit: setup ## unit tests only (no brokers)
+	@$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: setup ## ruff format --check, ruff check, mypy
+	@$(VENV)/bin/ruff format --check .
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/mypy
+
+clean: down ## stop everything and delete the local state (all broker data)
+	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
+
+.PHONY: help setup up down status demo test unit lint clean

@@ -1,0 +1,54 @@
+import pytest
+
+from infra.local.driver import FederationError, port_layout
+from infra.local.nodes import NodeSpec
+from infra.local.settings import load_settings
+
+STANDARD_PORTS = {1883, 8883, 5672, 5671, 15672, 15692, 25672, 4369, 9092, 9093}
+
+
+def _ports(specs):
+    return [p for s in specs for p in s.ports.values()]
+
+
+def test_every_node_gets_distinct_ports_clear_of_the_standard_ones():
+    specs = port_layout(load_settings(env={}))
+    names = [s.name for s in specs]
+    assert names == ["epmd", "backend", "gw-local-eu", "gw-local-us", "kafka"]
+    ports = _ports(specs)
+    assert len(ports) == len(set(ports))
+    assert not set(ports) & STANDARD_PORTS
+    gw = {s.region: s.ports for s in specs if s.role == "gateway"}
+    assert set(gw["local-eu"]) == {"mqtt", "amqp", "management", "dist", "prometheus"}
+
+
+def test_port_base_moves_the_whole_block():
+    a = _ports(port_layout(load_settings(env={}, port_base=20000)))
+    b = _ports(port_layout(load_settings(env={}, port_base=30000)))
+    assert [p - 20000 for p in a] == [p - 30000 for p in b]
+
+
+def test_a_pinned_port_wins():
+    specs = port_layout(load_settings(env={}, ports={"gw-local-us.mqtt": 41883}))
+    assert next(s for s in specs if s.name == "gw-local-us").ports["mqtt"] == 41883
+
+
+def test_recorded_nodes_keep_their_ports_when_a_region_is_added():
+    first = {s.name: s for s in port_layout(load_settings(env={}, regions="local-eu,local-us"))}
+    # local-eu removed from config, local-ap added: local-us keeps its slot,
+    # local-ap does not take it, and the recorded local-eu is kept, not orphaned
+    second = {s.name: s for s in port_layout(load_settings(env={}, regions="local-us,local-ap"), first)}
+    assert second["gw-local-us"].ports == first["gw-local-us"].ports
+    assert "gw-local-eu" in second
+    taken = set(_ports([first["gw-local-eu"], first["gw-local-us"]]))
+    assert not set(second["gw-local-ap"].ports.values()) & taken
+
+
+def test_two_nodes_on_one_port_is_refused():
+    with pytest.raises(FederationError, match="given to both"):
+        port_layout(load_settings(env={}, ports={"kafka.bootstrap": 17100}))
+
+
+def test_node_spec_round_trips_through_json():
+    s = NodeSpec("gw-x", "gateway", "local-x", {"mqtt": 1})
+    assert NodeSpec.from_json(s.to_json()) == s

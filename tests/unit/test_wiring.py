@@ -1,0 +1,88 @@
+"""The federation wiring as data: what each node will hold, checked without a broker."""
+
+import re
+
+from backend import contract as c
+from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
+from gateways.wiring import gateway_definitions
+
+
+def _backend(regions=("local-eu", "local-us")):
+    links = [GatewayLink(r, AmqpEndpoint("127.0.0.1", 5000 + i), f"pw-{r}") for i, r in enumerate(regions)]
+    return backend_definitions(links, admin_password="adm", backend_link_password="bl")
+
+
+def _gateway(region="local-eu"):
+    return gateway_definitions(
+        region,
+        AmqpEndpoint("127.0.0.1", 6000),
+        admin_password="adm",
+        backend_link_password="bl",
+        gateway_password="gwpw",
+        device_password="dev",
+    )
+
+
+def test_backend_pulls_uplink_and_presence_from_every_gateway_on_confirm():
+    d = _backend()
+    upstreams = {p.name: p.value for p in d.parameters if p.component == "federation-upstream"}
+    assert set(upstreams) == {"gw-local-eu", "gw-local-us"}
+    for value in upstreams.values():
+        assert value["ack-mode"] == "on-confirm"
+        assert value["max-hops"] == 1
+        assert value["uri"].startswith("amqp://fedgate-backend:bl@127.0.0.1:")
+    sets = {p.name: p.value for p in d.parameters if p.component == "federation-upstream-set"}
+    assert {e["exchange"] for e in sets["fedgate-uplink"]} == {"amq.topic"}
+    assert {e["exchange"] for e in sets["fedgate-presence"]} == {"amq.rabbitmq.event"}
+    policies = {p.definition.get("federation-upstream-set"): p.pattern for p in d.policies}
+    assert re.match(policies["fedgate-uplink"], c.TELEMETRY_EXCHANGE)
+    assert re.match(policies["fedgate-presence"], c.PRESENCE_EXCHANGE)
+
+
+def test_backend_has_one_downlink_exchange_per_region_and_a_durable_uplink_queue():
+    d = _backend()
+    names = {x.name for x in d.exchanges}
+    assert {"fedgate.downlink.local-eu", "fedgate.downlink.local-us", c.TELEMETRY_EXCHANGE} <= names
+    (q,) = d.queues
+    assert q.name == c.UPLINK_QUEUE and q.durable and q.arguments["x-queue-type"] == "quorum"
+
+
+def test_a_gateway_user_on_the_backend_reaches_only_its_own_downlink():
+    d = _backend()
+    perm = next(p for p in d.permissions if p.user == "gw-local-eu")
+    assert re.match(perm.read, "fedgate.downlink.local-eu")
+    assert re.match(perm.configure, "federation: fedgate.downlink.local-eu -> local-eu")
+    for other in ("fedgate.downlink.local-us", c.TELEMETRY_EXCHANGE, c.UPLINK_QUEUE,
+                  "federation: fedgate.downlink.local-us -> local-us"):  # fmt: skip
+        assert not re.match(perm.read, other), other
+        assert not re.match(perm.configure, other), other
+
+
+def test_no_guest_anywhere():
+    for d in (_backend(), _gateway()):
+        assert "guest" not in {u.name for u in d.users}
+
+
+def test_gateway_pulls_only_its_regions_downlink_with_a_single_binding():
+    d = _gateway("local-eu")
+    (upstream,) = [p for p in d.parameters if p.component == "federation-upstream"]
+    assert upstream.value["exchange"] == "fedgate.downlink.local-eu"
+    assert upstream.value["uri"].startswith("amqp://gw-local-eu:gwpw@")
+    assert upstream.value["ack-mode"] == "on-confirm"
+    assert [(b.source, b.destination, b.routing_key) for b in d.bindings] == [
+        (c.GATEWAY_DOWNLINK_EXCHANGE, c.MQTT_EXCHANGE, "#")
+    ]
+    assert d.cluster_name == "local-eu"
+
+
+def test_backend_link_user_on_a_gateway_reads_only_the_mqtt_and_event_exchanges():
+    d = _gateway()
+    perm = next(p for p in d.permissions if p.user == c.BACKEND_LINK_USER)
+    assert re.match(perm.read, "amq.topic") and re.match(perm.read, "amq.rabbitmq.event")
+    assert not re.match(perm.read, "fedgate.downlink")
+    assert not re.match(perm.configure, "amq.topic")
+
+
+def test_passwords_are_url_encoded_in_upstream_uris():
+    ep = AmqpEndpoint("h", 1)
+    assert ep.uri("u", "p@ss/w:rd") == "amqp://u:p%40ss%2Fw%3Ard@h:1"
