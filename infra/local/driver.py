@@ -299,7 +299,7 @@ class LocalFederation:
             for n in list(waiting):
                 code = n.exited()
                 if code is not None:
-                    raise NodeError(f"{n.name} failed to boot (exit code {code}); see {n.log_file}")
+                    raise NodeError(f"{n.name} failed to boot (exit code {code}); see {n.logs_to_read()}")
                 if n.ready():
                     waiting.remove(n)
                     self.progress(f"{n.name} ready in {time.monotonic() - t0:.1f}s")
@@ -309,7 +309,7 @@ class LocalFederation:
             if now > deadline:
                 n = waiting[0]
                 raise NodeError(
-                    f"{n.name} not ready after {self.settings.boot_timeout:.0f}s; see {n.log_file}"
+                    f"{n.name} not ready after {self.settings.boot_timeout:.0f}s; see {n.logs_to_read()}"
                 )
             if now - last_note > 10:
                 self.progress(f"waiting for {', '.join(n.name for n in waiting)} ...")

@@ -118,6 +118,11 @@ class Node:
         """The log a user should open when the node misbehaves."""
         return self.stdout_log
 
+    def logs_to_read(self) -> str:
+        """The log files that explain a failure, for error messages."""
+        logs = [p for p in dict.fromkeys([self.log_file, self.stdout_log]) if p.exists() and p.stat().st_size]
+        return " and ".join(str(p) for p in logs) or str(self.stdout_log)
+
     @property
     def marker(self) -> str:
         return processes.marker(self.settings.state_dir, self.name)

@@ -1,0 +1,93 @@
+"""A backend outage while devices publish at QoS 1 loses nothing.
+
+What is tried: a device on each gateway publishes numbered QoS 1 messages
+without pause while the backend node is stopped (clean shutdown) and
+started again.  Every message the gateway acknowledged (PUBACK) must reach
+the backend once it is back -- buffered meanwhile in the gateway's
+federation queue, moved with ack-mode on-confirm.  Duplicates are allowed
+(at-least-once) and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from backend import contract as c
+from backend.amqp import Tap
+from fedgate.devices import DeviceError, SimDevice
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+class Publisher(threading.Thread):
+    def __init__(self, dev: SimDevice):
+        super().__init__(daemon=True)
+        self.dev = dev
+        self.acked: list[int] = []
+        self.unacked: list[int] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        seq = 0
+        while not self.stop.is_set():
+            try:
+                self.dev.publish(f"devices/{self.dev.device_id}/telemetry", {"seq": seq}, qos=1, timeout=15)
+                self.acked.append(seq)
+            except DeviceError:
+                self.unacked.append(seq)  # a real device would retry; it was never promised
+            seq += 1
+            time.sleep(0.01)
+
+
+def test_stopping_and_restarting_the_backend_loses_no_qos1_message(federation, endpoints, uid):
+    url = endpoints["backend"]["url"]
+    queue = f"test-outage-{uid}"
+    devs = {r: f"outage-{r}-{uid}" for r in ("local-eu", "local-us")}
+    tap = Tap(url, c.TELEMETRY_EXCHANGE, [f"devices.{d}.#" for d in devs.values()], durable_name=queue).open()
+    tap.close()  # the durable queue collects while the backend is down and after
+
+    pubs = []
+    for region, dev_id in devs.items():
+        d = SimDevice(dev_id, endpoints["host"], endpoints["gateways"][region]["mqtt"],
+                      endpoints["device"]["user"], endpoints["device"]["password"]).connect()  # fmt: skip
+        pubs.append(Publisher(d))
+    for p in pubs:
+        p.start()
+    try:
+        time.sleep(1.0)
+        federation.stop_node("backend")
+        during = [len(p.acked) for p in pubs]
+        time.sleep(2.0)  # devices keep publishing to their gateways
+        federation.start_node("backend")
+        federation.wait_for_links(timeout=60)
+        time.sleep(1.0)
+    finally:
+        for p in pubs:
+            p.stop.set()
+        for p in pubs:
+            p.join(30)
+            p.dev.close()
+
+    acked = {(p.dev.device_id, s) for p in pubs for s in p.acked}
+    published_while_down = sum(len(p.acked) for p in pubs) - sum(during)
+    assert published_while_down > 0, "the test must publish while the backend is down"
+
+    tap = Tap(url, c.TELEMETRY_EXCHANGE, [], durable_name=queue).open()
+    try:
+        got = tap.drain(expect=len(acked), timeout=60)
+        # pick up duplicates that arrive right after
+        got += tap.drain(timeout=5, idle=1.0)
+        tap.delete()
+    finally:
+        tap.close()
+    received = [(m.device, json.loads(m.payload)["seq"]) for m in got]
+    missing = acked - set(received)
+    duplicates = len(received) - len(set(received))
+    print(f"acked={len(acked)} received={len(received)} missing={len(missing)} duplicates={duplicates}")
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+    for m in got:
+        assert m.region == next(r for r, d in devs.items() if d == m.device)

@@ -1,0 +1,97 @@
+"""up / down / status as an operator uses them, and the failures they must report cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.local.driver import FederationError
+from tests.conftest import TEST_PORT_BASE, make_federation
+
+pytestmark = pytest.mark.integration
+
+
+def fedgate(state_dir: Path, port_base: int, *args: str, regions: str | None = None,
+            timeout: float = 180) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    env = {**os.environ, "FEDGATE_STATE_DIR": str(state_dir), "FEDGATE_PORT_BASE": str(port_base)}
+    if regions is not None:
+        env["FEDGATE_REGIONS"] = regions
+    return subprocess.run([sys.executable, "-m", "fedgate.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def test_status_json_gives_every_nodes_role_region_and_ports(federation):
+    out = fedgate(federation.state_dir, TEST_PORT_BASE, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    nodes = {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
+    assert {n["role"] for n in nodes.values()} == {"epmd", "backend", "gateway", "kafka"}
+    for name, region in (("gw-local-eu", "local-eu"), ("gw-local-us", "local-us")):
+        gw = nodes[name]
+        assert gw["region"] == region and gw["state"] == "running"
+        assert {"mqtt", "amqp", "management"} <= set(gw["ports"])
+        assert isinstance(gw["connections"], int)
+    assert {"amqp", "management"} <= set(nodes["backend"]["ports"])
+    assert nodes["kafka"]["ports"]["bootstrap"] == TEST_PORT_BASE + 10
+    assert all(n["state"] == "running" for n in nodes.values())
+
+
+def test_up_while_up_is_a_no_op_that_prints_the_status_table(federation):
+    pids = {n.name: n.pid() for n in federation.nodes()}
+    t0 = time.monotonic()
+    out = fedgate(federation.state_dir, TEST_PORT_BASE, "up")
+    assert out.returncode == 0, out.stderr
+    assert "already up" in out.stderr
+    assert "gw-local-eu" in out.stdout and "running" in out.stdout
+    assert time.monotonic() - t0 < 15
+    assert {n.name: n.pid() for n in federation.nodes()} == pids, "no node was restarted"
+
+
+def test_a_port_in_use_is_named_and_nothing_is_started(tmp_path):
+    base = TEST_PORT_BASE + 1000
+    fed = make_federation(tmp_path / "s", base, regions="local-eu")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", base + 101))  # gw-local-eu's AMQP port
+        squatter.listen()
+        with pytest.raises(FederationError, match=rf"gw-local-eu: port {base + 101} \(amqp\).*in use"):
+            fed.up()
+    assert fed.leftover_pids() == []
+
+
+def test_a_node_that_fails_to_boot_is_named_with_its_log_and_nothing_is_left(tmp_path):
+    """A broken RabbitMQ install: backend exits at once while Kafka and epmd already started."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    script = fake_bin / "rabbitmq-server"
+    script.write_text("#!/bin/sh\necho 'cannot start: simulated broken install' >&2\nexit 1\n")
+    script.chmod(0o755)
+    base = TEST_PORT_BASE + 1200
+    fed = make_federation(tmp_path / "s", base, regions="", rabbitmq_bin_dir=fake_bin)
+    with pytest.raises(FederationError, match=r"backend failed to boot \(exit code 1\); see (\S+)") as err:
+        fed.up()
+    logs = [Path(p) for p in str(err.value).rsplit("see ", 1)[1].split(" and ")]
+    assert any("simulated broken install" in p.read_text() for p in logs)
+    assert fed.leftover_pids() == [], "everything the failed up started is stopped again"
+
+
+def test_down_leaves_no_process_and_is_a_no_op_when_down(tmp_path):
+    base = TEST_PORT_BASE + 1400
+    state = tmp_path / "s"
+    up = fedgate(state, base, "up", regions="local-eu")
+    assert up.returncode == 0, up.stderr
+    fed = make_federation(state, base, regions="local-eu")
+    assert len(fed.leftover_pids()) > 5  # epmd, two Erlang VMs with helpers, a JVM
+
+    down = fedgate(state, base, "down")
+    assert down.returncode == 0, down.stderr
+    assert fed.leftover_pids() == []
+    assert not any(n.is_running() for n in fed.nodes())
+
+    again = fedgate(state, base, "down")
+    assert again.returncode == 0 and "already down" in again.stderr
