@@ -7,6 +7,7 @@ publish to a region's downlink -- always with publisher confirms.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable
@@ -58,7 +59,12 @@ def connect(url: str, timeout: float = 10.0) -> pika.BlockingConnection:
 
 
 def publish_downlink(
-    url: str, region: str, topic: str, payload: bytes | str, *, headers: dict[str, Any] | None = None
+    url: str,
+    region: str,
+    topic: str,
+    payload: bytes | str,
+    *,
+    headers: dict[str, Any] | None = None,
 ) -> None:
     """Publish a message to `region`'s downlink exchange and wait for the broker's confirm.
 
@@ -111,8 +117,7 @@ class Tap:
         self.conn = connect(self.url)
         ch = self.conn.channel()
         if self.durable_name:
-            ch.queue_declare(self.durable_name, durable=True,
-                             arguments={"x-queue-type": "quorum"})  # fmt: skip
+            ch.queue_declare(self.durable_name, durable=True, arguments={"x-queue-type": "quorum"})
             self.queue = self.durable_name
         else:
             self.queue = ch.queue_declare("", exclusive=True).method.queue
@@ -121,7 +126,9 @@ class Tap:
         self.ch = ch
         return self
 
-    def drain(self, expect: int | None = None, timeout: float = 10.0, idle: float = 1.0) -> list[UplinkMessage]:
+    def drain(
+        self, expect: int | None = None, timeout: float = 10.0, idle: float = 1.0
+    ) -> list[UplinkMessage]:
         """Read and ack messages until `expect` arrived (or `timeout`), or, without
         `expect`, until none arrived for `idle` seconds."""
         assert self.conn is not None
@@ -148,10 +155,8 @@ class Tap:
 
     def close(self) -> None:
         if self.conn is not None and self.conn.is_open:
-            try:
+            with contextlib.suppress(pika.exceptions.AMQPError):
                 self.conn.close()
-            except pika.exceptions.AMQPError:
-                pass
         self.conn = None
 
     def __enter__(self) -> Tap:

@@ -154,9 +154,7 @@ def mqtt_topic_to_routing_key(topic: str) -> str:
     The plugin swaps the separators: "/" becomes "." and "." becomes "/".
     Filters map the same way ("+" -> "*", "#" stays "#").
     """
-    return "".join(
-        "." if c == "/" else "/" if c == "." else "*" if c == "+" else c for c in topic
-    )
+    return "".join("." if c == "/" else "/" if c == "." else "*" if c == "+" else c for c in topic)
 
 
 def routing_key_to_mqtt_topic(routing_key: str) -> str:

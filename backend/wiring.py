@@ -100,7 +100,10 @@ def backend_definitions(
             Parameter(
                 "federation-upstream",
                 upstream,
-                {"uri": gw.endpoint.uri(c.BACKEND_LINK_USER, backend_link_password), **LINK_SETTINGS},
+                {
+                    "uri": gw.endpoint.uri(c.BACKEND_LINK_USER, backend_link_password),
+                    **LINK_SETTINGS,
+                },
             )
         )
         uplink_set.append({"upstream": upstream, "exchange": c.MQTT_EXCHANGE})
@@ -121,9 +124,7 @@ def backend_definitions(
 
     if uplink_set:
         d.parameters.append(Parameter("federation-upstream-set", UPLINK_UPSTREAM_SET, uplink_set))
-        d.parameters.append(
-            Parameter("federation-upstream-set", PRESENCE_UPSTREAM_SET, presence_set)
-        )
+        d.parameters.append(Parameter("federation-upstream-set", PRESENCE_UPSTREAM_SET, presence_set))
         d.policies.append(
             Policy(
                 "fedgate-uplink",

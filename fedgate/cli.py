@@ -43,8 +43,9 @@ def format_status(rows: list[NodeStatus]) -> str:
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(col.ljust(w) for col, w in zip(line, widths, strict=True)).rstrip()
-                     for line in lines)  # fmt: skip
+    return "\n".join(
+        "  ".join(col.ljust(w) for col, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
 
 
 def status_json(fed: LocalFederation, rows: list[NodeStatus]) -> dict[str, Any]:
@@ -94,8 +95,9 @@ def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedgate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="fedgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="start the local federation (idempotent)").set_defaults(fn=cmd_up)
@@ -112,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         settings = load_settings()
     except SettingsError as e:

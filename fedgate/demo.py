@@ -64,15 +64,21 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
                 monitors[region] = mon
             say(f"\n1. {len(devices)} devices connected over MQTT 3.1.1:")
             for region in regions:
-                say(f"   {region:10} gateway mqtt://{host}:{ep['gateways'][region]['mqtt']}  "
-                    f"{', '.join(_device_ids(region))}")  # fmt: skip
+                say(
+                    f"   {region:10} gateway mqtt://{host}:{ep['gateways'][region]['mqtt']}  "
+                    f"{', '.join(_device_ids(region))}"
+                )
 
             # 2. telemetry up
             sent = 0
             for i in range(READINGS_PER_DEVICE):
                 for dev_id, d in devices.items():
-                    reading = {"device": dev_id, "seq": i, "temp_c": round(20 + 0.5 * i, 1),
-                               "sent_at": time.time()}  # fmt: skip
+                    reading = {
+                        "device": dev_id,
+                        "seq": i,
+                        "temp_c": round(20 + 0.5 * i, 1),
+                        "sent_at": time.time(),
+                    }
                     d.publish(c.device_telemetry_topic(dev_id), reading, qos=1)
                     sent += 1
             got = tap.drain(expect=sent, timeout=15)
@@ -81,13 +87,20 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             say(f"   the backend exchange {c.TELEMETRY_EXCHANGE} received {len(got)}:")
             for region in regions:
                 devs = Counter(m.device for m in got if m.region == region)
-                say(f"   from {region:10} {per_region.get(region, 0):3} messages  "
-                    + "  ".join(f"{k}:{v}" for k, v in sorted(devs.items())))  # fmt: skip
-            ok_tags = all(
-                m.region is not None and m.device in _device_ids(m.region) for m in got
+                say(
+                    f"   from {region:10} {per_region.get(region, 0):3} messages  "
+                    + "  ".join(f"{k}:{v}" for k, v in sorted(devs.items()))
+                )
+            ok_tags = all(m.region is not None and m.device in _device_ids(m.region) for m in got)
+            checks.append(
+                (len(got) == sent, f"uplink: {len(got)}/{sent} device messages reached the backend")
             )
-            checks.append((len(got) == sent, f"uplink: {len(got)}/{sent} device messages reached the backend"))
-            checks.append((ok_tags and len(got) > 0, "uplink: every message tagged with the region of its gateway"))
+            checks.append(
+                (
+                    ok_tags and len(got) > 0,
+                    "uplink: every message tagged with the region of its gateway",
+                )
+            )
 
             # 3. one command down
             target_region = regions[0]
@@ -104,12 +117,19 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             for region, mon in monitors.items():
                 say(f"   gateway {region:10} saw {len(mon.received)} command(s)")
             others = [d for k, d in devices.items() if k != target and d.received]
-            checks.append((len(devices[target].received) == 1, f"downlink: {target} received the command once"))
+            checks.append(
+                (
+                    len(devices[target].received) == 1,
+                    f"downlink: {target} received the command once",
+                )
+            )
             checks.append((not others, "downlink: no other device received it"))
             checks.append(
-                (all(not m.received for r, m in monitors.items() if r != target_region),
-                 f"downlink: no gateway but {target_region}'s saw it")
-            )  # fmt: skip
+                (
+                    all(not m.received for r, m in monitors.items() if r != target_region),
+                    f"downlink: no gateway but {target_region}'s saw it",
+                )
+            )
             echo = tap.drain(timeout=1.5)
             checks.append((not echo, "downlink: the command did not echo back into telemetry"))
         finally:
@@ -123,8 +143,10 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     backend_mgmt = ep["backend"]["management"]
     say("\nThe federation keeps running. Explore it:")
     say("   fedgate status                 nodes, ports, connections, queue depths (make status)")
-    say(f"   http://{host}:{backend_mgmt}/   backend management UI, user {ep['admin']['user']}, "
-        f"password in {fed.secrets_file}")  # fmt: skip
+    say(
+        f"   http://{host}:{backend_mgmt}/   backend management UI, user {ep['admin']['user']}, "
+        f"password in {fed.secrets_file}"
+    )
     say(f"   MQTT: any gateway port above, user {dev_user}, password in {fed.secrets_file}")
     say(f"   Kafka bootstrap: {ep['kafka']['bootstrap']}")
     say("Stop it with: make down")

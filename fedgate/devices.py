@@ -112,8 +112,9 @@ class SimDevice:
         if result != mqtt.MQTT_ERR_SUCCESS or not done.wait(timeout):
             raise DeviceError(f"{self.device_id}: SUBSCRIBE {topic_filter} not acknowledged")
 
-    def publish(self, topic: str, payload: bytes | str | dict[str, Any], qos: int = 1,
-                timeout: float = 10.0) -> None:  # fmt: skip
+    def publish(
+        self, topic: str, payload: bytes | str | dict[str, Any], qos: int = 1, timeout: float = 10.0
+    ) -> None:
         """Publish and, for QoS 1, wait until the gateway acknowledged (PUBACK)."""
         if isinstance(payload, dict):
             payload = json.dumps(payload)

@@ -102,7 +102,9 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     next_slot = 0
     # Gateways recorded but no longer configured stay part of the federation
     # until they are removed explicitly: `up` must never orphan a running node.
-    extra = [s.region for s in recorded.values() if s.role == ROLE_GATEWAY and s.region not in settings.regions]
+    extra = [
+        s.region for s in recorded.values() if s.role == ROLE_GATEWAY and s.region not in settings.regions
+    ]
     for region in [*settings.regions, *(r for r in extra if r)]:
         name = gateway_node_name(region)
         if name in recorded:
@@ -345,9 +347,7 @@ class LocalFederation:
             for gw in gateways
         ]
         backend.admin().apply(
-            backend_definitions(
-                links, admin_password=sec["admin"], backend_link_password=sec["backend_link"]
-            )
+            backend_definitions(links, admin_password=sec["admin"], backend_link_password=sec["backend_link"])
         )
         self.progress("federation wired; waiting for links")
         self.wait_for_links(timeout=60)
@@ -362,10 +362,12 @@ class LocalFederation:
                 except AdminError:
                     links = []
                 out[n.name] = [
-                    (f"{lk.get('upstream')}:{lk.get('upstream_exchange') or lk.get('exchange')}",
-                     lk.get("status", "?"))
+                    (
+                        f"{lk.get('upstream')}:{lk.get('upstream_exchange') or lk.get('exchange')}",
+                        lk.get("status", "?"),
+                    )
                     for lk in links
-                ]  # fmt: skip
+                ]
         return out
 
     def wait_for_links(self, timeout: float = 60) -> None:
@@ -445,8 +447,16 @@ class LocalFederation:
         out = []
         for n in self.nodes():
             pid = n.pid() if n.is_running() else None
-            st = NodeStatus(n.name, n.spec.role, n.spec.region, n.spec.ports,
-                            "running" if pid else "stopped", pid, None, None)  # fmt: skip
+            st = NodeStatus(
+                n.name,
+                n.spec.role,
+                n.spec.region,
+                n.spec.ports,
+                "running" if pid else "stopped",
+                pid,
+                None,
+                None,
+            )
             if pid and isinstance(n, RabbitNode):
                 try:
                     ov = n.admin(timeout=3).overview()
@@ -478,13 +488,14 @@ class LocalFederation:
                 "url": f"amqp://{c.ADMIN_USER}:{sec['admin']}@{host}:{b['amqp']}/%2F",
             },
             "gateways": {
-                g.spec.region: {"mqtt": g.spec.ports["mqtt"], "amqp": g.spec.ports["amqp"],
-                                "management": g.spec.ports["management"]}
+                g.spec.region: {
+                    "mqtt": g.spec.ports["mqtt"],
+                    "amqp": g.spec.ports["amqp"],
+                    "management": g.spec.ports["management"],
+                }
                 for g in self.gateways()
-            },  # fmt: skip
+            },
             "kafka": {"bootstrap": self.kafka().bootstrap},
             "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
             "device": {"user": c.DEVICE_USER, "password": sec["device"]},
         }
-
-

@@ -165,7 +165,12 @@ class Node:
         with open(self.stdout_log, "ab") as f:
             f.write(f"\n==== fedgate: starting {self.name} at {time.ctime()}\n".encode())
         proc = processes.spawn(
-            argv, env=env, node_marker=self.marker, log_path=self.stdout_log, cwd=self.dir, max_fds=max_fds
+            argv,
+            env=env,
+            node_marker=self.marker,
+            log_path=self.stdout_log,
+            cwd=self.dir,
+            max_fds=max_fds,
         )
         self.pid_file.write_text(str(proc.pid))
 
@@ -242,9 +247,7 @@ class RabbitNode(Node):
         p = self.spec.ports
         values = dict(
             region=self.spec.region or "",
-            cluster_name=(
-                gateway_cluster_name(self.spec.region) if self.spec.region else "fedgate-backend"
-            ),
+            cluster_name=(gateway_cluster_name(self.spec.region) if self.spec.region else "fedgate-backend"),
             host=self.host,
             amqp_port=p["amqp"],
             management_port=p["management"],
@@ -323,17 +326,28 @@ class KafkaNode(Node):
             controller_port=self.spec.ports["controller"],
             data_dir=data,
         )
-        render(tdir / "kafka-log4j2.properties", self.dir / "log4j2.properties", log_dir=self.dir / "logs")
+        render(
+            tdir / "kafka-log4j2.properties",
+            self.dir / "log4j2.properties",
+            log_dir=self.dir / "logs",
+        )
         if not (data / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             out = subprocess.run(
-                [*self.java_prefix(), "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                 "-c", str(self.dir / "server.properties")],
+                [
+                    *self.java_prefix(),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(self.dir / "server.properties"),
+                ],
                 env={**self.base_env(), "FEDGATE_NODE_ID": self.marker},
                 capture_output=True,
                 text=True,
                 timeout=120,
-            )  # fmt: skip
+            )
             if out.returncode != 0:
                 (self.dir / "format.log").write_text(out.stdout + out.stderr)
                 raise NodeError(

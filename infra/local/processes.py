@@ -10,6 +10,7 @@ exited early.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -121,10 +122,8 @@ def forget(pid: int, timeout: float = 5.0) -> None:
 
 def signal_pids(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def stop_marked(prefix: str, *, primary: Sequence[int] = (), grace: float = 30.0) -> list[int]:

@@ -52,8 +52,13 @@ def test_stopping_and_restarting_the_backend_loses_no_qos1_message(federation, e
 
     pubs = []
     for region, dev_id in devs.items():
-        d = SimDevice(dev_id, endpoints["host"], endpoints["gateways"][region]["mqtt"],
-                      endpoints["device"]["user"], endpoints["device"]["password"]).connect()  # fmt: skip
+        d = SimDevice(
+            dev_id,
+            endpoints["host"],
+            endpoints["gateways"][region]["mqtt"],
+            endpoints["device"]["user"],
+            endpoints["device"]["password"],
+        ).connect()
         pubs.append(Publisher(d))
     for p in pubs:
         p.start()

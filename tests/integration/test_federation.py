@@ -19,7 +19,11 @@ pytestmark = pytest.mark.integration
 def device(endpoints: dict, region: str, client_id: str) -> SimDevice:
     ep = endpoints
     return SimDevice(
-        client_id, ep["host"], ep["gateways"][region]["mqtt"], ep["device"]["user"], ep["device"]["password"]
+        client_id,
+        ep["host"],
+        ep["gateways"][region]["mqtt"],
+        ep["device"]["user"],
+        ep["device"]["password"],
     ).connect()
 
 
@@ -70,8 +74,10 @@ def test_downlink_keeps_no_per_device_bindings_on_the_backend(endpoints, federat
         for d in devs:
             d.subscribe(c.device_command_topic(d.device_id, "#"))
         time.sleep(0.5)
-        bindings = federation.backend().admin().get(
-            f"exchanges/%2F/{c.downlink_exchange('local-eu')}/bindings/source"
+        bindings = (
+            federation.backend()
+            .admin()
+            .get(f"exchanges/%2F/{c.downlink_exchange('local-eu')}/bindings/source")
         )
         assert len(bindings) == 1, bindings
         assert bindings[0]["routing_key"] == "#"
@@ -83,7 +89,10 @@ def test_downlink_keeps_no_per_device_bindings_on_the_backend(endpoints, federat
 def test_downlink_commands_do_not_echo_back_into_telemetry(endpoints, uid):
     url = endpoints["backend"]["url"]
     dev_id = f"echo-{uid}"
-    with Tap(url, c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap, device(endpoints, "local-us", dev_id) as d:
+    with (
+        Tap(url, c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap,
+        device(endpoints, "local-us", dev_id) as d,
+    ):
         d.subscribe(c.device_command_topic(dev_id, "#"))
         publish_downlink(url, "local-us", c.device_command_topic(dev_id, "ping"), b"1")
         assert d.wait_for(1, timeout=10)

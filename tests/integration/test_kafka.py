@@ -18,14 +18,24 @@ def test_a_record_produced_with_an_idempotent_producer_is_consumed(endpoints, ui
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
     reports = []
     for i in range(10):
-        producer.produce(topic, key=f"dev-{i % 3}", value=f"reading-{i}".encode(),
-                         headers={"region": b"local-eu"},
-                         on_delivery=lambda err, msg: reports.append((err, msg)))  # fmt: skip
+        producer.produce(
+            topic,
+            key=f"dev-{i % 3}",
+            value=f"reading-{i}".encode(),
+            headers={"region": b"local-eu"},
+            on_delivery=lambda err, msg: reports.append((err, msg)),
+        )
     assert producer.flush(30) == 0
     assert [err for err, _ in reports] == [None] * 10
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uid}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uid}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got = []
     try:

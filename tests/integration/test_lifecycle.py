@@ -18,13 +18,15 @@ from tests.conftest import TEST_PORT_BASE, make_federation
 pytestmark = pytest.mark.integration
 
 
-def fedgate(state_dir: Path, port_base: int, *args: str, regions: str | None = None,
-            timeout: float = 180) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def fedgate(
+    state_dir: Path, port_base: int, *args: str, regions: str | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FEDGATE_STATE_DIR": str(state_dir), "FEDGATE_PORT_BASE": str(port_base)}
     if regions is not None:
         env["FEDGATE_REGIONS"] = regions
-    return subprocess.run([sys.executable, "-m", "fedgate.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fedgate.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_status_json_gives_every_nodes_role_region_and_ports(federation):

@@ -35,7 +35,12 @@ def test_invalid_region_names_are_refused_with_the_rule(region):
 def test_region_comes_from_the_gateway_hop_of_x_received_from():
     headers = {
         "x-received-from": [
-            {"uri": "amqp://gw", "exchange": "amq.topic", "redelivered": False, "cluster-name": "local-us"}
+            {
+                "uri": "amqp://gw",
+                "exchange": "amq.topic",
+                "redelivered": False,
+                "cluster-name": "local-us",
+            }
         ]
     }
     assert c.region_from_headers(headers) == "local-us"

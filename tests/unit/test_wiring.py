@@ -52,8 +52,12 @@ def test_a_gateway_user_on_the_backend_reaches_only_its_own_downlink():
     perm = next(p for p in d.permissions if p.user == "gw-local-eu")
     assert re.match(perm.read, "fedgate.downlink.local-eu")
     assert re.match(perm.configure, "federation: fedgate.downlink.local-eu -> local-eu")
-    for other in ("fedgate.downlink.local-us", c.TELEMETRY_EXCHANGE, c.UPLINK_QUEUE,
-                  "federation: fedgate.downlink.local-us -> local-us"):  # fmt: skip
+    for other in (
+        "fedgate.downlink.local-us",
+        c.TELEMETRY_EXCHANGE,
+        c.UPLINK_QUEUE,
+        "federation: fedgate.downlink.local-us -> local-us",
+    ):
         assert not re.match(perm.read, other), other
         assert not re.match(perm.configure, other), other
 
