@@ -27,7 +27,7 @@ def _progress(msg: str) -> None:
 
 
 def format_status(rows: list[NodeStatus]) -> str:
-    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS")
+    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS", "RSS_MB")
     lines = [header]
     for r in rows:
         ports = " ".join(f"{k}={v}" for k, v in r.ports.items() if k not in ("dist", "controller"))
@@ -40,6 +40,7 @@ def format_status(rows: list[NodeStatus]) -> str:
                 r.state,
                 "-" if r.connections is None else str(r.connections),
                 "-" if r.messages is None else str(r.messages),
+                "-" if r.rss_mb is None else str(r.rss_mb),
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -137,6 +137,8 @@ class NodeStatus:
     pid: int | None
     connections: int | None
     messages: int | None
+    #: resident memory of the node's processes (the VM and its helpers), MB
+    rss_mb: int | None = None
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -457,6 +459,8 @@ class LocalFederation:
                 None,
                 None,
             )
+            if pid:
+                st.rss_mb = processes.rss_bytes(processes.marked_pids(n.marker)) // (1024 * 1024)
             if pid and isinstance(n, RabbitNode):
                 try:
                     ov = n.admin(timeout=3).overview()

@@ -163,3 +163,18 @@ def pid_alive(pid: int, node_marker: str) -> bool:
         return False
     env = _read_environ(pid)
     return f"{MARKER_VAR}={node_marker}".encode() in env.split(b"\0")
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    """Resident memory of the given processes, summed (0 for those gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total

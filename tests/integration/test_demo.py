@@ -1,0 +1,18 @@
+"""The README's `make demo` scene, run against the test federation so the README cannot rot."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedgate.demo import run_demo
+
+pytestmark = pytest.mark.integration
+
+
+def test_demo_scene_passes_every_check_and_says_how_to_stop(federation, capsys):
+    assert run_demo(federation) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out
+    assert out.count("PASS") == 6
+    assert "from local-eu    10 messages" in out and "from local-us    10 messages" in out
+    assert "make down" in out
