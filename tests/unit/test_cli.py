@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_status_table_has_one_row_per_node_with_ports_and_state():
     rows = [
-        NodeStatus("backend", "backend", None, {"amqp": 1, "management": 2, "dist": 3}, "running", 10, 4, 0),
+        NodeStatus(
+            "backend", "backend", None, {"amqp": 1, "management": 2, "dist": 3}, "running", 10, 4, 0, 150
+        ),
         NodeStatus("gw-local-eu", "gateway", "local-eu", {"mqtt": 5}, "stopped", None, None, None),
     ]
     lines = format_status(rows).splitlines()
