@@ -85,7 +85,7 @@ fetch_jars() { # name pom dest [extra mvn args...]
     step "downloading $name jars with Maven into $dest"
     rm -rf "$dest.partial"
     mkdir -p "$dest.partial"
-    mvn -B -q -U -f "$pom" "$@" dependency:copy-dependencies \
+    mvn -B -q -U -Dstyle.color=never -f "$pom" "$@" dependency:copy-dependencies \
         -DincludeScope=runtime -DoutputDirectory="$dest.partial" \
         || die "Maven could not resolve the $name jars (see the output above)"
     touch "$dest.partial/.complete"
