@@ -284,11 +284,20 @@ class LocalFederation:
             self._wire(nodes)
         except (NodeError, AdminError, TimeoutError) as e:
             self.progress(f"error: {e}; stopping what this run started")
-            for n in reversed(started):
-                n.stop(grace=15)
+            self._undo(started)
             raise FederationError(str(e)) from e
+        except BaseException:
+            # Ctrl-C or SIGTERM while booting: leave nothing half-running.
+            self.progress("interrupted; stopping what this run started")
+            self._undo(started)
+            raise
         self.progress(f"federation up in {time.monotonic() - t0:.1f}s")
         return self.status()
+
+    @staticmethod
+    def _undo(started: list[Node]) -> None:
+        for n in reversed(started):
+            n.stop(grace=15)
 
     def _start_and_wait(self, nodes: list[Node], started: list[Node]) -> None:
         t0 = time.monotonic()

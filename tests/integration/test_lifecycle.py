@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -97,3 +98,45 @@ def test_down_leaves_no_process_and_is_a_no_op_when_down(tmp_path):
 
     again = fedgate(state, base, "down")
     assert again.returncode == 0 and "already down" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"rabbitmq_bin_dir": "/nonexistent/rabbitmq/bin"}, r"rabbitmq-server not found; run `make setup`"),
+        ({"cache_dir": "/nonexistent/cache"}, r"kafka: Kafka jars missing in .*; run `make setup`"),
+    ],
+)
+def test_a_missing_binary_is_named_before_anything_starts(tmp_path, override, message):
+    fed = make_federation(tmp_path / "s", TEST_PORT_BASE + 1600, regions="local-eu", **override)
+    with pytest.raises(FederationError, match=message):
+        fed.up()
+    assert fed.leftover_pids() == []
+
+
+def test_sigterm_during_up_leaves_nothing_running(tmp_path):
+    """An operator who stops a slow `fedgate up` must not be left with half a federation."""
+    base = TEST_PORT_BASE + 1800
+    state = tmp_path / "s"
+    env = {
+        **os.environ,
+        "FEDGATE_STATE_DIR": str(state),
+        "FEDGATE_PORT_BASE": str(base),
+        "FEDGATE_REGIONS": "local-eu",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedgate.cli", "up"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    fed = make_federation(state, base, regions="local-eu")
+    deadline = time.monotonic() + 30
+    while len(fed.leftover_pids()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)  # wait until the nodes are booting
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert "interrupted; stopping what this run started" in err
+    assert fed.leftover_pids() == []
