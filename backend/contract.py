@@ -170,3 +170,31 @@ def device_command_topic(device: str, name: str) -> str:
 def device_telemetry_topic(device: str, stream: str = "telemetry") -> str:
     """MQTT topic a device publishes a stream on (convention)."""
     return f"devices/{device}/{stream}"
+
+
+# --- router ------------------------------------------------------------------
+
+#: Exchange on the backend that backend services publish device-bound
+#: messages to (the router's downlink input).  Routing key: the device id.
+COMMANDS_EXCHANGE = "fedgate.commands"
+
+#: Quorum queue the router consumes COMMANDS_EXCHANGE from.  Single active
+#: consumer: several routers may stand by, one routes at a time, so commands
+#: to a device keep their order.
+COMMANDS_QUEUE = "fedgate.router.commands"
+
+#: Headers of a message on COMMANDS_EXCHANGE.
+DEVICE_HEADER = "x-fedgate-device"
+TOPIC_HEADER = "x-fedgate-topic"
+RETAIN_HEADER = "x-fedgate-retain"
+
+#: Headers the bridge puts on every Kafka record.
+KAFKA_REGION_HEADER = "fedgate.region"
+KAFKA_MQTT_TOPIC_HEADER = "fedgate.mqtt_topic"
+KAFKA_DEVICE_HEADER = "fedgate.device"
+KAFKA_RECEIVED_AT_HEADER = "fedgate.received_at_ms"
+KAFKA_DEADLETTER_REASON_HEADER = "fedgate.deadletter_reason"
+
+#: Kafka topics the bridge always has.
+KAFKA_UNMATCHED_TOPIC = "fedgate.unmatched"
+KAFKA_DEADLETTER_TOPIC = "fedgate.deadletter"

@@ -1,0 +1,99 @@
+from router.presence import PresenceTable, Session, client_id_from_event, sessions_from_management
+
+
+def created(cid, region, conn, at, node=None):
+    return {
+        "x-received-from": [{"cluster-name": region}],
+        "node": node or f"fedgate-gw-{region}@localhost",
+        "name": conn,
+        "protocol": "{'MQTT',\"3.1.1\"}",
+        "variable_map": f'#{{<<"client_id">> => <<"{cid}">>}}',
+        "connected_at": at,
+    }
+
+
+def closed(region, conn, node=None):
+    return {
+        "x-received-from": [{"cluster-name": region}],
+        "node": node or f"fedgate-gw-{region}@localhost",
+        "name": conn,
+    }
+
+
+def test_client_id_is_read_from_the_erlang_formatted_variable_map():
+    assert client_id_from_event(created("dev-1", "local-eu", "c1", 1)) == "dev-1"
+    assert client_id_from_event({"protocol": "MQTT", "variable_map": {"client_id": b"dev-2"}}) == "dev-2"
+
+
+def test_amqp_connections_are_not_devices():
+    t = PresenceTable()
+    ch = t.apply_event("connection.created", {**created("x", "local-eu", "c1", 1), "protocol": "{0,9,1}"})
+    assert ch.session is None and len(t) == 0
+
+
+def test_connect_then_close_of_the_same_connection():
+    t = PresenceTable()
+    t.apply_event("connection.created", created("d", "local-eu", "c1", 100))
+    assert t.get("d").region == "local-eu"
+    t.apply_event("connection.closed", closed("local-eu", "c1"))
+    assert t.get("d") is None
+
+
+def test_roaming_newest_connection_wins_and_the_older_one_is_displaced():
+    t = PresenceTable()
+    t.apply_event("connection.created", created("d", "local-eu", "c1", 100))
+    ch = t.apply_event("connection.created", created("d", "local-us", "c2", 200))
+    assert t.get("d").region == "local-us"
+    assert ch.displaced.region == "local-eu" and ch.displaced.connection == "c1"
+    # the old gateway's close arrives after the new connect: presence stays at local-us
+    t.apply_event("connection.closed", closed("local-eu", "c1"))
+    assert t.get("d").region == "local-us"
+
+
+def test_an_older_connect_reported_late_does_not_win():
+    t = PresenceTable()
+    t.apply_event("connection.created", created("d", "local-us", "c2", 200))
+    ch = t.apply_event("connection.created", created("d", "local-eu", "c1", 100))
+    assert t.get("d").region == "local-us"
+    assert ch.displaced.connection == "c1", "the stale connection is the one to close"
+
+
+def test_reconnect_on_the_same_gateway_is_not_a_displacement():
+    t = PresenceTable()
+    t.apply_event("connection.created", created("d", "local-eu", "c1", 100))
+    ch = t.apply_event("connection.created", created("d", "local-eu", "c2", 200))
+    assert ch.displaced is None
+    t.apply_event("connection.closed", closed("local-eu", "c1"))
+    assert t.get("d").connection == "c2"
+
+
+def test_duplicate_event_is_idempotent():
+    t = PresenceTable()
+    t.apply_event("connection.created", created("d", "local-eu", "c1", 100))
+    ch = t.apply_event("connection.created", created("d", "local-eu", "c1", 100))
+    assert ch.ignored and len(t) == 1
+
+
+def test_counts_per_region():
+    t = PresenceTable()
+    for i, region in enumerate(["local-eu", "local-eu", "local-us"]):
+        t.apply_event("connection.created", created(f"d{i}", region, f"c{i}", i))
+    assert t.per_region() == {"local-eu": 2, "local-us": 1}
+
+
+def test_rebuild_from_management_api_listing():
+    listing = [
+        {
+            "protocol": "MQTT 3.1.1",
+            "client_properties": {"client_id": "d1"},
+            "node": "n",
+            "name": "c1",
+            "connected_at": 5,
+        },
+        {"protocol": "AMQP 0-9-1", "client_properties": {}, "node": "n", "name": "fed", "connected_at": 1},
+    ]
+    sessions = sessions_from_management("local-eu", listing)
+    assert sessions == [Session("d1", "local-eu", "n", "c1", 5)]
+    t = PresenceTable()
+    t.replace_all(sessions)
+    assert t.get("d1").region == "local-eu"
