@@ -164,3 +164,30 @@ class Tap:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def send_command(url: str, device: str, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
+    """Hand a device-bound message to the router (COMMANDS_EXCHANGE) and wait for the confirm.
+
+    The router sends it to the gateway holding the device, parks it while the
+    device is offline, and with `retain` keeps it as the device's desired
+    state for `topic`.
+    """
+    conn = connect(url)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
+        if retain:
+            headers[c.RETAIN_HEADER] = True
+        ch.basic_publish(
+            exchange=c.COMMANDS_EXCHANGE,
+            routing_key=device,
+            body=payload.encode() if isinstance(payload, str) else payload,
+            properties=pika.BasicProperties(
+                delivery_mode=pika.DeliveryMode.Persistent, headers=headers, message_id=str(uuid.uuid4())
+            ),
+            mandatory=True,
+        )
+    finally:
+        conn.close()

@@ -77,6 +77,10 @@ BACKEND_LINK_USER = "fedgate-backend"
 DEVICE_USER = "device"
 
 
+#: User the router logs into the backend with.
+ROUTER_USER = "fedgate-router"
+
+
 def gateway_link_user(region: str) -> str:
     """User a region's gateway logs into the backend with (its downlink link)."""
     return "gw-" + validate_region(region)

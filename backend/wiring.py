@@ -80,16 +80,38 @@ def backend_definitions(
     *,
     admin_password: str,
     backend_link_password: str,
+    router_password: str | None = None,
 ) -> NodeDefinitions:
     """Everything the backend node holds for the given set of gateways."""
     d = NodeDefinitions(cluster_name=c.BACKEND_CLUSTER_NAME)
     d.users.append(User(c.ADMIN_USER, admin_password, ("administrator",)))
     d.permissions.append(Permission(c.ADMIN_USER, ".*", ".*", ".*"))
 
+    # The router's input for device-bound messages.  Single active consumer:
+    # several routers may stand by, one routes at a time, in order.
+    d.exchanges.append(Exchange(c.COMMANDS_EXCHANGE, type="fanout"))
+    d.queues.append(
+        Queue(c.COMMANDS_QUEUE, arguments={"x-queue-type": "quorum", "x-single-active-consumer": True})
+    )
+    if router_password is not None:
+        d.users.append(User(c.ROUTER_USER, router_password))
+        router_objs = r"fedgate\.router\..*"
+        d.permissions.append(
+            Permission(
+                c.ROUTER_USER,
+                configure=f"^{router_objs}$",
+                write=f"^({router_objs}|{re.escape(c.DOWNLINK_EXCHANGE_PREFIX)}.*)$",
+                read=f"^({router_objs}|{re.escape(c.PRESENCE_EXCHANGE)}|{re.escape(c.UPLINK_QUEUE)}|"
+                f"{re.escape(c.DOWNLINK_EXCHANGE_PREFIX)}.*)$",
+            )
+        )
+
     d.exchanges += [Exchange(c.TELEMETRY_EXCHANGE), Exchange(c.PRESENCE_EXCHANGE)]
     # Quorum: survives node restarts and, on a backend cluster, node loss.
     d.queues.append(Queue(c.UPLINK_QUEUE, arguments={"x-queue-type": "quorum"}))
     d.bindings.append(Binding(c.TELEMETRY_EXCHANGE, c.UPLINK_QUEUE, "queue", "#"))
+    # Fanout: the device id travels in a header (routing key = device id by convention).
+    d.bindings.append(Binding(c.COMMANDS_EXCHANGE, c.COMMANDS_QUEUE, "queue", ""))
 
     uplink_set = []
     presence_set = []

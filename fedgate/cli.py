@@ -4,6 +4,8 @@
     fedgate down [--purge]     stop it; --purge also deletes its state folder
     fedgate status [--json]    one line per node: role, region, ports, state, load
     fedgate demo               up, then a scripted scene with MQTT devices
+    fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router
+    fedgate presence [DEV]     where devices are connected
 
 Settings come from the environment (FEDGATE_*) and fedgate.toml; see
 `fedgate settings` and docs/operations.md.
@@ -90,6 +92,46 @@ def cmd_demo(fed: LocalFederation, args: argparse.Namespace) -> int:
     return run_demo(fed, progress=_progress)
 
 
+def cmd_send(fed: LocalFederation, args: argparse.Namespace) -> int:
+    from backend.amqp import send_command
+
+    ep = fed.endpoints()
+    send_command(ep["backend"]["url"], args.device, args.topic, args.payload, retain=args.retain)
+    print(f"handed to the router: {args.device} {args.topic}" + (" (desired state)" if args.retain else ""))
+    return 0
+
+
+def cmd_presence(fed: LocalFederation, args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = fed.endpoints()["router"]["metrics"]
+    if url is None:
+        print("fedgate: no router in this federation", file=sys.stderr)
+        return 1
+    query = f"?device={urllib.parse.quote(args.device)}" if args.device else ""
+    try:
+        with urllib.request.urlopen(f"{url}/presence{query}", timeout=5) as r:
+            data = json.load(r)
+    except (urllib.error.URLError, OSError) as e:
+        print(f"fedgate: router at {url} unreachable: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    if args.device and not data["devices"]:
+        print(f"{args.device}: not connected")
+        return 1
+    for d in data["devices"]:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["connected_at"]))
+        print(f"{d['device']:30} {d['region']:12} since {since}")
+    if not args.device:
+        counts = ", ".join(f"{r}: {n}" for r, n in sorted(data["per_region"].items())) or "none"
+        print(f"{data['total']} devices connected ({counts})")
+    return 0
+
+
 def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
     for env, default, doc in describe_settings():
         print(f"{env:28} {default:34} {doc}")
@@ -110,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(fn=cmd_status)
     sub.add_parser("demo", help="up, then a scripted scene with MQTT devices").set_defaults(fn=cmd_demo)
+    send = sub.add_parser("send", help="send a message to a device through the router")
+    send.add_argument("device")
+    send.add_argument("topic", help="MQTT topic, conventionally devices/<device>/commands/<name>")
+    send.add_argument("payload")
+    send.add_argument(
+        "--retain", action="store_true", help="keep it as the device's desired state for the topic"
+    )
+    send.set_defaults(fn=cmd_send)
+    pres = sub.add_parser("presence", help="where devices are connected, since when; counts per region")
+    pres.add_argument("device", nargs="?")
+    pres.add_argument("--json", action="store_true")
+    pres.set_defaults(fn=cmd_presence)
     sub.add_parser("settings", help="list settings and their env vars").set_defaults(fn=cmd_settings)
     return p
 

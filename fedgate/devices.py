@@ -44,6 +44,7 @@ class SimDevice:
         *,
         clean_session: bool = True,
         keepalive: int = 30,
+        auto_reconnect: bool = True,
     ):
         self.device_id = device_id
         self.host, self.port = host, port
@@ -55,6 +56,9 @@ class SimDevice:
         )
         self.client.username_pw_set(username, password)
         self.keepalive = keepalive
+        self.auto_reconnect = auto_reconnect
+        #: set when the server closed the connection (e.g. a newer session took over)
+        self.dropped = threading.Event()
         self.received: list[Received] = []
         self._cond = threading.Condition()
         self._connected = threading.Event()
@@ -73,6 +77,11 @@ class SimDevice:
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
         self._connected.clear()
+        if getattr(rc, "is_failure", False) or rc not in (0, None):
+            self.dropped.set()
+            if not self.auto_reconnect:
+                # disconnect() from the callback stops paho's automatic reconnect
+                client.disconnect()
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         with self._cond:

@@ -37,11 +37,13 @@ from infra.local.nodes import (
     ROLE_EPMD,
     ROLE_GATEWAY,
     ROLE_KAFKA,
+    ROLE_ROUTER,
     KafkaNode,
     Node,
     NodeError,
     NodeSpec,
     RabbitNode,
+    RouterNode,
 )
 from infra.local.settings import LocalSettings
 from infra.rabbitmq_admin import AdminError
@@ -56,7 +58,9 @@ GATEWAY_BASE_OFFSET = 100
 GATEWAY_STRIDE = 10
 GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4}
 
+ROUTER_OFFSETS = {"metrics": 30}
 BACKEND_NODE = "backend"
+ROUTER_NODE = "router-0"
 KAFKA_NODE = "kafka"
 EPMD_NODE = "epmd"
 
@@ -117,6 +121,7 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
         specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
     specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
+    specs.append(spec(ROUTER_NODE, ROLE_ROUTER, None, ROUTER_OFFSETS, base))
 
     seen: dict[int, str] = {}
     for s in specs:
@@ -182,7 +187,7 @@ class LocalFederation:
         except FileNotFoundError:
             data = {}
         changed = False
-        for key in ("admin", "backend_link", "device", "erlang_cookie"):
+        for key in ("admin", "backend_link", "device", "router", "erlang_cookie"):
             if key not in data:
                 data[key] = pysecrets.token_urlsafe(18)
                 changed = True
@@ -236,6 +241,12 @@ class LocalFederation:
     def gateways(self) -> list[RabbitNode]:
         return [n for n in self.nodes() if isinstance(n, RabbitNode) and n.spec.role == ROLE_GATEWAY]
 
+    def _router_url(self) -> str | None:
+        for n in self.nodes():
+            if isinstance(n, RouterNode):
+                return n.metrics_url
+        return None
+
     def backend(self) -> RabbitNode:
         node = self.node(BACKEND_NODE)
         assert isinstance(node, RabbitNode)
@@ -278,10 +289,16 @@ class LocalFederation:
             for n in to_start:
                 if n.spec.role == ROLE_EPMD:
                     self._start_and_wait([n], started)
-            others = [n for n in to_start if n.spec.role != ROLE_EPMD]
-            # The rest boot in parallel; a gateway's first boot takes ~11 s.
-            self._start_and_wait(others, started)
+            brokers = [n for n in to_start if n.spec.role not in (ROLE_EPMD, ROLE_ROUTER)]
+            # The brokers boot in parallel; a gateway's first boot takes ~11 s.
+            self._start_and_wait(brokers, started)
             self._wire(nodes)
+            # The router last: it needs the wired backend, the gateways and Kafka.
+            routers = [n for n in to_start if n.spec.role == ROLE_ROUTER]
+            for r in routers:
+                assert isinstance(r, RouterNode)
+                r.config = self.router_config(nodes)
+            self._start_and_wait(routers, started)
         except (NodeError, AdminError, TimeoutError) as e:
             self.progress(f"error: {e}; stopping what this run started")
             self._undo(started)
@@ -358,10 +375,41 @@ class LocalFederation:
             for gw in gateways
         ]
         backend.admin().apply(
-            backend_definitions(links, admin_password=sec["admin"], backend_link_password=sec["backend_link"])
+            backend_definitions(
+                links,
+                admin_password=sec["admin"],
+                backend_link_password=sec["backend_link"],
+                router_password=sec["router"],
+            )
         )
         self.progress("federation wired; waiting for links")
         self.wait_for_links(timeout=60)
+
+    def router_config(self, nodes: list[Node]) -> dict[str, Any]:
+        """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
+        sec = self.secrets()
+        host = self.settings.host
+        backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
+        kafka = next(n for n in nodes if n.spec.role == ROLE_KAFKA)
+        router = next(n for n in nodes if n.spec.role == ROLE_ROUTER)
+        return {
+            "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{backend.spec.ports['amqp']}/%2F",
+            "kafka_bootstrap": f"{host}:{kafka.spec.ports['bootstrap']}",
+            "metrics_host": host,
+            "metrics_port": router.spec.ports["metrics"],
+            "router_id": router.name,
+            "unknown_device": self.settings.unknown_device,
+            "park_ttl_s": self.settings.park_ttl_s,
+            "gateways": {
+                n.spec.region: {
+                    "management_url": f"http://{host}:{n.spec.ports['management']}",
+                    "user": c.ADMIN_USER,
+                    "password": sec["admin"],
+                }
+                for n in nodes
+                if n.spec.role == ROLE_GATEWAY and n.spec.region
+            },
+        }
 
     def link_states(self) -> dict[str, list[tuple[str, str]]]:
         """Federation links per RabbitMQ node: (upstream/exchange, status)."""
@@ -422,7 +470,8 @@ class LocalFederation:
         """
         nodes = self.nodes() if self.record_file.exists() else []
         running = [n for n in nodes if n.is_running()]
-        order = {ROLE_KAFKA: 0, ROLE_GATEWAY: 1, ROLE_BACKEND: 2, ROLE_EPMD: 3}
+        # the router first: it drains its in-flight messages into Kafka and acks them
+        order = {ROLE_ROUTER: 0, ROLE_KAFKA: 1, ROLE_GATEWAY: 2, ROLE_BACKEND: 3, ROLE_EPMD: 4}
         killed: list[int] = []
         if not running and not self.leftover_pids():
             self.progress("federation already down")
@@ -509,6 +558,7 @@ class LocalFederation:
                 for g in self.gateways()
             },
             "kafka": {"bootstrap": self.kafka().bootstrap},
+            "router": {"metrics": self._router_url()},
             "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
             "device": {"user": c.DEVICE_USER, "password": sec["device"]},
         }

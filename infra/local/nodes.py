@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ ROLE_EPMD = "epmd"
 ROLE_BACKEND = "backend"
 ROLE_GATEWAY = "gateway"
 ROLE_KAFKA = "kafka"
+ROLE_ROUTER = "router"
 
 #: Erlang VM flags for several nodes sharing two cores: no busy-waiting
 #: schedulers (they would burn a core each while idle).
@@ -390,9 +392,63 @@ class KafkaNode(Node):
         return f"{self.host}:{self.spec.ports['bootstrap']}"
 
 
+class RouterNode(Node):
+    """The router service (python -m router), configured by a rendered router.toml."""
+
+    #: filled in by the driver before start: what the router connects to
+    config: dict[str, Any] | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.stdout_log
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.spec.ports['metrics']}"
+
+    def prepare(self) -> None:
+        if self.config is None:
+            return  # restarted by start_node: keep the rendered config
+        lines = ["# fedgate router -- rendered by fedgate, do not edit."]
+        for key, value in self.config.items():
+            if key == "gateways":
+                continue
+            lines.append(f"{key} = {_toml(value)}")
+        for region, gw in self.config.get("gateways", {}).items():
+            lines.append(f"\n[gateways.{region}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in gw.items()]
+        path = self.dir / "router.toml"
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+
+    def command(self) -> tuple[list[str], dict[str, str], int | None]:
+        env = self.base_env()
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        return [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")], env, 65536
+
+    def ready(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.metrics_url + "/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 NODE_CLASSES: dict[str, type[Node]] = {
     ROLE_EPMD: EpmdNode,
     ROLE_BACKEND: RabbitNode,
     ROLE_GATEWAY: RabbitNode,
     ROLE_KAFKA: KafkaNode,
+    ROLE_ROUTER: RouterNode,
 }

@@ -82,6 +82,16 @@ class LocalSettings:
         default="4.1.0",
         metadata={"doc": "Apache Kafka release whose jars `make setup` downloaded."},
     )
+    unknown_device: str = field(
+        default="broadcast",
+        metadata={
+            "doc": "Router: a command for a device never seen is 'broadcast' to every region or 'park'ed."
+        },
+    )
+    park_ttl_s: float = field(
+        default=3600.0,
+        metadata={"doc": "Router: how long a parked command waits for its device (seconds)."},
+    )
     boot_timeout: float = field(
         default=90.0,
         metadata={"doc": "Seconds a node may take to become ready before `up` gives up."},
@@ -115,6 +125,10 @@ class LocalSettings:
         for name in ("rabbitmq_memory_mb", "kafka_heap_mb", "gateway_max_fds", "mqtt_tcp_buffer"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.unknown_device not in ("broadcast", "park"):
+            raise SettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
+        if self.park_ttl_s <= 0:
+            raise SettingsError("park_ttl_s: must be positive")
         if self.boot_timeout <= 0:
             raise SettingsError("boot_timeout: must be positive")
         return self

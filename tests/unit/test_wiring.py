@@ -43,8 +43,27 @@ def test_backend_has_one_downlink_exchange_per_region_and_a_durable_uplink_queue
     d = _backend()
     names = {x.name for x in d.exchanges}
     assert {"fedgate.downlink.local-eu", "fedgate.downlink.local-us", c.TELEMETRY_EXCHANGE} <= names
-    (q,) = d.queues
-    assert q.name == c.UPLINK_QUEUE and q.durable and q.arguments["x-queue-type"] == "quorum"
+    queues = {q.name: q for q in d.queues}
+    q = queues[c.UPLINK_QUEUE]
+    assert q.durable and q.arguments["x-queue-type"] == "quorum"
+
+
+def test_router_input_is_a_quorum_queue_with_a_single_active_consumer():
+    d = _backend()
+    q = next(q for q in d.queues if q.name == c.COMMANDS_QUEUE)
+    assert q.arguments == {"x-queue-type": "quorum", "x-single-active-consumer": True}
+    assert (c.COMMANDS_EXCHANGE, c.COMMANDS_QUEUE) in {(b.source, b.destination) for b in d.bindings}
+
+
+def test_router_user_may_publish_only_to_downlinks_and_read_only_its_inputs():
+    links = [GatewayLink("local-eu", AmqpEndpoint("h", 1), "p")]
+    d = backend_definitions(links, admin_password="a", backend_link_password="b", router_password="r")
+    perm = next(p for p in d.permissions if p.user == c.ROUTER_USER)
+    assert re.match(perm.write, "fedgate.downlink.local-eu")
+    assert not re.match(perm.write, c.TELEMETRY_EXCHANGE)
+    for name in (c.UPLINK_QUEUE, c.COMMANDS_QUEUE, c.PRESENCE_EXCHANGE):
+        assert re.match(perm.read, name), name
+    assert not re.match(perm.configure, c.UPLINK_QUEUE)
 
 
 def test_a_gateway_user_on_the_backend_reaches_only_its_own_downlink():

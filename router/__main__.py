@@ -1,0 +1,5 @@
+import sys
+
+from router.service import main
+
+sys.exit(main())

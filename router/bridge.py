@@ -1,0 +1,134 @@
+"""The Kafka bridge: device messages from the backend's uplink queue into Kafka.
+
+For every AMQP message: map its MQTT topic to a Kafka topic and key (rules
+in router/topics.py), produce it with headers (region, MQTT topic, device,
+receive time), and ack the AMQP message only when Kafka's delivery report
+says it is stored.  Poison input -- a payload over the size limit, a
+matching topic without a device, data the rule cannot decode -- goes to the
+dead-letter topic with the reason, and is acked once that is stored.
+
+In-flight messages are bounded by the AMQP prefetch: when Kafka is down,
+reports stop, the prefetch fills up and RabbitMQ keeps the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage
+from confluent_kafka import KafkaError, Message
+
+from backend import contract as c
+from router.kafka import AsyncProducer
+from router.metrics import Metrics
+from router.settings import RouterSettings
+from router.topics import TopicMapper
+
+log = logging.getLogger(__name__)
+
+
+class Poison(ValueError):
+    """A message that can never be bridged as it is; the text is the dead-letter reason."""
+
+
+class UplinkBridge:
+    def __init__(self, settings: RouterSettings, producer: AsyncProducer, metrics: Metrics):
+        self.settings = settings
+        self.producer = producer
+        self.metrics = metrics
+        self.mapper = TopicMapper(settings.rules, settings.unmatched_topic)
+        self.inflight = 0
+        self._consumer_tag: str | None = None
+        self._queue: aio_pika.abc.AbstractQueue | None = None
+
+    def kafka_topics(self) -> list[str]:
+        return [*self.mapper.kafka_topics(), self.settings.deadletter_topic]
+
+    async def start(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        await channel.set_qos(prefetch_count=self.settings.max_inflight)
+        self._queue = await channel.get_queue(c.UPLINK_QUEUE, ensure=True)
+        self._consumer_tag = await self._queue.consume(self.on_message)
+
+    async def stop_intake(self) -> None:
+        if self._queue is not None and self._consumer_tag is not None:
+            await self._queue.cancel(self._consumer_tag)
+            self._consumer_tag = None
+
+    # --- per message -------------------------------------------------------------
+
+    def route(self, message: AbstractIncomingMessage) -> tuple[str, str | None, list[tuple[str, bytes]]]:
+        """(Kafka topic, key, headers) for a message; raises Poison."""
+        headers_in: dict[str, Any] = dict(message.headers or {})
+        region = c.region_from_headers(headers_in) or ""
+        mqtt_topic = c.routing_key_to_mqtt_topic(message.routing_key or "")
+        received_ms = int(time.time() * 1000)
+        headers = [
+            (c.KAFKA_REGION_HEADER, region.encode()),
+            (c.KAFKA_MQTT_TOPIC_HEADER, mqtt_topic.encode()),
+            (c.KAFKA_RECEIVED_AT_HEADER, str(received_ms).encode()),
+        ]
+        if len(message.body) > self.settings.max_payload_bytes:
+            raise Poison(
+                f"payload of {len(message.body)} bytes is over the limit of {self.settings.max_payload_bytes}"
+            )
+        if not mqtt_topic:
+            raise Poison("message without an MQTT topic")
+        m = self.mapper.map(mqtt_topic)
+        if m is None:
+            if mqtt_topic.startswith("devices/") and not mqtt_topic.split("/")[1]:
+                raise Poison(f"topic {mqtt_topic!r} names no device")
+            return self.settings.unmatched_topic, None, headers
+        device = m.variables.get("device")
+        if "{device}" in m.rule.pattern and not device:
+            raise Poison(f"topic {mqtt_topic!r} names no device")
+        if device:
+            headers.append((c.KAFKA_DEVICE_HEADER, device.encode()))
+        try:
+            message.body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise Poison(f"payload is not valid UTF-8 ({e.reason} at byte {e.start})") from e
+        return m.kafka_topic, m.key, headers
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        try:
+            topic, key, headers = self.route(message)
+            kind = "bridged"
+        except Poison as e:
+            topic, key = self.settings.deadletter_topic, None
+            headers = [
+                (c.KAFKA_DEADLETTER_REASON_HEADER, str(e).encode()),
+                (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
+                (c.KAFKA_REGION_HEADER, (c.region_from_headers(dict(message.headers or {})) or "").encode()),
+            ]
+            kind = "deadlettered"
+            log.warning("dead-lettering a message on %s: %s", message.routing_key, e)
+        started = time.monotonic()
+        self.inflight += 1
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            self.inflight -= 1
+            if err is not None:
+                # Only fatal producer errors end up here (message.timeout.ms=0):
+                # give the message back to RabbitMQ rather than lose it.
+                log.error("Kafka refused a record for %s: %s", topic, err)
+                self.metrics.inc("fedgate_router_kafka_errors_total")
+                self._spawn(message.nack(requeue=True))
+                return
+            self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
+            self.metrics.inc(f"fedgate_router_{kind}_total", topic=topic)
+            self._spawn(message.ack())
+
+        self.producer.produce(topic, message.body, key, headers, delivered)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(_log_task_error)
+
+
+def _log_task_error(task: Any) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("ack/nack failed: %s", task.exception())

@@ -1,0 +1,359 @@
+"""Downstream routing: each command only to the gateway that holds the device.
+
+Backend services publish device-bound messages to COMMANDS_EXCHANGE with the
+device id and MQTT topic in headers (``fedgate send`` does the same).  The
+router:
+
+- sends it to the downlink exchange of the region whose gateway holds the
+  device (presence), and to no other;
+- parks it (Kafka, with a TTL) when the device is known but offline, and
+  delivers parked messages in order once the device has reconnected --
+  anywhere -- *and subscribed* to a matching topic (a message sent before
+  the subscription exists would be dropped by the gateway);
+- for a device never seen: broadcasts to every region or parks (setting);
+- keeps a message marked retained as the device's desired state for that
+  topic and replays it whenever the device subscribes, in any region;
+- closes the older session when a device connects at a second gateway.
+
+Every step that moves a message is confirmed before the input is acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+
+from backend import contract as c
+from infra.rabbitmq_admin import AdminError, RabbitAdmin
+from router.kafka import AsyncProducer
+from router.metrics import Metrics
+from router.presence import PresenceTable, Session
+from router.settings import RouterSettings
+from router.stores import DesiredState, Parked, ParkingLot
+
+log = logging.getLogger(__name__)
+
+SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"
+PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
+
+
+class BadCommand(ValueError):
+    pass
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching ("+" one level, "#" the rest)."""
+    f, t = topic_filter.split("/"), topic.split("/")
+    for i, part in enumerate(f):
+        if part == "#":
+            return True
+        if i >= len(t) or (part != "+" and part != t[i]):
+            return False
+    return len(f) == len(t)
+
+
+def client_id_of_queue(queue: str) -> str | None:
+    """mqtt-subscription-<client id>qos<0|1> -> client id."""
+    if not queue.startswith(SUBSCRIPTION_QUEUE_PREFIX) or queue[-4:-1] != "qos":
+        return None
+    return queue[len(SUBSCRIPTION_QUEUE_PREFIX) : -4] or None
+
+
+def filter_of_binding_key(key: str) -> str:
+    return "".join("/" if ch == "." else "." if ch == "/" else "+" if ch == "*" else ch for ch in key)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Downlink:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        presence: PresenceTable,
+        parking: ParkingLot,
+        desired: DesiredState,
+        producer: AsyncProducer,
+        metrics: Metrics,
+    ):
+        self.settings = settings
+        self.presence = presence
+        self.parking = parking
+        self.desired = desired
+        self.producer = producer
+        self.metrics = metrics
+        self.admins = {g.region: RabbitAdmin(g.management_url, g.user, g.password) for g in settings.gateways}
+        #: devices seen connected since this router started or parked/desired state exists
+        self.known: set[str] = set()
+        self._replayed: set[tuple[str, str]] = set()
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._channel: AbstractChannel | None = None
+        self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._closers: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self, channel: AbstractChannel) -> None:
+        self._channel = channel
+        await channel.set_qos(prefetch_count=100)
+        # Presence first, and rebuilt from the gateways before any command is routed.
+        presence_q = await channel.declare_queue(
+            f"fedgate.router.presence.{self.settings.router_id}", exclusive=True, auto_delete=True
+        )
+        for key in PRESENCE_KEYS:
+            await presence_q.bind(c.PRESENCE_EXCHANGE, routing_key=key)
+        await self.rebuild_presence()
+        self._consumers.append((presence_q, await presence_q.consume(self.on_presence_event)))
+        commands = await channel.get_queue(c.COMMANDS_QUEUE, ensure=True)
+        self._consumers.append((commands, await commands.consume(self.on_command)))
+        self._sweeper = asyncio.create_task(self._sweep_expired())
+
+    async def stop_intake(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for task in list(self._closers):
+            task.cancel()
+        for queue, tag in self._consumers:
+            try:
+                await queue.cancel(tag)
+            except aio_pika.exceptions.AMQPError as e:
+                log.debug("cancel consumer: %s", e)
+        self._consumers.clear()
+
+    async def rebuild_presence(self) -> None:
+        from router.presence import sessions_from_management
+
+        loop = asyncio.get_running_loop()
+        sessions: list[Session] = []
+        for region, admin in self.admins.items():
+            try:
+                conns = await loop.run_in_executor(None, admin.connections)
+            except AdminError as e:
+                log.error(
+                    "presence rebuild: gateway %s unreachable (%s); its devices are unknown until they "
+                    "reconnect",
+                    region,
+                    e,
+                )
+                continue
+            sessions += sessions_from_management(region, conns)
+        self.presence.replace_all(sessions)
+        self.known.update(s.client_id for s in sessions)
+        log.info("presence rebuilt: %d devices %s", len(self.presence), dict(self.presence.per_region()))
+
+    # --- sending -----------------------------------------------------------------------
+
+    async def _exchange(self, region: str) -> AbstractExchange:
+        if region not in self._exchanges:
+            assert self._channel is not None
+            self._exchanges[region] = await self._channel.get_exchange(
+                c.downlink_exchange(region), ensure=True
+            )
+        return self._exchanges[region]
+
+    async def _send(self, region: str, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish to a region's downlink and wait for the backend's confirm."""
+        ex = await self._exchange(region)
+        await ex.publish(
+            aio_pika.Message(
+                payload,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                headers={c.RETAIN_HEADER: retain} if retain else {},
+            ),
+            routing_key=c.mqtt_topic_to_routing_key(topic),
+            mandatory=True,
+        )
+
+    async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
+        await self.producer.send(
+            self.settings.deadletter_topic,
+            payload,
+            device or None,
+            [
+                (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
+                (c.KAFKA_DEVICE_HEADER, device.encode()),
+                (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
+            ],
+        )
+
+    # --- commands ----------------------------------------------------------------------
+
+    async def on_command(self, message: AbstractIncomingMessage) -> None:
+        # Acked only after the message is confirmed at its next hop (downlink
+        # exchange, Kafka parking or dead-letter); an exception requeues it.
+        async with message.process(requeue=True), self._lock:
+            headers = dict(message.headers or {})
+            device = _text(headers.get(c.DEVICE_HEADER, ""))
+            topic = _text(headers.get(c.TOPIC_HEADER, ""))
+            retain = bool(headers.get(c.RETAIN_HEADER, False))
+            try:
+                self._validate(device, topic)
+            except BadCommand as e:
+                log.warning("dead-lettering a command: %s", e)
+                await self._deadletter(str(e), device, topic, message.body)
+                self.metrics.inc("fedgate_router_deadlettered_total", topic=self.settings.deadletter_topic)
+                return
+            await self.route(device, topic, message.body, retain=retain)
+
+    @staticmethod
+    def _validate(device: str, topic: str) -> None:
+        if not device:
+            raise BadCommand(f"command without the {c.DEVICE_HEADER} header")
+        if not topic:
+            raise BadCommand(f"command without the {c.TOPIC_HEADER} header")
+        if any(ch in topic for ch in "+#") or "\x00" in topic:
+            raise BadCommand(f"topic {topic!r} is a filter, not a topic")
+
+    async def route(self, device: str, topic: str, payload: bytes, *, retain: bool = False) -> str:
+        """Send, park or broadcast one command; returns what was done."""
+        if retain:
+            await self.desired.set(device, topic, payload)
+            self.known.add(device)
+        session = self.presence.get(device)
+        if session is not None:
+            await self._send(session.region, topic, payload, retain=retain)
+            if retain:
+                self._replayed.add((session.connection, topic))
+            self.metrics.inc("fedgate_router_routed_total", region=session.region)
+            return f"routed:{session.region}"
+        if retain:
+            # desired state is replayed when the device connects: parking it too would deliver twice
+            return "desired"
+        if device in self.known or self.settings.unknown_device == "park":
+            await self.parking.park(device, topic, payload)
+            self.metrics.inc("fedgate_router_parked_total")
+            return "parked"
+        for region in self.settings.regions:
+            await self._send(region, topic, payload)
+        self.metrics.inc("fedgate_router_broadcast_total")
+        return "broadcast"
+
+    # --- presence events ------------------------------------------------------------------
+
+    async def on_presence_event(self, message: AbstractIncomingMessage) -> None:
+        async with message.process(requeue=True), self._lock:
+            key = message.routing_key or ""
+            headers = dict(message.headers or {})
+            if key == "binding.created":
+                await self._on_binding(headers)
+                return
+            change = self.presence.apply_event(key, headers)
+            if change.displaced is not None:
+                await self._close_session(change.displaced)
+            if key == "connection.created" and change.session is not None and not change.ignored:
+                self.known.add(change.session.client_id)
+                # a persistent session may already have its subscriptions
+                await self._deliver_pending(change.session, await self._existing_filters(change.session))
+
+    async def _on_binding(self, headers: dict[str, Any]) -> None:
+        if _text(headers.get("source_name", "")) != c.MQTT_EXCHANGE:
+            return
+        cid = client_id_of_queue(_text(headers.get("destination_name", "")))
+        if cid is None:
+            return
+        session = self.presence.get(cid)
+        region = c.region_from_headers(headers)
+        if session is None or session.region != region:
+            return
+        await self._deliver_pending(session, [filter_of_binding_key(_text(headers.get("routing_key", "")))])
+
+    async def _existing_filters(self, session: Session) -> list[str]:
+        admin = self.admins.get(session.region)
+        if admin is None:
+            return []
+        loop = asyncio.get_running_loop()
+        filters = []
+        for qos in (0, 1):
+            queue = f"{SUBSCRIPTION_QUEUE_PREFIX}{session.client_id}qos{qos}"
+            try:
+                bindings = await loop.run_in_executor(None, admin.get, f"queues/%2F/{queue}/bindings")
+            except AdminError:
+                continue  # no such queue: a clean session subscribes after connecting
+            filters += [filter_of_binding_key(b["routing_key"]) for b in bindings if b.get("source")]
+        return filters
+
+    async def _deliver_pending(self, session: Session, filters: list[str]) -> None:
+        if not filters:
+            return
+        device = session.client_id
+        now = time.time()
+        parked: list[Parked] = [
+            p for p in self.parking.for_device(device) if any(topic_matches(f, p.topic) for f in filters)
+        ]
+        for p in parked:  # sorted by parking order
+            if p.expires_at < now:
+                await self._expire(p)
+                continue
+            await self._send(session.region, p.topic, p.payload)
+            await self.parking.remove(p)
+            self.metrics.inc("fedgate_router_unparked_total", region=session.region)
+        for topic, payload in self.desired.for_device(device):
+            if (session.connection, topic) in self._replayed:
+                continue
+            if any(topic_matches(f, topic) for f in filters):
+                await self._send(session.region, topic, payload, retain=True)
+                self._replayed.add((session.connection, topic))
+                self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
+
+    async def _expire(self, p: Parked) -> None:
+        await self._deadletter(
+            f"parked for {self.parking.ttl_s:g}s without the device coming back", p.device, p.topic, p.payload
+        )
+        await self.parking.remove(p)
+        self.metrics.inc("fedgate_router_expired_total")
+
+    async def _sweep_expired(self) -> None:
+        while True:
+            await asyncio.sleep(5)
+            try:
+                async with self._lock:
+                    now = time.time()
+                    for device in self.parking.all_devices():
+                        for p in self.parking.for_device(device):
+                            if p.expires_at < now:
+                                await self._expire(p)
+            except Exception as e:  # keep sweeping; the next round retries
+                log.error("expiring parked messages failed: %s", e)
+
+    async def _close_session(self, s: Session) -> None:
+        """One live session per client id: close the older connection at its gateway.
+
+        Runs in the background: the gateway's management API learns of a new
+        connection only with its next statistics round (~5 s), so the close is
+        retried until the connection is known there or has gone by itself.
+        """
+        task = asyncio.create_task(self._close_when_known(s))
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    async def _close_when_known(self, s: Session, patience_s: float = 30.0) -> None:
+        admin = self.admins.get(s.region)
+        if admin is None:
+            return
+        loop = asyncio.get_running_loop()
+        path = f"connections/{quote(s.connection, safe='')}"
+        deadline = time.monotonic() + patience_s
+        while True:
+            if self.presence.get(s.client_id) == s:
+                return  # it became the current session again (a newer connect was undone)
+            try:
+                await loop.run_in_executor(None, admin.request, "DELETE", path)
+            except AdminError as e:
+                if e.status == 404 and time.monotonic() < deadline:
+                    await asyncio.sleep(1.0)
+                    continue
+                if e.status != 404:
+                    log.error("could not close the older session of %s at %s: %s", s.client_id, s.region, e)
+                return
+            self.metrics.inc("fedgate_router_sessions_closed_total", region=s.region)
+            log.info("closed the older session of %s at %s (%s)", s.client_id, s.region, s.connection)
+            return

@@ -1,0 +1,157 @@
+"""confluent-kafka, made to fit an asyncio service.
+
+confluent-kafka's producer is thread-based: delivery reports arrive from
+``poll()``.  AsyncProducer runs ``poll()`` on a thread and hands each report
+back to the event loop, so the loop never blocks on Kafka -- not even while
+Kafka is down (then reports simply do not come and the bounded AMQP prefetch
+pauses intake).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+log = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+class KafkaUnavailable(RuntimeError):
+    """Kafka cannot be reached (retriable)."""
+
+    retriable = True
+
+
+def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        # Exactly one copy per produce() in the log, in order, across retries.
+        "enable.idempotence": True,
+        "acks": "all",
+        # Never give up on a record while Kafka is away: the AMQP message it
+        # came from stays unacked, and intake pauses at the prefetch bound.
+        "message.timeout.ms": 0,
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        **extra,
+    }
+
+
+class AsyncProducer:
+    def __init__(self, config: dict[str, Any]):
+        self._producer = Producer(config)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.1)
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: list[tuple[str, bytes]] | None,
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        """Queue a record; `on_delivery(err, msg)` runs on the event loop when Kafka answered."""
+        loop = self._loop
+        assert loop is not None, "start() first"
+
+        def report(err: KafkaError | None, msg: Message) -> None:
+            loop.call_soon_threadsafe(on_delivery, err, msg)
+
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
+                return
+            except BufferError:
+                # local queue full: only possible if prefetch exceeds queue.buffering.max.messages
+                self._producer.poll(0.05)
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Message:
+        """Produce and wait for the delivery report."""
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+        def done(err: KafkaError | None, msg: Message) -> None:
+            if fut.done():
+                return
+            if err is not None:
+                fut.set_exception(KafkaException(err))
+            else:
+                fut.set_result(msg)
+
+        self.produce(topic, value, key, headers, done)
+        return await fut
+
+    async def flush(self, timeout: float) -> int:
+        """Wait until every queued record was delivered; returns how many are still queued."""
+        return await asyncio.get_running_loop().run_in_executor(None, self._producer.flush, timeout)
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+
+def ensure_topics(
+    bootstrap: str,
+    topics: list[str],
+    partitions: int,
+    replication: int,
+    timeout: float = 30.0,
+    configs: dict[str, dict[str, str]] | None = None,
+) -> list[str]:
+    """Create the topics that do not exist yet; returns those created.
+
+    Fails fast with KafkaUnavailable when Kafka cannot be reached.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        existing = set(admin.list_topics(timeout=timeout).topics)
+    except KafkaException as e:
+        raise KafkaUnavailable(f"Kafka at {bootstrap} unreachable: {e}") from e
+    missing = [t for t in topics if t not in existing]
+    if not missing:
+        return []
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                t,
+                num_partitions=partitions,
+                replication_factor=replication,
+                config=(configs or {}).get(t, {}),
+            )
+            for t in missing
+        ]
+    )
+    for _topic, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    log.info("created Kafka topics %s", missing)
+    return missing

@@ -1,0 +1,227 @@
+"""The router service: presence, downstream routing and the Kafka bridge in one asyncio process.
+
+    python -m router --config router.toml      (the local driver starts it this way)
+
+Start-up order: Kafka topics (created ahead of time) -> the desired-state
+and parking tables (read back from Kafka) -> AMQP -> presence rebuilt from
+the gateways -> consumers.  Fails fast, with one clear line, when the
+backend or Kafka cannot be reached.
+
+SIGTERM (or SIGINT) shuts down in a fixed order: stop intake (cancel the
+consumers) -> drain in-flight messages (each acked once Kafka has it) ->
+flush the producer -> close the channels -> close the connection -> exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import aio_pika
+import aio_pika.exceptions
+
+from router.bridge import UplinkBridge
+from router.downlink import Downlink
+from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, producer_config
+from router.metrics import HttpEndpoint, Metrics, json_response
+from router.presence import PresenceTable
+from router.settings import RouterSettings, RouterSettingsError, load_router_settings
+from router.stores import COMPACTED, DESIRED_TOPIC, PARKED_TOPIC, DesiredState, KafkaTable, ParkingLot
+
+log = logging.getLogger("router")
+
+DRAIN_TIMEOUT_S = 30.0
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class Router:
+    def __init__(self, settings: RouterSettings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.presence = PresenceTable()
+        self.producer = AsyncProducer(producer_config(settings.kafka_bootstrap))
+        self.bridge = UplinkBridge(settings, self.producer, self.metrics)
+        self.desired_table = KafkaTable(
+            settings.kafka_bootstrap, DESIRED_TOPIC, self.producer, settings.router_id
+        )
+        self.parked_table = KafkaTable(
+            settings.kafka_bootstrap, PARKED_TOPIC, self.producer, settings.router_id
+        )
+        self.downlink = Downlink(
+            settings,
+            self.presence,
+            ParkingLot(self.parked_table, settings.park_ttl_s),
+            DesiredState(self.desired_table),
+            self.producer,
+            self.metrics,
+        )
+        self.http: HttpEndpoint | None = None
+        self.connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self.ready = False
+        self._stopped = False
+        self.metrics.gauge(
+            "fedgate_router_presence_devices",
+            lambda: {(("region", r),): float(n) for r, n in self.presence.per_region().items()},
+        )
+        self.metrics.gauge("fedgate_router_inflight", lambda: {(): float(self.bridge.inflight)})
+
+    async def start(self) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        topics = self.bridge.kafka_topics()
+        try:
+            await loop.run_in_executor(
+                None,
+                lambda: ensure_topics(
+                    s.kafka_bootstrap, topics, s.kafka_partitions, s.kafka_replication, timeout=20
+                ),
+            )
+            await loop.run_in_executor(
+                None,
+                lambda: ensure_topics(
+                    s.kafka_bootstrap,
+                    [DESIRED_TOPIC, PARKED_TOPIC],
+                    1,
+                    s.kafka_replication,
+                    timeout=20,
+                    configs={DESIRED_TOPIC: COMPACTED, PARKED_TOPIC: COMPACTED},
+                ),
+            )
+        except KafkaUnavailable as e:
+            raise StartupError(str(e)) from e
+        self.producer.start()
+        if s.downlink:
+            await self.desired_table.start()
+            await self.parked_table.start()
+        try:
+            self.connection = await aio_pika.connect_robust(s.amqp_url, timeout=10)
+        except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as e:
+            raise StartupError(f"backend AMQP at {_redact(s.amqp_url)} unreachable: {e}") from e
+        if s.metrics_port:
+            self.http = HttpEndpoint(
+                s.metrics_host,
+                s.metrics_port,
+                {
+                    "/metrics": lambda q: (200, "text/plain; version=0.0.4", self.metrics.render()),
+                    "/presence": self._presence_json,
+                    "/health": lambda q: (
+                        (200, "text/plain", "ok\n") if self.ready else (503, "text/plain", "starting\n")
+                    ),
+                },
+            )
+            await self.http.start()
+        if s.downlink:
+            await self.downlink.start(await self.connection.channel(publisher_confirms=True))
+        if s.uplink:
+            await self.bridge.start(await self.connection.channel())
+        self.ready = True
+        log.info(
+            "router %s ready: %s%s; %d devices present",
+            s.router_id,
+            "downlink " if s.downlink else "",
+            "uplink->kafka" if s.uplink else "",
+            len(self.presence),
+        )
+
+    def _presence_json(self, query: str) -> tuple[int, str, str]:
+        device = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("device")
+        sessions = [self.presence.get(device)] if device else self.presence.sessions()
+        return json_response(
+            {
+                "devices": [
+                    {
+                        "device": x.client_id,
+                        "region": x.region,
+                        "node": x.node,
+                        "connected_at": x.connected_at / 1000.0,
+                    }
+                    for x in sessions
+                    if x is not None
+                ],
+                "per_region": dict(self.presence.per_region()),
+                "total": len(self.presence),
+            }
+        )
+
+    async def stop(self) -> None:
+        """Stop intake, drain, flush, close -- in that order. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.ready = False
+        log.info("stopping: intake")
+        await self.bridge.stop_intake()
+        await self.downlink.stop_intake()
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while self.bridge.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.bridge.inflight:
+            log.warning(
+                "%d messages still on their way to Kafka; RabbitMQ redelivers them", self.bridge.inflight
+            )
+        left = await self.producer.flush(10)
+        await asyncio.sleep(0.1)  # let the last acks go out
+        log.info("stopping: producer flushed (%d left), closing AMQP", left)
+        if self.connection is not None:
+            await self.connection.close()
+        self.producer.close()
+        self.desired_table.stop()
+        self.parked_table.stop()
+        if self.http is not None:
+            await self.http.stop()
+        log.info("stopped")
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+async def run(settings: RouterSettings) -> int:
+    router = Router(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await router.start()
+    except StartupError as e:
+        log.error("cannot start: %s", e)
+        await router.stop()
+        return 1
+    await stop.wait()
+    await router.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m router", description="fedgate router")
+    p.add_argument("--config", type=Path, help="router TOML file")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aio_pika").setLevel(logging.WARNING)
+    logging.getLogger("aiormq").setLevel(logging.WARNING)
+    try:
+        settings = load_router_settings(args.config)
+    except RouterSettingsError as e:
+        print(f"router: settings: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The router's typed settings, from a TOML file and FEDGATE_ROUTER_* variables.
+
+Validated at start: a wrong value fails at once with the field's name.
+
+    # router.toml
+    amqp_url = "amqp://fedgate-admin:...@127.0.0.1:17020/%2F"
+    kafka_bootstrap = "127.0.0.1:17010"
+    unknown_device = "broadcast"          # or "park"
+
+    [gateways.local-eu]                   # management API of each region's gateway
+    management_url = "http://127.0.0.1:17102"
+
+    [[rules]]                             # first match wins
+    pattern = "devices/{device}/{stream:telemetry|events|state}/..."
+    topic = "telemetry.{stream}"
+    key = "{device}"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from backend import contract as c
+from router.topics import DEFAULT_RULES, Rule, RuleError, parse_rules
+
+
+class RouterSettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GatewayAccess:
+    region: str
+    management_url: str
+    user: str
+    password: str
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    amqp_url: str = field(metadata={"doc": "AMQP URL of the backend (the router's own user)."})
+    kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers."})
+    gateways: tuple[GatewayAccess, ...] = field(
+        default=(),
+        metadata={"doc": "Each region's gateway management API (presence rebuild, closing sessions)."},
+    )
+    rules: tuple[Rule, ...] = field(
+        default=DEFAULT_RULES, metadata={"doc": "MQTT topic -> Kafka topic/key rules."}
+    )
+    unknown_device: str = field(
+        default="broadcast",
+        metadata={"doc": "A command for a device never seen: 'broadcast' to every region, or 'park'."},
+    )
+    park_ttl_s: float = field(
+        default=3600.0, metadata={"doc": "How long a parked message waits for its device."}
+    )
+    max_payload_bytes: int = field(
+        default=256 * 1024, metadata={"doc": "Uplink payloads above this are dead-lettered."}
+    )
+    max_inflight: int = field(
+        default=2000, metadata={"doc": "Uplink messages on their way to Kafka at once (prefetch)."}
+    )
+    kafka_partitions: int = field(default=6, metadata={"doc": "Partitions of the topics the router creates."})
+    kafka_replication: int = field(
+        default=1, metadata={"doc": "Replication factor of the topics the router creates."}
+    )
+    unmatched_topic: str = field(default=c.KAFKA_UNMATCHED_TOPIC, metadata={"doc": "Catch-all Kafka topic."})
+    deadletter_topic: str = field(
+        default=c.KAFKA_DEADLETTER_TOPIC, metadata={"doc": "Dead-letter Kafka topic."}
+    )
+    metrics_host: str = field(
+        default="127.0.0.1", metadata={"doc": "Address of the metrics/presence HTTP endpoint."}
+    )
+    metrics_port: int = field(
+        default=0, metadata={"doc": "Port of the metrics/presence HTTP endpoint (0: off)."}
+    )
+    router_id: str = field(
+        default="router-0", metadata={"doc": "Name of this router process (queues, logs)."}
+    )
+    downlink: bool = field(
+        default=True,
+        metadata={"doc": "Whether this process routes commands (one router does; others bridge)."},
+    )
+    uplink: bool = field(default=True, metadata={"doc": "Whether this process bridges telemetry to Kafka."})
+
+    @property
+    def regions(self) -> list[str]:
+        return [g.region for g in self.gateways]
+
+    def validate(self) -> RouterSettings:
+        if not self.amqp_url.startswith(("amqp://", "amqps://")):
+            raise RouterSettingsError(f"amqp_url: must start with amqp:// or amqps://, got {self.amqp_url!r}")
+        if not self.kafka_bootstrap:
+            raise RouterSettingsError("kafka_bootstrap: missing")
+        if self.unknown_device not in ("broadcast", "park"):
+            raise RouterSettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
+        for name in (
+            "park_ttl_s",
+            "max_payload_bytes",
+            "max_inflight",
+            "kafka_partitions",
+            "kafka_replication",
+        ):
+            if getattr(self, name) <= 0:
+                raise RouterSettingsError(f"{name}: must be positive, got {getattr(self, name)}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise RouterSettingsError(f"metrics_port: {self.metrics_port} is not a TCP port")
+        for g in self.gateways:
+            try:
+                c.validate_region(g.region)
+            except c.InvalidRegionError as e:
+                raise RouterSettingsError(f"gateways: {e}") from e
+        return self
+
+
+def load_router_settings(path: Path | None = None, env: dict[str, str] | None = None) -> RouterSettings:
+    env = dict(os.environ if env is None else env)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as e:
+            raise RouterSettingsError(f"config file {path} does not exist") from e
+        except tomllib.TOMLDecodeError as e:
+            raise RouterSettingsError(f"config file {path}: {e}") from e
+    known = {f.name: f for f in fields(RouterSettings)}
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in known:
+            raise RouterSettingsError(f"unknown setting {key!r}")
+        values[key] = raw
+    for key in known:
+        raw = env.get("FEDGATE_ROUTER_" + key.upper())
+        if raw not in (None, "") and key not in ("gateways", "rules"):
+            values[key] = raw
+    try:
+        if "rules" in values:
+            values["rules"] = parse_rules(values["rules"])
+    except RuleError as e:
+        raise RouterSettingsError(f"rules: {e}") from e
+    if "gateways" in values:
+        gws = values["gateways"]
+        try:
+            values["gateways"] = tuple(
+                GatewayAccess(region, g["management_url"], g.get("user", c.ADMIN_USER), g.get("password", ""))
+                for region, g in gws.items()
+            )
+        except (KeyError, AttributeError, TypeError) as e:
+            raise RouterSettingsError(f"gateways: each needs management_url ({e})") from e
+    for key, f in known.items():
+        if key in values and f.type in ("int", "float", "bool"):
+            try:
+                if f.type == "bool":
+                    values[key] = (
+                        values[key]
+                        if isinstance(values[key], bool)
+                        else str(values[key]).lower() in ("1", "true", "yes")
+                    )
+                else:
+                    values[key] = int(values[key]) if f.type == "int" else float(values[key])
+            except ValueError as e:
+                raise RouterSettingsError(f"{key}: cannot read {values[key]!r}") from e
+    for required in ("amqp_url", "kafka_bootstrap"):
+        if required not in values:
+            raise RouterSettingsError(
+                f"{required}: missing (config file or FEDGATE_ROUTER_{required.upper()})"
+            )
+    return RouterSettings(**values).validate()

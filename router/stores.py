@@ -1,0 +1,187 @@
+"""Parked messages and desired state, kept in compacted Kafka topics.
+
+Neither may live on the backend brokers (no per-device state there), and
+both must survive a router restart.  A compacted Kafka topic is a durable,
+replicated key-value log: the router writes a record per change, a tombstone
+(null value) per removal, and rebuilds its in-memory view by reading the
+topic from the beginning at start.  It keeps tailing the topic afterwards,
+so a second router sees the same state.
+
+- ``fedgate.router.desired``: key ``<device> NUL <mqtt topic>``, value the
+  payload.  The device's last desired state per topic, replayed whenever it
+  connects, in any region.
+- ``fedgate.router.parked``: key ``<device> NUL <parked id>``, value JSON
+  {topic, payload (base64), parked_at, expires_at}.  Delivered in parking
+  order when the device subscribes to a matching topic, then tombstoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from router.kafka import AsyncProducer
+
+log = logging.getLogger(__name__)
+
+DESIRED_TOPIC = "fedgate.router.desired"
+PARKED_TOPIC = "fedgate.router.parked"
+COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
+SEP = "\x00"
+
+
+class KafkaTable:
+    """An in-memory dict mirrored from a compacted topic, written through Kafka."""
+
+    def __init__(self, bootstrap: str, topic: str, producer: AsyncProducer, name: str):
+        self.topic = topic
+        self.producer = producer
+        self.data: dict[str, bytes] = {}
+        self.by_device: dict[str, set[str]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self._caught_up = threading.Event()
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"fedgate-{name}-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._thread = threading.Thread(target=self._tail, name=f"tail-{topic}", daemon=True)
+
+    def _apply(self, key: str, value: bytes | None) -> None:
+        device = key.split(SEP, 1)[0]
+        with self._lock:
+            if value is None:
+                self.data.pop(key, None)
+                self.by_device[device].discard(key)
+                if not self.by_device[device]:
+                    self.by_device.pop(device, None)
+            else:
+                self.data[key] = value
+                self.by_device[device].add(key)
+
+    def _tail(self) -> None:
+        md = self._consumer.list_topics(self.topic, timeout=30)
+        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in md.topics[self.topic].partitions]
+        ends = {}
+        for tp in parts:
+            _, high = self._consumer.get_watermark_offsets(tp, timeout=30)
+            ends[tp.partition] = high
+        self._consumer.assign(parts)
+        pending = {p for p, high in ends.items() if high > 0}
+        if not pending:
+            self._caught_up.set()
+        while not self._stop.is_set():
+            msg = self._consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("reading %s: %s", self.topic, msg.error())
+                continue
+            key = (msg.key() or b"").decode()
+            self._apply(key, msg.value())
+            if msg.partition() in pending and msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+                if not pending:
+                    self._caught_up.set()
+        self._consumer.close()
+
+    async def start(self, timeout: float = 60.0) -> None:
+        self._thread.start()
+        ok = await asyncio.get_running_loop().run_in_executor(None, self._caught_up.wait, timeout)
+        if not ok:
+            raise TimeoutError(f"could not read {self.topic} from Kafka within {timeout}s")
+        log.info("%s: %d records loaded", self.topic, len(self.data))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    async def put(self, key: str, value: bytes | None) -> None:
+        """Write through Kafka (waits for the delivery report), then update the view."""
+        await self.producer.send(self.topic, value, key.encode())
+        self._apply(key, value)
+
+    def items_for(self, device: str) -> Iterator[tuple[str, bytes]]:
+        with self._lock:
+            keys = sorted(self.by_device.get(device, ()))
+            return iter([(k, self.data[k]) for k in keys if k in self.data])
+
+
+class DesiredState:
+    def __init__(self, table: KafkaTable):
+        self.table = table
+
+    async def set(self, device: str, topic: str, payload: bytes) -> None:
+        # An empty retained payload clears it, as in MQTT.
+        await self.table.put(f"{device}{SEP}{topic}", payload if payload else None)
+
+    def for_device(self, device: str) -> list[tuple[str, bytes]]:
+        return [(k.split(SEP, 1)[1], v) for k, v in self.table.items_for(device)]
+
+
+@dataclass(frozen=True)
+class Parked:
+    key: str
+    device: str
+    topic: str
+    payload: bytes
+    parked_at: float
+    expires_at: float
+
+
+class ParkingLot:
+    def __init__(self, table: KafkaTable, ttl_s: float):
+        self.table = table
+        self.ttl_s = ttl_s
+        self._seq = 0
+
+    async def park(self, device: str, topic: str, payload: bytes) -> Parked:
+        now = time.time()
+        self._seq += 1
+        # sortable id: parking order survives a restart
+        pid = f"{int(now * 1e6):020d}-{self._seq:06d}-{uuid.uuid4().hex[:6]}"
+        rec = Parked(f"{device}{SEP}{pid}", device, topic, payload, now, now + self.ttl_s)
+        value = json.dumps(
+            {
+                "topic": topic,
+                "payload": base64.b64encode(payload).decode(),
+                "parked_at": now,
+                "expires_at": rec.expires_at,
+            }
+        ).encode()
+        await self.table.put(rec.key, value)
+        return rec
+
+    def for_device(self, device: str) -> list[Parked]:
+        out = []
+        for key, value in self.table.items_for(device):
+            d = json.loads(value)
+            out.append(
+                Parked(
+                    key, device, d["topic"], base64.b64decode(d["payload"]), d["parked_at"], d["expires_at"]
+                )
+            )
+        return out
+
+    def all_devices(self) -> list[str]:
+        with self.table._lock:
+            return list(self.table.by_device)
+
+    async def remove(self, rec: Parked) -> None:
+        await self.table.put(rec.key, None)

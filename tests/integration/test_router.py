@@ -1,0 +1,275 @@
+"""The router against the real local federation: presence, routed downlink, parking,
+desired state, and the Kafka bridge (paho-mqtt devices, a confluent-kafka consumer)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from backend import contract as c
+from backend.amqp import send_command
+from fedgate.devices import SimDevice
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+
+def device(endpoints, region, client_id, **kw) -> SimDevice:
+    ep = endpoints
+    return SimDevice(
+        client_id,
+        ep["host"],
+        ep["gateways"][region]["mqtt"],
+        ep["device"]["user"],
+        ep["device"]["password"],
+        **kw,
+    ).connect()
+
+
+def router_metrics(endpoints) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(endpoints["router"]["metrics"] + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_present(endpoints, dev_id, region, timeout=10.0):
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(
+            f"{endpoints['router']['metrics']}/presence?device={dev_id}", timeout=5
+        ) as r:
+            devices = json.load(r)["devices"]
+        if devices and devices[0]["region"] == region:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"router never saw {dev_id} at {region}")
+
+
+def send(endpoints, dev_id, name, payload, retain=False):
+    topic = c.device_command_topic(dev_id, name)
+    send_command(endpoints["backend"]["url"], dev_id, topic, payload, retain=retain)
+    return topic
+
+
+def test_a_command_reaches_exactly_the_gateway_that_holds_the_device(endpoints, uid):
+    dev_id = f"routed-{uid}"
+    d = device(endpoints, "local-us", dev_id)
+    spy = device(endpoints, "local-eu", f"spy-{uid}")
+    try:
+        d.subscribe(c.device_command_topic(dev_id, "#"))
+        spy.subscribe(c.device_command_topic(dev_id, "#"))
+        wait_present(endpoints, dev_id, "local-us")
+        topic = send(endpoints, dev_id, "reboot", "now")
+        assert [(r.topic, r.payload) for r in d.wait_for(1)] == [(topic, b"now")]
+        time.sleep(1.0)
+        assert len(d.received) == 1 and spy.received == []
+    finally:
+        d.close()
+        spy.close()
+
+
+def test_a_device_that_roams_gets_later_commands_once_at_its_new_gateway(endpoints, uid):
+    dev_id = f"roamer-{uid}"
+    old = device(endpoints, "local-eu", dev_id, auto_reconnect=False)
+    old.subscribe(c.device_command_topic(dev_id, "#"))
+    wait_present(endpoints, dev_id, "local-eu")
+    new = device(endpoints, "local-us", dev_id)
+    try:
+        new.subscribe(c.device_command_topic(dev_id, "#"))
+        wait_present(endpoints, dev_id, "local-us")
+        assert old.dropped.wait(30), (
+            "the older session at local-eu was closed (one live session per client id)"
+        )
+        for i in range(5):
+            send(endpoints, dev_id, "step", str(i))
+        new.wait_for(5)
+        time.sleep(1.0)
+        assert [r.payload for r in new.received] == [b"0", b"1", b"2", b"3", b"4"], "each once, in order"
+        assert old.received == []
+    finally:
+        old.close()
+        new.close()
+
+
+def test_commands_for_an_offline_device_are_parked_and_delivered_in_order_on_reconnect(endpoints, uid):
+    dev_id = f"sleeper-{uid}"
+    d = device(endpoints, "local-eu", dev_id)
+    d.subscribe(c.device_command_topic(dev_id, "#"))
+    wait_present(endpoints, dev_id, "local-eu")
+    d.close()
+    time.sleep(0.5)
+    parked_before = router_metrics(endpoints).get("fedgate_router_parked_total", 0)
+    for i in range(3):
+        send(endpoints, dev_id, "queued", f"p{i}")
+    deadline = time.monotonic() + 10
+    while router_metrics(endpoints).get("fedgate_router_parked_total", 0) < parked_before + 3:
+        assert time.monotonic() < deadline, "the router parked the commands"
+        time.sleep(0.1)
+    back = device(endpoints, "local-us", dev_id)  # comes back in the other region
+    try:
+        back.subscribe(c.device_command_topic(dev_id, "#"))
+        got = back.wait_for(3, timeout=10)
+        assert [r.payload for r in got] == [b"p0", b"p1", b"p2"]
+    finally:
+        back.close()
+
+
+def test_desired_state_follows_the_device_to_another_region(endpoints, uid):
+    dev_id = f"follower-{uid}"
+    d = device(endpoints, "local-eu", dev_id)
+    topic = c.device_command_topic(dev_id, "config")
+    try:
+        d.subscribe(topic)
+        wait_present(endpoints, dev_id, "local-eu")
+        send(endpoints, dev_id, "config", '{"interval": 5}', retain=True)
+        assert [r.payload for r in d.wait_for(1)] == [b'{"interval": 5}']
+    finally:
+        d.close()
+    time.sleep(0.5)
+    elsewhere = device(endpoints, "local-us", dev_id)
+    try:
+        elsewhere.subscribe(topic)
+        got = elsewhere.wait_for(1, timeout=10)
+        assert [r.payload for r in got] == [b'{"interval": 5}'], "replayed on subscribe in the other region"
+        time.sleep(1.0)
+        assert len(elsewhere.received) == 1
+    finally:
+        elsewhere.close()
+
+
+def kafka_records(endpoints, topic, match, expect, timeout=20.0):
+    consumer = Consumer(
+        {
+            "bootstrap.servers": endpoints["kafka"]["bootstrap"],
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    md = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            headers = {k: v.decode() for k, v in (msg.headers() or [])}
+            if match(msg, headers):
+                out.append((msg, headers))
+    finally:
+        consumer.close()
+    return out
+
+
+def test_telemetry_is_bridged_into_kafka_with_key_and_headers(endpoints, uid):
+    dev_id = f"bridged-{uid}"
+    with device(endpoints, "local-eu", dev_id) as d:
+        for i in range(5):
+            d.publish(f"devices/{dev_id}/telemetry/temp", {"seq": i})
+    recs = kafka_records(
+        endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=5
+    )
+    assert [json.loads(m.value())["seq"] for m, _ in recs] == [0, 1, 2, 3, 4]
+    for m, h in recs:
+        assert m.key() == dev_id.encode()
+        assert h[c.KAFKA_REGION_HEADER] == "local-eu"
+        assert h[c.KAFKA_MQTT_TOPIC_HEADER] == f"devices/{dev_id}/telemetry/temp"
+        assert int(h[c.KAFKA_RECEIVED_AT_HEADER]) > 0
+
+
+def test_unmatched_topics_go_to_the_catch_all_with_their_topic(endpoints, uid):
+    with device(endpoints, "local-us", f"odd-{uid}") as d:
+        d.publish(f"factory/{uid}/line-1", b"hello")
+    recs = kafka_records(
+        endpoints,
+        c.KAFKA_UNMATCHED_TOPIC,
+        lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"factory/{uid}/line-1",
+        expect=1,
+    )
+    assert len(recs) == 1 and recs[0][0].value() == b"hello"
+    assert recs[0][1][c.KAFKA_REGION_HEADER] == "local-us"
+
+
+def test_poison_messages_are_dead_lettered_with_reasons_and_the_router_keeps_running(endpoints, uid):
+    dev_id = f"poison-{uid}"
+    with device(endpoints, "local-eu", dev_id) as d:
+        d.publish(f"devices/{dev_id}/telemetry", b"x" * (300 * 1024))  # over the 256 KiB limit
+        d.publish(f"devices/{dev_id}/telemetry", b"\xff\xfe\x00binary")  # not UTF-8
+        d.publish(f"devices//telemetry/{uid}", b"{}")  # no device
+        d.publish(f"devices/{dev_id}/telemetry", b'{"after": "poison"}')
+    dead = kafka_records(
+        endpoints,
+        c.KAFKA_DEADLETTER_TOPIC,
+        lambda m, h: (
+            dev_id in h.get(c.KAFKA_MQTT_TOPIC_HEADER, "") or uid in h.get(c.KAFKA_MQTT_TOPIC_HEADER, "")
+        ),
+        expect=3,
+    )
+    reasons = sorted(h[c.KAFKA_DEADLETTER_REASON_HEADER] for _, h in dead)
+    assert len(reasons) == 3, reasons
+    assert any("over the limit" in r for r in reasons)
+    assert any("not valid UTF-8" in r for r in reasons)
+    assert any("names no device" in r for r in reasons)
+    ok = kafka_records(
+        endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=1
+    )
+    assert [m.value() for m, _ in ok] == [b'{"after": "poison"}']
+
+
+def test_a_command_without_a_device_is_dead_lettered(endpoints, uid):
+    send_command(endpoints["backend"]["url"], "", f"devices/x/commands/{uid}", b"lost?")
+    dead = kafka_records(
+        endpoints,
+        c.KAFKA_DEADLETTER_TOPIC,
+        lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"devices/x/commands/{uid}",
+        expect=1,
+    )
+    assert "without the x-fedgate-device header" in dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
+
+
+def test_fedgate_presence_shows_where_a_device_is_and_counts_per_region(federation, endpoints, uid):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FEDGATE_STATE_DIR": str(federation.state_dir)}
+    ds = [device(endpoints, r, f"count-{r}-{uid}") for r in ("local-eu", "local-us")]
+    try:
+        for d, r in zip(ds, ("local-eu", "local-us"), strict=True):
+            wait_present(endpoints, d.device_id, r)
+        out = subprocess.run(
+            [sys.executable, "-m", "fedgate.cli", "presence", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        data = json.loads(out.stdout)
+        where = {d["device"]: d["region"] for d in data["devices"]}
+        assert where[f"count-local-eu-{uid}"] == "local-eu" and where[f"count-local-us-{uid}"] == "local-us"
+        assert data["per_region"]["local-eu"] >= 1 and data["per_region"]["local-us"] >= 1
+        one = subprocess.run(
+            [sys.executable, "-m", "fedgate.cli", "presence", f"count-local-us-{uid}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert one.returncode == 0 and "local-us" in one.stdout and "since" in one.stdout
+    finally:
+        for d in ds:
+            d.close()
