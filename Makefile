@@ -23,6 +23,12 @@ down: ## stop the local federation; leaves no process behind
 status: ## nodes, ports, state, connections and queue depths (JSON=1 for --json)
 	@$(FEDGATE) status $(if $(JSON),--json,)
 
+presence: ## where devices are connected (DEVICE=<id> for one)
+	@$(FEDGATE) presence $(DEVICE)
+
+send: ## send a message to a device through the router: make send DEVICE=d TOPIC=t PAYLOAD=p [RETAIN=1]
+	@$(FEDGATE) send "$(DEVICE)" "$(TOPIC)" '$(PAYLOAD)' $(if $(RETAIN),--retain,)
+
 demo: setup ## the whole federation on this machine with devices sending and receiving
 	@$(FEDGATE) demo
 
@@ -40,4 +46,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status demo test unit lint clean
+.PHONY: help setup up down status presence send demo test unit lint clean

@@ -8,7 +8,8 @@ needs a migration, so treat these as a wire contract.
 Message paths (see docs/architecture.md):
 
   uplink    device --MQTT--> gateway amq.topic ==federation==> backend
-            TELEMETRY_EXCHANGE --#--> UPLINK_QUEUE
+            TELEMETRY_EXCHANGE --#--> UPLINK_EXCHANGE (consistent hash)
+            --> uplink_shard_queue(0..n-1) --> router(s) --> Kafka
   presence  gateway amq.rabbitmq.event ==federation==> backend PRESENCE_EXCHANGE
   downlink  backend downlink_exchange(region) ==federation==> gateway
             GATEWAY_DOWNLINK_EXCHANGE --#--> amq.topic --> MQTT subscriber
@@ -30,10 +31,22 @@ BACKEND_CLUSTER_NAME = "fedgate-backend"
 #: MQTT topics in AMQP form (see mqtt_topic_to_routing_key).
 TELEMETRY_EXCHANGE = "fedgate.telemetry"
 
-#: Durable quorum queue bound to TELEMETRY_EXCHANGE with "#": the intake of
-#: the Kafka bridge.  Bound on the backend so that the federation keeps a
-#: binding on every gateway even while no consumer runs.
-UPLINK_QUEUE = "fedgate.uplink"
+#: Consistent-hash exchange bound to TELEMETRY_EXCHANGE with "#": spreads
+#: device messages over the shard queues by routing key (the MQTT topic), so
+#: every topic's messages stay in one shard, in order.  Bound on the backend
+#: so that the federation keeps a binding on every gateway even while no
+#: router runs: device messages wait in the shard queues.
+UPLINK_EXCHANGE = "fedgate.uplink"
+
+#: Default number of uplink shards.  Fixed when the backend is created:
+#: changing it re-hashes topics onto other shards.
+UPLINK_SHARDS = 4
+
+
+def uplink_shard_queue(shard: int) -> str:
+    """Durable quorum queue of one uplink shard (single active consumer)."""
+    return f"{UPLINK_EXCHANGE}.{shard}"
+
 
 #: Topic exchange on the backend receiving the gateways' connection events.
 PRESENCE_EXCHANGE = "fedgate.presence"

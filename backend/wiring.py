@@ -81,6 +81,7 @@ def backend_definitions(
     admin_password: str,
     backend_link_password: str,
     router_password: str | None = None,
+    uplink_shards: int = c.UPLINK_SHARDS,
 ) -> NodeDefinitions:
     """Everything the backend node holds for the given set of gateways."""
     d = NodeDefinitions(cluster_name=c.BACKEND_CLUSTER_NAME)
@@ -101,15 +102,21 @@ def backend_definitions(
                 c.ROUTER_USER,
                 configure=f"^{router_objs}$",
                 write=f"^({router_objs}|{re.escape(c.DOWNLINK_EXCHANGE_PREFIX)}.*)$",
-                read=f"^({router_objs}|{re.escape(c.PRESENCE_EXCHANGE)}|{re.escape(c.UPLINK_QUEUE)}|"
+                read=f"^({router_objs}|{re.escape(c.PRESENCE_EXCHANGE)}|{re.escape(c.UPLINK_EXCHANGE)}\\.[0-9]+|"
                 f"{re.escape(c.DOWNLINK_EXCHANGE_PREFIX)}.*)$",
             )
         )
 
     d.exchanges += [Exchange(c.TELEMETRY_EXCHANGE), Exchange(c.PRESENCE_EXCHANGE)]
     # Quorum: survives node restarts and, on a backend cluster, node loss.
-    d.queues.append(Queue(c.UPLINK_QUEUE, arguments={"x-queue-type": "quorum"}))
-    d.bindings.append(Binding(c.TELEMETRY_EXCHANGE, c.UPLINK_QUEUE, "queue", "#"))
+    d.exchanges.append(Exchange(c.UPLINK_EXCHANGE, type="x-consistent-hash"))
+    d.bindings.append(Binding(c.TELEMETRY_EXCHANGE, c.UPLINK_EXCHANGE, "exchange", "#"))
+    for shard in range(uplink_shards):
+        # Single active consumer: a shard is read by one router at a time, in order;
+        # a second router on the same shard stands by and takes over.
+        q = c.uplink_shard_queue(shard)
+        d.queues.append(Queue(q, arguments={"x-queue-type": "quorum", "x-single-active-consumer": True}))
+        d.bindings.append(Binding(c.UPLINK_EXCHANGE, q, "queue", "1"))  # weight 1 each
     # Fanout: the device id travels in a header (routing key = device id by convention).
     d.bindings.append(Binding(c.COMMANDS_EXCHANGE, c.COMMANDS_QUEUE, "queue", ""))
 

@@ -7,20 +7,28 @@ The scene, with real MQTT devices (paho-mqtt) in both regions:
    that reaches that gateway;
 2. the devices publish telemetry at QoS 1 and the backend shows it arriving,
    tagged with the region it came from;
-3. the backend sends one command through one region's downlink: that device,
-   and no other device or gateway, receives it;
-4. a summary of what was checked; the federation is left running.
+3. the backend hands one command to the router (as `fedgate send` does); the
+   router finds the device's gateway from presence and sends it through that
+   region's downlink: that device, and no other device or gateway, receives it;
+4. the router has bridged the telemetry into Kafka: a Kafka consumer reads
+   it back, keyed by device, with the region in a header;
+5. a summary of what was checked; the federation is left running.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from backend import contract as c
-from backend.amqp import Tap, publish_downlink
+from backend.amqp import Tap, send_command
 from fedgate.devices import SimDevice
 from infra.local.driver import LocalFederation
 
@@ -31,6 +39,60 @@ DEVICES_PER_REGION = 2
 def _device_ids(region: str) -> list[str]:
     short = region.removeprefix("local-")
     return [f"{short}-thermo-{i}" for i in range(1, DEVICES_PER_REGION + 1)]
+
+
+def wait_for_presence(ep: dict[str, Any], device: str, region: str, timeout: float = 15.0) -> None:
+    """Wait until the router has seen the device connect (presence events take milliseconds)."""
+    url = f"{ep['router']['metrics']}/presence?device={device}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                found = json.load(r)["devices"]
+            if found and found[0]["region"] == region:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+
+
+def read_kafka(
+    bootstrap: str, topic: str, run_id: str, expect: int, timeout: float = 20.0
+) -> list[dict[str, Any]]:
+    """This run's records of a topic, in partition order, with key and region header."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"demo-{run_id}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    md = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.topics[topic].partitions])
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            try:
+                value = json.loads(msg.value())
+            except ValueError:
+                continue
+            if value.get("run") == run_id:
+                headers = dict(msg.headers() or [])
+                out.append(
+                    {
+                        "key": (msg.key() or b"").decode(),
+                        "seq": value.get("seq"),
+                        "region": headers.get(c.KAFKA_REGION_HEADER, b"").decode(),
+                    }
+                )
+    finally:
+        consumer.close()
+    return out
 
 
 def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> int:
@@ -48,6 +110,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     say("== fedgate demo " + "=" * 60)
     say(f"backend + {len(regions)} gateway regions ({', '.join(regions)}) + Kafka, all on {host}")
 
+    run_id = uuid.uuid4().hex[:8]
     devices: dict[str, SimDevice] = {}
     monitors: dict[str, SimDevice] = {}
     with Tap(url, c.TELEMETRY_EXCHANGE) as tap:
@@ -74,6 +137,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             for i in range(READINGS_PER_DEVICE):
                 for dev_id, d in devices.items():
                     reading = {
+                        "run": run_id,
                         "device": dev_id,
                         "seq": i,
                         "temp_c": round(20 + 0.5 * i, 1),
@@ -106,8 +170,13 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             target_region = regions[0]
             target = _device_ids(target_region)[0]
             topic = c.device_command_topic(target, "set-interval")
-            publish_downlink(url, target_region, topic, json.dumps({"interval_s": 10}))
-            say(f"\n3. the backend sent {topic} through {c.downlink_exchange(target_region)}")
+            wait_for_presence(ep, target, target_region)
+            send_command(url, target, topic, json.dumps({"interval_s": 10}))
+            say(f"\n3. the backend handed {topic} to the router ({c.COMMANDS_EXCHANGE});")
+            say(
+                f"   the router knows {target} is at {target_region} and sent it through "
+                f"{c.downlink_exchange(target_region)}:"
+            )
             time.sleep(0.5)
             devices[target].wait_for(1, timeout=10)
             time.sleep(1.0)  # give a misrouted copy time to show up
@@ -136,8 +205,26 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             for d in [*devices.values(), *monitors.values()]:
                 d.close()
 
-    # 4. summary
-    say("\n4. summary")
+    # 4. telemetry in Kafka
+    records = read_kafka(ep["kafka"]["bootstrap"], "telemetry.telemetry", run_id, expect=sent)
+    say(
+        f"\n4. the routers bridged the telemetry into Kafka: {len(records)} records of this run in "
+        "topic telemetry.telemetry"
+    )
+    by_region = Counter(r["region"] for r in records)
+    for region in regions:
+        say(
+            f"   region {region:10} {by_region.get(region, 0):3} records, keys "
+            + ", ".join(sorted({r["key"] for r in records if r["region"] == region}))
+        )
+    checks.append((len(records) == sent, f"kafka: {len(records)}/{sent} readings stored, keyed by device"))
+    in_order = all(
+        [r["seq"] for r in records if r["key"] == dev] == list(range(READINGS_PER_DEVICE)) for dev in devices
+    )
+    checks.append((in_order, "kafka: every device's readings in the order it sent them"))
+
+    # 5. summary
+    say("\n5. summary")
     for ok, text in checks:
         say(f"   {'PASS' if ok else 'FAIL'}  {text}")
     backend_mgmt = ep["backend"]["management"]
@@ -148,6 +235,8 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
         f"password in {fed.secrets_file}"
     )
     say(f"   MQTT: any gateway port above, user {dev_user}, password in {fed.secrets_file}")
-    say(f"   Kafka bootstrap: {ep['kafka']['bootstrap']}")
+    say(f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  (topics telemetry.*, fedgate.deadletter, ...)")
+    say("   fedgate presence               which device is where (make presence)")
+    say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is")
     say("Stop it with: make down")
     return 0 if all(ok for ok, _ in checks) else 1

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import aio_pika
+import aio_pika.exceptions
 from aio_pika.abc import AbstractIncomingMessage
 from confluent_kafka import KafkaError, Message
 
@@ -42,21 +43,27 @@ class UplinkBridge:
         self.metrics = metrics
         self.mapper = TopicMapper(settings.rules, settings.unmatched_topic)
         self.inflight = 0
-        self._consumer_tag: str | None = None
-        self._queue: aio_pika.abc.AbstractQueue | None = None
+        self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
 
     def kafka_topics(self) -> list[str]:
         return [*self.mapper.kafka_topics(), self.settings.deadletter_topic]
 
     async def start(self, channel: aio_pika.abc.AbstractChannel) -> None:
-        await channel.set_qos(prefetch_count=self.settings.max_inflight)
-        self._queue = await channel.get_queue(c.UPLINK_QUEUE, ensure=True)
-        self._consumer_tag = await self._queue.consume(self.on_message)
+        # prefetch is per consumer: split the in-flight bound over this router's shards
+        shards = self.settings.my_shards
+        await channel.set_qos(prefetch_count=max(1, self.settings.max_inflight // max(1, len(shards))))
+        for shard in shards:
+            queue = await channel.get_queue(c.uplink_shard_queue(shard), ensure=True)
+            self._consumers.append((queue, await queue.consume(self.on_message)))
+        log.info("bridging uplink shards %s", shards)
 
     async def stop_intake(self) -> None:
-        if self._queue is not None and self._consumer_tag is not None:
-            await self._queue.cancel(self._consumer_tag)
-            self._consumer_tag = None
+        for queue, tag in self._consumers:
+            try:
+                await queue.cancel(tag)
+            except aio_pika.exceptions.AMQPError as e:
+                log.debug("cancel consumer: %s", e)
+        self._consumers.clear()
 
     # --- per message -------------------------------------------------------------
 

@@ -86,6 +86,18 @@ class RouterSettings:
         metadata={"doc": "Whether this process routes commands (one router does; others bridge)."},
     )
     uplink: bool = field(default=True, metadata={"doc": "Whether this process bridges telemetry to Kafka."})
+    uplink_shards: int = field(
+        default=c.UPLINK_SHARDS, metadata={"doc": "Uplink shard queues on the backend."}
+    )
+    router_index: int = field(default=0, metadata={"doc": "This router's index among router_count."})
+    router_count: int = field(
+        default=1,
+        metadata={"doc": "Routers sharing the uplink: router i reads the shards s with s % count == i."},
+    )
+
+    @property
+    def my_shards(self) -> list[int]:
+        return [s for s in range(self.uplink_shards) if s % self.router_count == self.router_index]
 
     @property
     def regions(self) -> list[str]:

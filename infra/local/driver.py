@@ -60,6 +60,7 @@ GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus
 
 ROUTER_OFFSETS = {"metrics": 30}
 BACKEND_NODE = "backend"
+#: the router that routes commands (the others only bridge the uplink)
 ROUTER_NODE = "router-0"
 KAFKA_NODE = "kafka"
 EPMD_NODE = "epmd"
@@ -121,7 +122,8 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
         specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
     specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
-    specs.append(spec(ROUTER_NODE, ROLE_ROUTER, None, ROUTER_OFFSETS, base))
+    for i in range(settings.routers):
+        specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
 
     seen: dict[int, str] = {}
     for s in specs:
@@ -243,7 +245,7 @@ class LocalFederation:
 
     def _router_url(self) -> str | None:
         for n in self.nodes():
-            if isinstance(n, RouterNode):
+            if isinstance(n, RouterNode) and n.name == ROUTER_NODE:
                 return n.metrics_url
         return None
 
@@ -297,7 +299,7 @@ class LocalFederation:
             routers = [n for n in to_start if n.spec.role == ROLE_ROUTER]
             for r in routers:
                 assert isinstance(r, RouterNode)
-                r.config = self.router_config(nodes)
+                r.config = self.router_config(nodes, r)
             self._start_and_wait(routers, started)
         except (NodeError, AdminError, TimeoutError) as e:
             self.progress(f"error: {e}; stopping what this run started")
@@ -380,24 +382,29 @@ class LocalFederation:
                 admin_password=sec["admin"],
                 backend_link_password=sec["backend_link"],
                 router_password=sec["router"],
+                uplink_shards=self.settings.uplink_shards,
             )
         )
         self.progress("federation wired; waiting for links")
         self.wait_for_links(timeout=60)
 
-    def router_config(self, nodes: list[Node]) -> dict[str, Any]:
+    def router_config(self, nodes: list[Node], router: Node) -> dict[str, Any]:
         """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
         sec = self.secrets()
         host = self.settings.host
         backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
         kafka = next(n for n in nodes if n.spec.role == ROLE_KAFKA)
-        router = next(n for n in nodes if n.spec.role == ROLE_ROUTER)
+        routers = sorted((n for n in nodes if n.spec.role == ROLE_ROUTER), key=lambda n: n.name)
         return {
             "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{backend.spec.ports['amqp']}/%2F",
             "kafka_bootstrap": f"{host}:{kafka.spec.ports['bootstrap']}",
             "metrics_host": host,
             "metrics_port": router.spec.ports["metrics"],
             "router_id": router.name,
+            "router_index": routers.index(router),
+            "router_count": len(routers),
+            "uplink_shards": self.settings.uplink_shards,
+            "downlink": router.name == ROUTER_NODE,
             "unknown_device": self.settings.unknown_device,
             "park_ttl_s": self.settings.park_ttl_s,
             "gateways": {

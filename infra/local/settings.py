@@ -82,6 +82,16 @@ class LocalSettings:
         default="4.1.0",
         metadata={"doc": "Apache Kafka release whose jars `make setup` downloaded."},
     )
+    routers: int = field(
+        default=2,
+        metadata={
+            "doc": "Router processes: router-0 routes commands, all of them share the uplink to Kafka."
+        },
+    )
+    uplink_shards: int = field(
+        default=4,
+        metadata={"doc": "Uplink shard queues on the backend (fixed once the backend exists)."},
+    )
     unknown_device: str = field(
         default="broadcast",
         metadata={
@@ -125,6 +135,10 @@ class LocalSettings:
         for name in ("rabbitmq_memory_mb", "kafka_heap_mb", "gateway_max_fds", "mqtt_tcp_buffer"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: must be positive, got {getattr(self, name)}")
+        if not 1 <= self.routers <= self.uplink_shards:
+            raise SettingsError(
+                f"routers: between 1 and uplink_shards ({self.uplink_shards}), got {self.routers}"
+            )
         if self.unknown_device not in ("broadcast", "park"):
             raise SettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
         if self.park_ttl_s <= 0:

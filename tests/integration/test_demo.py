@@ -13,6 +13,6 @@ def test_demo_scene_passes_every_check_and_says_how_to_stop(federation, capsys):
     assert run_demo(federation) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert out.count("PASS") == 6
+    assert out.count("PASS") == 8
     assert "from local-eu    10 messages" in out and "from local-us    10 messages" in out
     assert "make down" in out

@@ -44,8 +44,14 @@ def test_backend_has_one_downlink_exchange_per_region_and_a_durable_uplink_queue
     names = {x.name for x in d.exchanges}
     assert {"fedgate.downlink.local-eu", "fedgate.downlink.local-us", c.TELEMETRY_EXCHANGE} <= names
     queues = {q.name: q for q in d.queues}
-    q = queues[c.UPLINK_QUEUE]
-    assert q.durable and q.arguments["x-queue-type"] == "quorum"
+    shards = [queues[c.uplink_shard_queue(i)] for i in range(c.UPLINK_SHARDS)]
+    for q in shards:
+        assert q.durable and q.arguments == {"x-queue-type": "quorum", "x-single-active-consumer": True}
+    x = next(x for x in d.exchanges if x.name == c.UPLINK_EXCHANGE)
+    assert x.type == "x-consistent-hash"
+    bound = {(b.source, b.destination, b.routing_key) for b in d.bindings}
+    assert (c.TELEMETRY_EXCHANGE, c.UPLINK_EXCHANGE, "#") in bound
+    assert all((c.UPLINK_EXCHANGE, q.name, "1") in bound for q in shards)
 
 
 def test_router_input_is_a_quorum_queue_with_a_single_active_consumer():
@@ -61,9 +67,9 @@ def test_router_user_may_publish_only_to_downlinks_and_read_only_its_inputs():
     perm = next(p for p in d.permissions if p.user == c.ROUTER_USER)
     assert re.match(perm.write, "fedgate.downlink.local-eu")
     assert not re.match(perm.write, c.TELEMETRY_EXCHANGE)
-    for name in (c.UPLINK_QUEUE, c.COMMANDS_QUEUE, c.PRESENCE_EXCHANGE):
+    for name in (c.uplink_shard_queue(0), c.uplink_shard_queue(3), c.COMMANDS_QUEUE, c.PRESENCE_EXCHANGE):
         assert re.match(perm.read, name), name
-    assert not re.match(perm.configure, c.UPLINK_QUEUE)
+    assert not re.match(perm.configure, c.uplink_shard_queue(0))
 
 
 def test_a_gateway_user_on_the_backend_reaches_only_its_own_downlink():
@@ -74,7 +80,7 @@ def test_a_gateway_user_on_the_backend_reaches_only_its_own_downlink():
     for other in (
         "fedgate.downlink.local-us",
         c.TELEMETRY_EXCHANGE,
-        c.UPLINK_QUEUE,
+        c.uplink_shard_queue(0),
         "federation: fedgate.downlink.local-us -> local-us",
     ):
         assert not re.match(perm.read, other), other
