@@ -38,6 +38,9 @@ test: setup ## unit and integration tests against real RabbitMQ and Kafka
 unit: setup ## unit tests only (no brokers)
 	@$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
+bench: setup ## benchmarks side by side with references -> bench/results/ (QUICK=1: under 3 min)
+	@QUICK=$(QUICK) $(VENV)/bin/python -m bench
+
 lint: setup ## ruff format --check, ruff check, mypy
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/ruff check .
@@ -46,4 +49,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send demo test unit lint clean
+.PHONY: help setup up down status presence send demo test unit bench lint clean

@@ -14,6 +14,7 @@ reports stop, the prefetch fills up and RabbitMQ keeps the rest.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Any
@@ -44,6 +45,12 @@ class UplinkBridge:
         self.mapper = TopicMapper(settings.rules, settings.unmatched_topic)
         self.inflight = 0
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
+        # delivery tags in arrival order, and those whose Kafka record is settled
+        self._outstanding: collections.deque[int] = collections.deque()
+        self._done: dict[int, tuple[AbstractIncomingMessage, bool]] = {}
+        self._flush_scheduled = False
+        self._ack_ops: collections.deque[tuple[str, AbstractIncomingMessage]] = collections.deque()
+        self._ack_writer: asyncio.Future[None] | None = None
 
     def kafka_topics(self) -> list[str]:
         return [*self.mapper.kafka_topics(), self.settings.deadletter_topic]
@@ -116,6 +123,14 @@ class UplinkBridge:
         started = time.monotonic()
         self.inflight += 1
 
+        tag = message.delivery_tag or 0  # always set: the bridge consumes with acks
+        if self._outstanding and tag <= self._outstanding[-1]:
+            # delivery tags restarted: the channel was reopened after a
+            # connection loss; the old channel's unacked messages are redelivered
+            self._outstanding.clear()
+            self._done.clear()
+        self._outstanding.append(tag)
+
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.inflight -= 1
             if err is not None:
@@ -123,17 +138,64 @@ class UplinkBridge:
                 # give the message back to RabbitMQ rather than lose it.
                 log.error("Kafka refused a record for %s: %s", topic, err)
                 self.metrics.inc("fedgate_router_kafka_errors_total")
-                self._spawn(message.nack(requeue=True))
-                return
-            self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
-            self.metrics.inc(f"fedgate_router_{kind}_total", topic=topic)
-            self._spawn(message.ack())
+            else:
+                self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
+                self.metrics.inc(f"fedgate_router_{kind}_total", topic=topic)
+            self._settled(tag, message, ok=err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        task.add_done_callback(_log_task_error)
+    # --- acks -------------------------------------------------------------------
+    #
+    # One ack frame per message costs more than bridging the message.  Kafka
+    # reports arrive out of order across partitions, so acks are coalesced:
+    # once every delivery tag up to N is settled, a single
+    # basic.ack(N, multiple=True) covers them all; a message Kafka refused is
+    # nacked back to RabbitMQ first, in tag order.  A message is still acked
+    # only after its own record is in Kafka.  One writer sends the frames, in
+    # order.
+
+    def _settled(self, tag: int, message: AbstractIncomingMessage, *, ok: bool) -> None:
+        self._done[tag] = (message, ok)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._flush_scheduled = False
+        last_ok: AbstractIncomingMessage | None = None
+        while self._outstanding and self._outstanding[0] in self._done:
+            msg, ok = self._done.pop(self._outstanding.popleft())
+            if ok:
+                last_ok = msg
+                continue
+            if last_ok is not None:
+                self._ack_ops.append(("ack", last_ok))
+                last_ok = None
+            self._ack_ops.append(("nack", msg))
+        if last_ok is not None:
+            self._ack_ops.append(("ack", last_ok))
+        if self._ack_ops and (self._ack_writer is None or self._ack_writer.done()):
+            self._ack_writer = asyncio.ensure_future(self._write_acks())
+            self._ack_writer.add_done_callback(_log_task_error)
+
+    async def _write_acks(self) -> None:
+        while self._ack_ops:
+            op, msg = self._ack_ops.popleft()
+            try:
+                if op == "ack":
+                    await msg.ack(multiple=True)
+                else:
+                    await msg.nack(requeue=True)
+            except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError) as e:
+                # the channel is gone: RabbitMQ redelivers whatever was not acked
+                log.warning("could not %s up to delivery tag %s: %s", op, msg.delivery_tag, e)
+
+    async def drain_acks(self) -> None:
+        """Send the acks still queued (shutdown)."""
+        self._flush_acks()
+        if self._ack_writer is not None:
+            await self._ack_writer
 
 
 def _log_task_error(task: Any) -> None:

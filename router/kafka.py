@@ -50,14 +50,25 @@ class AsyncProducer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Reports collected during one poll() and handed to the loop in one
+        # call: waking the event loop once per record would cost more than
+        # the record itself.
+        self._reports: list[tuple[DeliveryCallback, KafkaError | None, Message]] = []
+        self._reports_lock = threading.Lock()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
 
     def _poll_loop(self) -> None:
+        loop = self._loop
+        assert loop is not None
         while not self._stop.is_set():
-            self._producer.poll(0.1)
+            self._producer.poll(0.05)
+            if self._reports:
+                with self._reports_lock:
+                    batch, self._reports = self._reports, []
+                loop.call_soon_threadsafe(_dispatch, batch)
 
     def produce(
         self,
@@ -68,11 +79,12 @@ class AsyncProducer:
         on_delivery: DeliveryCallback,
     ) -> None:
         """Queue a record; `on_delivery(err, msg)` runs on the event loop when Kafka answered."""
-        loop = self._loop
-        assert loop is not None, "start() first"
+        assert self._loop is not None, "start() first"
 
         def report(err: KafkaError | None, msg: Message) -> None:
-            loop.call_soon_threadsafe(on_delivery, err, msg)
+            # runs inside poll() on the poll thread, or inside flush() on another
+            with self._reports_lock:
+                self._reports.append((on_delivery, err, msg))
 
         while True:
             try:
@@ -114,6 +126,14 @@ class AsyncProducer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
+
+
+def _dispatch(batch: list[tuple[DeliveryCallback, KafkaError | None, Message]]) -> None:
+    for callback, err, msg in batch:
+        try:
+            callback(err, msg)
+        except Exception:  # one bad callback must not drop the others' reports
+            log.exception("delivery callback failed")
 
 
 def ensure_topics(

@@ -168,7 +168,8 @@ class Router:
                 "%d messages still on their way to Kafka; RabbitMQ redelivers them", self.bridge.inflight
             )
         left = await self.producer.flush(10)
-        await asyncio.sleep(0.1)  # let the last acks go out
+        await asyncio.sleep(0.1)  # let the last delivery reports reach the loop
+        await self.bridge.drain_acks()
         log.info("stopping: producer flushed (%d left), closing AMQP", left)
         if self.connection is not None:
             await self.connection.close()

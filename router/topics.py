@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 KAFKA_TOPIC_MAX = 249
 _LEGAL = re.compile(r"[a-zA-Z0-9.-]")
@@ -153,6 +154,8 @@ class Rule:
         ]
 
 
+_MISS: Any = object()
+
 DEFAULT_RULES = (Rule("devices/{device}/{stream:telemetry|events|state}/...", "telemetry.{stream}"),)
 
 
@@ -160,9 +163,21 @@ class TopicMapper:
     def __init__(self, rules: tuple[Rule, ...] = DEFAULT_RULES, unmatched_topic: str = "fedgate.unmatched"):
         self.rules = rules
         self.unmatched_topic = unmatched_topic
+        self._cache: dict[str, Match | None] = {}
 
     def map(self, mqtt_topic: str) -> Match | None:
         """The first matching rule's result, or None (-> the catch-all topic)."""
+        # Devices repeat their topics: remember the last answers (rules never change).
+        hit = self._cache.get(mqtt_topic, _MISS)
+        if hit is not _MISS:
+            return hit
+        result = self._map(mqtt_topic)
+        if len(self._cache) >= 100_000:
+            self._cache.clear()
+        self._cache[mqtt_topic] = result
+        return result
+
+    def _map(self, mqtt_topic: str) -> Match | None:
         for rule in self.rules:
             m = rule.match(mqtt_topic)
             if m is not None:

@@ -439,7 +439,7 @@ class LocalFederation:
     def wait_for_links(self, timeout: float = 60) -> None:
         """Block until every federation link is running: 2 per gateway on the backend, 1 on each gateway."""
         gateways = [n.name for n in self.gateways()]
-        want = {BACKEND_NODE: 2 * len(gateways), **{g: 1 for g in gateways}}
+        want = {BACKEND_NODE: 2 * len(gateways), **dict.fromkeys(gateways, 1)}
         deadline = time.monotonic() + timeout
         while True:
             states = self.link_states()

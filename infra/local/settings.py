@@ -135,9 +135,9 @@ class LocalSettings:
         for name in ("rabbitmq_memory_mb", "kafka_heap_mb", "gateway_max_fds", "mqtt_tcp_buffer"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: must be positive, got {getattr(self, name)}")
-        if not 1 <= self.routers <= self.uplink_shards:
+        if not 0 <= self.routers <= self.uplink_shards:
             raise SettingsError(
-                f"routers: between 1 and uplink_shards ({self.uplink_shards}), got {self.routers}"
+                f"routers: between 0 and uplink_shards ({self.uplink_shards}), got {self.routers}"
             )
         if self.unknown_device not in ("broadcast", "park"):
             raise SettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")

@@ -1,0 +1,418 @@
+"""Router benchmark: bridged messages/s per router process, and downlink latency.
+
+Measured side by side in one run, on a federation of its own (one gateway,
+no routers of the federation's own; state in a temporary folder, ports from
+FEDGATE_BENCH_PORT_BASE, default 37000):
+
+uplink, per router process (AMQP in -> Kafka out -> ack after the delivery report)
+  - reference "kafka produce": the same N records produced from Python with the
+    router's producer settings (idempotent, acks=all, lz4): Kafka's ceiling here
+  - reference "amqp consume+ack": the same N messages consumed from the shard
+    queues with aio-pika and acked, nothing else: RabbitMQ's ceiling here
+  - fedgate router: N messages preloaded into the shard queues, one router
+    process started; time from ready to the last record acknowledged by Kafka
+downlink latency (command handed to the backend -> MQTT device receives it)
+  - reference "direct": published straight to the region's downlink exchange
+  - fedgate router: published to fedgate.commands; the router looks up presence
+    and forwards
+
+Ratios (router / reference) are the headline. A second, smaller router run
+under cProfile shows where the time goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pstats
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+from confluent_kafka import Producer
+
+from backend import contract as c
+from fedgate.devices import SimDevice
+from infra.local.driver import LocalFederation
+from infra.local.nodes import _toml
+from infra.local.settings import PROJECT_ROOT, load_settings
+from router.kafka import ensure_topics, producer_config
+
+PAYLOAD = json.dumps({"seq": 0, "temp_c": 21.5, "humidity": 40.1, "sent_at": 1.0, "pad": "x" * 40}).encode()
+DEVICES = 1000
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- references -------------------------------------------------------------------
+
+
+def kafka_produce(bootstrap: str, n: int) -> float:
+    """Records/s producing n records with the router's producer settings."""
+    ensure_topics(bootstrap, ["bench.raw"], 6, 1)
+    p = Producer(producer_config(bootstrap))
+    delivered = 0
+
+    def report(err: Any, msg: Any) -> None:
+        nonlocal delivered
+        if err is None:
+            delivered += 1
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                p.produce("bench.raw", PAYLOAD, f"d{i % DEVICES}", on_delivery=report)
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 0:
+            p.poll(0)
+    p.flush(60)
+    elapsed = time.perf_counter() - t0
+    assert delivered == n, f"kafka reference: {delivered}/{n} delivered"
+    return n / elapsed
+
+
+async def preload(url: str, n: int) -> None:
+    """Publish n device messages into the backend's telemetry exchange (as federation would)."""
+    conn = await aio_pika.connect(url)
+    ch = await conn.channel(publisher_confirms=True)
+    ex = await ch.get_exchange(c.TELEMETRY_EXCHANGE)
+    headers = {c.RECEIVED_FROM_HEADER: [{"cluster-name": "local-eu", "exchange": "amq.topic"}]}
+    batch = []
+    for i in range(n):
+        msg = aio_pika.Message(PAYLOAD, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        batch.append(ex.publish(msg, routing_key=f"devices.d{i % DEVICES}.telemetry"))
+        if len(batch) >= 2000:
+            await asyncio.gather(*batch)
+            batch = []
+    await asyncio.gather(*batch)
+    await conn.close()
+
+
+async def amqp_consume(url: str, n: int, shards: int, prefetch: int) -> float:
+    """Messages/s consuming and acking n messages from the shard queues, nothing else.
+
+    Acks are coalesced (one multiple-ack per 256 messages), as the router does.
+    """
+    conn = await aio_pika.connect(url)
+    ch = await conn.channel()
+    await ch.set_qos(prefetch_count=prefetch // shards)
+    done = asyncio.Event()
+    count = 0
+
+    async def on_message(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+        nonlocal count
+        count += 1
+        if count % 256 == 0 or count >= n:
+            await m.ack(multiple=True)
+        if count >= n:
+            done.set()
+
+    t0 = time.perf_counter()
+    for s in range(shards):
+        q = await ch.get_queue(c.uplink_shard_queue(s))
+        await q.consume(on_message)
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.perf_counter() - t0
+    await conn.close()
+    return n / elapsed
+
+
+# --- the router ---------------------------------------------------------------------
+
+
+def write_router_config(fed: LocalFederation, path: Path, port: int, *, downlink: bool) -> None:
+    ep, sec = fed.endpoints(), fed.secrets()
+    host = ep["host"]
+    cfg: dict[str, Any] = {
+        "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{ep['backend']['amqp']}/%2F",
+        "kafka_bootstrap": ep["kafka"]["bootstrap"],
+        "metrics_host": host,
+        "metrics_port": port,
+        "router_id": "bench-router",
+        "uplink_shards": fed.settings.uplink_shards,
+        "downlink": downlink,
+        "uplink": not downlink,
+    }
+    lines = [f"{k} = {_toml(v)}" for k, v in cfg.items()]
+    for region, g in ep["gateways"].items():
+        lines += [
+            f"[gateways.{region}]",
+            f'management_url = "http://{host}:{g["management"]}"',
+            f'user = "{c.ADMIN_USER}"',
+            f'password = "{sec["admin"]}"',
+        ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in r.read().decode().splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        )
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError("router not ready")
+
+
+def start_router(config: Path, log: Path, profile: Path | None = None) -> subprocess.Popen[bytes]:
+    argv = [sys.executable]
+    if profile is not None:
+        argv += ["-m", "cProfile", "-o", str(profile)]
+    argv += ["-m", "router", "--config", str(config)]
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    with open(log, "ab") as f:
+        return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def stop_router(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def router_bridge(
+    fed: LocalFederation, workdir: Path, n: int, port: int, profile: Path | None = None
+) -> float:
+    """Bridged messages/s of one router process draining n preloaded messages."""
+    config = workdir / "router-uplink.toml"
+    write_router_config(fed, config, port, downlink=False)
+    asyncio.run(preload(fed.endpoints()["backend"]["url"], n))
+    proc = start_router(config, workdir / "router.log", profile)
+    try:
+        wait_ready(port, proc)
+        t0 = time.perf_counter()
+        base = 0.0
+        while True:
+            done = metric(port, "fedgate_router_bridged_total") - base
+            if done >= n:
+                break
+            if time.perf_counter() - t0 > 600:
+                raise TimeoutError(f"router bridged only {done}/{n} in 600 s")
+            time.sleep(0.02)
+        return n / (time.perf_counter() - t0)
+    finally:
+        stop_router(proc)
+
+
+# --- downlink latency ------------------------------------------------------------------
+
+
+def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, port: int) -> dict[str, Any]:
+    ep = fed.endpoints()
+    config = workdir / "router-downlink.toml"
+    write_router_config(fed, config, port, downlink=True)
+    proc = start_router(config, workdir / "router.log")
+    dev = SimDevice(
+        "bench-dev",
+        ep["host"],
+        ep["gateways"]["local-eu"]["mqtt"],
+        ep["device"]["user"],
+        ep["device"]["password"],
+    ).connect()
+    topic = c.device_command_topic("bench-dev", "ping")
+    try:
+        wait_ready(port, proc)
+        dev.subscribe(c.device_command_topic("bench-dev", "#"))
+        # wait until the router has seen the device
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/presence?device=bench-dev", timeout=5) as r:
+                if json.load(r)["devices"]:
+                    break
+            time.sleep(0.05)
+        out = {}
+        for mode in ("direct", "router"):
+            dev.received.clear()
+            asyncio.run(_send_commands(ep["backend"]["url"], mode, topic, n, rate))
+            got = dev.wait_for(n, timeout=60)
+            lat = sorted((r.at - json.loads(r.payload)["t"]) * 1000 for r in got)
+            out[mode] = {
+                "sent": n,
+                "received": len(got),
+                "p50_ms": round(statistics.median(lat), 2) if lat else None,
+                "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2) if lat else None,
+            }
+        return out
+    finally:
+        dev.close()
+        stop_router(proc)
+
+
+async def _send_commands(url: str, mode: str, topic: str, n: int, rate: float) -> None:
+    conn = await aio_pika.connect(url)
+    ch = await conn.channel(publisher_confirms=True)
+    if mode == "direct":
+        ex = await ch.get_exchange(c.downlink_exchange("local-eu"))
+        key = c.mqtt_topic_to_routing_key(topic)
+    else:
+        ex = await ch.get_exchange(c.COMMANDS_EXCHANGE)
+        key = "bench-dev"
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    for i in range(n):
+        body = json.dumps({"i": i, "t": time.time()}).encode()
+        headers = {} if mode == "direct" else {c.DEVICE_HEADER: "bench-dev", c.TOPIC_HEADER: topic}
+        await ex.publish(aio_pika.Message(body, headers=headers), routing_key=key)
+        delay = start + (i + 1) * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    await conn.close()
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def top_functions(profile: Path, limit: int = 12) -> list[dict[str, Any]]:
+    stats = pstats.Stats(str(profile))
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, func), (_, ncalls, tottime, cumtime, _) in sorted(
+        stats.stats.items(),
+        key=lambda kv: kv[1][2],
+        reverse=True,  # type: ignore[attr-defined]
+    )[:limit]:
+        rows.append(
+            {
+                "function": f"{Path(file).name}:{line}({func})",
+                "calls": ncalls,
+                "self_s": round(tottime, 3),
+                "self_pct": round(100 * tottime / total, 1),
+                "cum_s": round(cumtime, 3),
+            }
+        )
+    return rows
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    n = 20_000 if quick else 100_000
+    n_profile = 10_000 if quick else 30_000
+    n_cmd, rate = (200, 100.0) if quick else (2000, 200.0)
+    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "37000"))
+    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
+    fed = LocalFederation(
+        load_settings(env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=0),
+        progress=progress,
+    )
+    results: dict[str, Any] = {
+        "quick": quick,
+        "messages": n,
+        "payload_bytes": len(PAYLOAD),
+        "machine": {"cpus": os.cpu_count()},
+    }
+    try:
+        fed.up()
+        ep = fed.endpoints()
+        router_port = base + 40
+        progress(f"reference: Kafka produce of {n} records")
+        results["kafka_produce_raw_per_s"] = round(kafka_produce(ep["kafka"]["bootstrap"], n))
+        progress(f"reference: AMQP consume+ack of {n} messages")
+        asyncio.run(preload(ep["backend"]["url"], n))
+        results["amqp_consume_raw_per_s"] = round(
+            asyncio.run(amqp_consume(ep["backend"]["url"], n, fed.settings.uplink_shards, 2000))
+        )
+        progress(f"fedgate router: bridging {n} messages with one process")
+        results["router_bridged_per_s"] = round(router_bridge(fed, workdir, n, router_port))
+        ref = min(results["kafka_produce_raw_per_s"], results["amqp_consume_raw_per_s"])
+        results["router_vs_slowest_reference"] = round(results["router_bridged_per_s"] / ref, 3)
+        results["router_vs_kafka_produce"] = round(
+            results["router_bridged_per_s"] / results["kafka_produce_raw_per_s"], 3
+        )
+        results["router_vs_amqp_consume"] = round(
+            results["router_bridged_per_s"] / results["amqp_consume_raw_per_s"], 3
+        )
+        progress(f"profiling the router on {n_profile} messages")
+        prof = workdir / "router.prof"
+        router_bridge(fed, workdir, n_profile, router_port, profile=prof)
+        results["router_profile_top"] = top_functions(prof) if prof.exists() else []
+        progress(f"downlink latency: {n_cmd} commands at {rate:g}/s, direct and through the router")
+        results["downlink"] = downlink_latency(fed, workdir, n_cmd, rate, router_port)
+        d = results["downlink"]
+        if d["direct"]["p99_ms"] and d["router"]["p99_ms"]:
+            results["downlink_p99_router_vs_direct"] = round(d["router"]["p99_ms"] / d["direct"]["p99_ms"], 2)
+    finally:
+        fed.down()
+    return results
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    d = r.get("downlink", {})
+    lines = [
+        f"# Router benchmark ({'quick' if r['quick'] else 'full'}: {r['messages']} messages of "
+        f"{r['payload_bytes']} B, {r['machine']['cpus']} cores)",
+        "",
+        "| uplink, one process | msgs/s | router / this |",
+        "|---|---:|---:|",
+        "| reference: Kafka produce from Python (router's producer settings) | "
+        f"{r['kafka_produce_raw_per_s']:,} | {r['router_vs_kafka_produce']} |",
+        f"| reference: AMQP consume + ack, aio-pika | {r['amqp_consume_raw_per_s']:,} | "
+        f"{r['router_vs_amqp_consume']} |",
+        "| **fedgate router** (AMQP in -> Kafka out -> ack after delivery) | "
+        f"**{r['router_bridged_per_s']:,}** | 1 |",
+        "",
+        "| downlink (command -> device) | sent | received | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for mode in ("direct", "router"):
+        if mode in d:
+            x = d[mode]
+            lines.append(f"| {mode} | {x['sent']} | {x['received']} | {x['p50_ms']} | {x['p99_ms']} |")
+    lines += [
+        "",
+        "Where the router's time goes (cProfile, self time):",
+        "",
+        "| function | calls | self s | self % |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in r.get("router_profile_top", []):
+        lines.append(f"| `{row['function']}` | {row['calls']} | {row['self_s']} | {row['self_pct']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    quick = os.environ.get("QUICK") not in (None, "", "0")
+    results = run(quick=quick)
+    out_dir = PROJECT_ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out_dir / f"router-{stamp}.json").write_text(json.dumps(results, indent=2))
+    md = to_markdown(results)
+    (out_dir / f"router-{stamp}.md").write_text(md)
+    print(md)
+    progress(f"results in {out_dir}/router-{stamp}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench"
+    sys.exit(main())
