@@ -110,6 +110,12 @@ class RouterSettings:
             raise RouterSettingsError("kafka_bootstrap: missing")
         if self.unknown_device not in ("broadcast", "park"):
             raise RouterSettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
+        if not 0 <= self.router_index < self.router_count:
+            raise RouterSettingsError(f"router_index: {self.router_index} not in 0..{self.router_count - 1}")
+        if self.router_count > self.uplink_shards:
+            raise RouterSettingsError(
+                f"router_count: {self.router_count} routers cannot share {self.uplink_shards} shards"
+            )
         for name in (
             "park_ttl_s",
             "max_payload_bytes",

@@ -20,6 +20,7 @@ from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT, load_settings
 
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
+PARK_TTL_S = 15
 
 
 def missing_runtime() -> str | None:
@@ -49,7 +50,8 @@ def make_federation(state_dir: Path, port_base: int, **overrides: object) -> Loc
 
 @pytest.fixture(scope="session")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
-    fed = make_federation(tmp_path_factory.mktemp("federation"), TEST_PORT_BASE)
+    # a short parking TTL so that expiry can be tested
+    fed = make_federation(tmp_path_factory.mktemp("federation"), TEST_PORT_BASE, park_ttl_s=PARK_TTL_S)
     try:
         fed.up()
         yield fed

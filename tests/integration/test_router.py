@@ -273,3 +273,68 @@ def test_fedgate_presence_shows_where_a_device_is_and_counts_per_region(federati
     finally:
         for d in ds:
             d.close()
+
+
+def _park_for(endpoints, dev_id):
+    """Connect, subscribe and leave: the device is known and offline."""
+    d = device(endpoints, "local-eu", dev_id)
+    d.subscribe(c.device_command_topic(dev_id, "#"))
+    wait_present(endpoints, dev_id, "local-eu")
+    d.close()
+    time.sleep(0.5)
+
+
+def _wait_metric(endpoints, name, at_least, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while router_metrics(endpoints).get(name, 0) < at_least:
+        assert time.monotonic() < deadline, f"{name} never reached {at_least}"
+        time.sleep(0.1)
+
+
+def test_parked_messages_and_desired_state_survive_a_router_restart(federation, endpoints, uid):
+    dev_id = f"restart-{uid}"
+    _park_for(endpoints, dev_id)
+    parked = router_metrics(endpoints).get("fedgate_router_parked_total", 0)
+    send(endpoints, dev_id, "config", "desired-v1", retain=True)
+    send(endpoints, dev_id, "reboot", "parked-1")
+    _wait_metric(endpoints, "fedgate_router_parked_total", parked + 1)
+
+    federation.stop_node("router-0")
+    federation.start_node("router-0")
+
+    back = device(endpoints, "local-us", dev_id)
+    try:
+        back.subscribe(c.device_command_topic(dev_id, "#"))
+        got = back.wait_for(2, timeout=15)
+        assert sorted((r.topic.rsplit("/", 1)[1], r.payload) for r in got) == [
+            ("config", b"desired-v1"),
+            ("reboot", b"parked-1"),
+        ]
+    finally:
+        back.close()
+
+
+def test_parked_messages_expire_into_the_dead_letter_topic_with_the_reason(endpoints, uid):
+    from tests.conftest import PARK_TTL_S
+
+    dev_id = f"expiry-{uid}"
+    _park_for(endpoints, dev_id)
+    topic = send(endpoints, dev_id, "stale", "too late")
+    dead = kafka_records(
+        endpoints,
+        c.KAFKA_DEADLETTER_TOPIC,
+        lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == topic,
+        expect=1,
+        timeout=PARK_TTL_S + 20,
+    )
+    assert dead, "the expired command was dead-lettered"
+    assert dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER].startswith(f"parked for {PARK_TTL_S}s")
+    assert dead[0][0].value() == b"too late"
+    # and it is not delivered when the device finally comes back
+    late = device(endpoints, "local-eu", dev_id)
+    try:
+        late.subscribe(c.device_command_topic(dev_id, "#"))
+        time.sleep(1.5)
+        assert late.received == []
+    finally:
+        late.close()
