@@ -2,7 +2,7 @@
 
 Measured side by side in one run, on a federation of its own (one gateway,
 no routers of the federation's own; state in a temporary folder, ports from
-FEDGATE_BENCH_PORT_BASE, default 37000):
+FEDGATE_BENCH_PORT_BASE, default 19000):
 
 uplink, per router process (AMQP in -> Kafka out -> ack after the delivery report)
   - reference "kafka produce": the same N records produced from Python with the
@@ -318,7 +318,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     n = 20_000 if quick else 100_000
     n_profile = 10_000 if quick else 30_000
     n_cmd, rate = (200, 100.0) if quick else (2000, 200.0)
-    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "37000"))
+    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
     fed = LocalFederation(
         load_settings(env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=0),

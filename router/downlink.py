@@ -106,8 +106,15 @@ class Downlink:
         self._channel = channel
         await channel.set_qos(prefetch_count=100)
         # Presence first, and rebuilt from the gateways before any command is routed.
+        # Durable, per router: events that happen while this router restarts
+        # wait for it and are applied on top of the rebuilt snapshot (the
+        # management API lists a new connection only after its next
+        # statistics round, ~5 s).  A router that never comes back leaves a
+        # queue that expires after an hour; presence can always be rebuilt.
         presence_q = await channel.declare_queue(
-            f"fedgate.router.presence.{self.settings.router_id}", exclusive=True, auto_delete=True
+            f"fedgate.router.presence.{self.settings.router_id}",
+            durable=True,
+            arguments={"x-expires": 3_600_000, "x-max-length": 1_000_000, "x-overflow": "drop-head"},
         )
         for key in PRESENCE_KEYS:
             await presence_q.bind(c.PRESENCE_EXCHANGE, routing_key=key)
@@ -130,8 +137,15 @@ class Downlink:
         self._consumers.clear()
 
     async def rebuild_presence(self) -> None:
+        """Presence from every gateway's connection list.
+
+        Called after this router's presence queue is bound: connections made
+        from now on arrive as events (kept in the durable queue); the listing,
+        taken one statistics round later, covers everything older.
+        """
         from router.presence import sessions_from_management
 
+        await asyncio.sleep(self.settings.presence_settle_s)
         loop = asyncio.get_running_loop()
         sessions: list[Session] = []
         for region, admin in self.admins.items():

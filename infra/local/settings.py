@@ -28,6 +28,19 @@ from backend.contract import InvalidRegionError, validate_region
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Ports every federation may use from its port_base on.
+PORT_BLOCK = 1000
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 class SettingsError(ValueError):
     """A setting is missing or wrong; the message names the field."""
 
@@ -127,6 +140,14 @@ class LocalSettings:
             raise SettingsError(f"regions: duplicate region in {list(self.regions)}")
         if not 1024 <= self.port_base <= 65535 - 1000:
             raise SettingsError(f"port_base: {self.port_base} must be in 1024..64535")
+        low, high = ephemeral_port_range()
+        if self.port_base + PORT_BLOCK > low and self.port_base <= high:
+            # Outgoing connections take their local port from this range: a
+            # node could find its port taken between the check and its boot.
+            raise SettingsError(
+                f"port_base: {self.port_base}..{self.port_base + PORT_BLOCK} overlaps the kernel's ephemeral "
+                f"port range {low}-{high}; pick a port_base below {low - PORT_BLOCK}"
+            )
         for key, port in self.ports.items():
             if "." not in key:
                 raise SettingsError(f"ports: key {key!r} must look like '<node>.<port name>'")

@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_quick_router_benchmark_produces_figures_and_ratios(monkeypatch):
-    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "38000")  # clear of the test federation and `make bench`
+    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")  # clear of the test federation and `make bench`
     r = run(quick=True)
     for key in ("kafka_produce_raw_per_s", "amqp_consume_raw_per_s", "router_bridged_per_s"):
         assert r[key] > 0, key

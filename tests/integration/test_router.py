@@ -338,3 +338,44 @@ def test_parked_messages_expire_into_the_dead_letter_topic_with_the_reason(endpo
         assert late.received == []
     finally:
         late.close()
+
+
+def test_a_restarted_router_routes_correctly_from_its_first_message(federation, endpoints, uid):
+    """Presence is rebuilt from the gateways and from the events that waited during the restart."""
+    dev_id = f"rebuild-{uid}"
+    d = device(endpoints, "local-us", dev_id)
+    try:
+        d.subscribe(c.device_command_topic(dev_id, "#"))
+        wait_present(endpoints, dev_id, "local-us")
+        federation.stop_node("router-0")
+        federation.start_node("router-0")
+        before = router_metrics(endpoints)
+        topic = send(endpoints, dev_id, "first", "after-restart")
+        assert [r.payload for r in d.wait_for(1)] == [b"after-restart"]
+        after = router_metrics(endpoints)
+        key = 'fedgate_router_routed_total{region="local-us"}'
+        assert after.get(key, 0) == before.get(key, 0) + 1, "routed to its region, not broadcast or parked"
+        assert after.get("fedgate_router_broadcast_total", 0) == before.get(
+            "fedgate_router_broadcast_total", 0
+        )
+        del topic
+    finally:
+        d.close()
+
+
+def test_a_command_for_a_device_never_seen_is_broadcast_to_every_region(endpoints, uid):
+    """unknown_device = "broadcast" (the default): when in doubt, every region's gateway gets it."""
+    ghost = f"ghost-{uid}"
+    spies = [device(endpoints, r, f"spy-{r}-{uid}") for r in ("local-eu", "local-us")]
+    try:
+        for s in spies:
+            s.subscribe(c.device_command_topic(ghost, "#"))
+        time.sleep(0.3)
+        before = router_metrics(endpoints).get("fedgate_router_broadcast_total", 0)
+        send(endpoints, ghost, "hello", "anyone")
+        for s in spies:
+            assert [r.payload for r in s.wait_for(1)] == [b"anyone"], s.device_id
+        assert router_metrics(endpoints)["fedgate_router_broadcast_total"] == before + 1
+    finally:
+        for s in spies:
+            s.close()

@@ -29,9 +29,9 @@ def test_environment_overrides(tmp_path):
 
 def test_config_file(tmp_path):
     cfg = tmp_path / "fedgate.toml"
-    cfg.write_text('port_base = 40000\nregions = ["local-a1"]\n[ports]\n"kafka.bootstrap" = 40999\n')
+    cfg.write_text('port_base = 20000\nregions = ["local-a1"]\n[ports]\n"kafka.bootstrap" = 40999\n')
     s = load_settings(env={}, config_file=cfg)
-    assert s.port_base == 40000 and s.regions == ("local-a1",)
+    assert s.port_base == 20000 and s.regions == ("local-a1",)
     assert s.ports == {"kafka.bootstrap": 40999}
 
 
@@ -62,3 +62,8 @@ def test_unknown_key_in_config_file_is_an_error(tmp_path):
 def test_missing_config_file_is_an_error():
     with pytest.raises(SettingsError, match="does not exist"):
         load_settings(env={"FEDGATE_CONFIG": str(Path("/nonexistent/fedgate.toml"))})
+
+
+def test_port_block_inside_the_ephemeral_range_is_refused():
+    with pytest.raises(SettingsError, match="ephemeral port range"):
+        load_settings(env={"FEDGATE_PORT_BASE": "40000"})
