@@ -35,11 +35,14 @@ from router.kafka import AsyncProducer
 from router.metrics import Metrics
 from router.presence import PresenceTable, Session
 from router.settings import RouterSettings
-from router.stores import DesiredState, Parked, ParkingLot
+from router.stores import DesiredState, Parked, ParkingLot, PresenceStore
 
 log = logging.getLogger(__name__)
 
 SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"
+
+#: How long the gateways' management API may take to list a new connection.
+LISTING_LAG_S = 10.0
 PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
 
 
@@ -82,8 +85,10 @@ class Downlink:
         desired: DesiredState,
         producer: AsyncProducer,
         metrics: Metrics,
+        presence_store: PresenceStore | None = None,
     ):
         self.settings = settings
+        self.presence_store = presence_store
         self.presence = presence
         self.parking = parking
         self.desired = desired
@@ -137,16 +142,21 @@ class Downlink:
         self._consumers.clear()
 
     async def rebuild_presence(self) -> None:
-        """Presence from every gateway's connection list.
+        """Presence at start: the last saved table, corrected by the gateways' connection lists.
 
         Called after this router's presence queue is bound: connections made
-        from now on arrive as events (kept in the durable queue); the listing,
-        taken one statistics round later, covers everything older.
+        from now on arrive as events (kept in the durable queue).  The saved
+        table (Kafka) holds what the previous run knew up to its stop; the
+        gateways' lists add what it never saw and drop sessions that ended
+        unseen.  The lists lag new connections by seconds, so a saved session
+        younger than that is kept even when a list does not show it yet.
         """
         from router.presence import sessions_from_management
 
-        await asyncio.sleep(self.settings.presence_settle_s)
         loop = asyncio.get_running_loop()
+        saved = self.presence_store.load() if self.presence_store else []
+        self.presence.replace_all(saved)
+        listed: dict[str, set[str]] = {}
         sessions: list[Session] = []
         for region, admin in self.admins.items():
             try:
@@ -159,10 +169,31 @@ class Downlink:
                     e,
                 )
                 continue
-            sessions += sessions_from_management(region, conns)
-        self.presence.replace_all(sessions)
-        self.known.update(s.client_id for s in sessions)
-        log.info("presence rebuilt: %d devices %s", len(self.presence), dict(self.presence.per_region()))
+            region_sessions = sessions_from_management(region, conns)
+            sessions += region_sessions
+            listed[region] = {s.client_id for s in region_sessions}
+        for s in sessions:
+            self.presence.connected(s)
+        now_ms = time.time() * 1000
+        for s in self.presence.sessions():
+            gone = s.region in listed and s.client_id not in listed[s.region]
+            if gone and now_ms - s.connected_at > LISTING_LAG_S * 1000:
+                self.presence.closed(s.node, s.connection)
+        if self.presence_store is not None:
+            current = {s.client_id: s for s in self.presence.sessions()}
+            for s in saved:
+                if current.get(s.client_id) != s:
+                    await self.presence_store.delete(s.client_id)
+            for s in current.values():
+                await self.presence_store.save(s)
+        self.known.update(s.client_id for s in self.presence.sessions())
+        log.info(
+            "presence rebuilt: %d devices %s (%d saved, %d listed by the gateways)",
+            len(self.presence),
+            dict(self.presence.per_region()),
+            len(saved),
+            len(sessions),
+        )
 
     # --- sending -----------------------------------------------------------------------
 
@@ -261,12 +292,22 @@ class Downlink:
                 await self._on_binding(headers)
                 return
             change = self.presence.apply_event(key, headers)
+            await self._save_presence(key, change)
             if change.displaced is not None:
                 await self._close_session(change.displaced)
             if key == "connection.created" and change.session is not None and not change.ignored:
                 self.known.add(change.session.client_id)
                 # a persistent session may already have its subscriptions
                 await self._deliver_pending(change.session, await self._existing_filters(change.session))
+
+    async def _save_presence(self, key: str, change: Any) -> None:
+        """Write a presence change through to Kafka before the event is acked."""
+        if self.presence_store is None or change.session is None or change.ignored:
+            return
+        if key == "connection.created":
+            await self.presence_store.save(change.session)
+        elif key == "connection.closed":
+            await self.presence_store.delete(change.session.client_id)
 
     async def _on_binding(self, headers: dict[str, Any]) -> None:
         if _text(headers.get("source_name", "")) != c.MQTT_EXCHANGE:

@@ -31,7 +31,16 @@ from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, produce
 from router.metrics import HttpEndpoint, Metrics, json_response
 from router.presence import PresenceTable
 from router.settings import RouterSettings, RouterSettingsError, load_router_settings
-from router.stores import COMPACTED, DESIRED_TOPIC, PARKED_TOPIC, DesiredState, KafkaTable, ParkingLot
+from router.stores import (
+    COMPACTED,
+    DESIRED_TOPIC,
+    PARKED_TOPIC,
+    PRESENCE_TOPIC,
+    DesiredState,
+    KafkaTable,
+    ParkingLot,
+    PresenceStore,
+)
 
 log = logging.getLogger("router")
 
@@ -55,6 +64,9 @@ class Router:
         self.parked_table = KafkaTable(
             settings.kafka_bootstrap, PARKED_TOPIC, self.producer, settings.router_id
         )
+        self.presence_table = KafkaTable(
+            settings.kafka_bootstrap, PRESENCE_TOPIC, self.producer, settings.router_id
+        )
         self.downlink = Downlink(
             settings,
             self.presence,
@@ -62,6 +74,7 @@ class Router:
             DesiredState(self.desired_table),
             self.producer,
             self.metrics,
+            PresenceStore(self.presence_table),
         )
         self.http: HttpEndpoint | None = None
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
@@ -88,11 +101,11 @@ class Router:
                 None,
                 lambda: ensure_topics(
                     s.kafka_bootstrap,
-                    [DESIRED_TOPIC, PARKED_TOPIC],
+                    [DESIRED_TOPIC, PARKED_TOPIC, PRESENCE_TOPIC],
                     1,
                     s.kafka_replication,
                     timeout=20,
-                    configs={DESIRED_TOPIC: COMPACTED, PARKED_TOPIC: COMPACTED},
+                    configs={t: COMPACTED for t in (DESIRED_TOPIC, PARKED_TOPIC, PRESENCE_TOPIC)},
                 ),
             )
         except KafkaUnavailable as e:
@@ -101,6 +114,7 @@ class Router:
         if s.downlink:
             await self.desired_table.start()
             await self.parked_table.start()
+            await self.presence_table.start()
         try:
             self.connection = await aio_pika.connect_robust(s.amqp_url, timeout=10)
         except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as e:
@@ -176,6 +190,7 @@ class Router:
         self.producer.close()
         self.desired_table.stop()
         self.parked_table.stop()
+        self.presence_table.stop()
         if self.http is not None:
             await self.http.stop()
         log.info("stopped")

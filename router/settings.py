@@ -86,14 +86,6 @@ class RouterSettings:
         metadata={"doc": "Whether this process routes commands (one router does; others bridge)."},
     )
     uplink: bool = field(default=True, metadata={"doc": "Whether this process bridges telemetry to Kafka."})
-    presence_settle_s: float = field(
-        default=1.5,
-        metadata={
-            "doc": "Wait this long before listing the gateways' connections at start: one management "
-            "statistics round (collect_statistics_interval), so that every connection older than the "
-            "router's restart is listed; newer ones arrive as events."
-        },
-    )
     uplink_shards: int = field(
         default=c.UPLINK_SHARDS, metadata={"doc": "Uplink shard queues on the backend."}
     )

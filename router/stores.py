@@ -10,6 +10,10 @@ so a second router sees the same state.
 - ``fedgate.router.desired``: key ``<device> NUL <mqtt topic>``, value the
   payload.  The device's last desired state per topic, replayed whenever it
   connects, in any region.
+- ``fedgate.router.presence``: key the client id, value JSON of its session.
+  The downlink router's presence table, written through on every change, so
+  that a restarted router starts from where it stopped (the gateways'
+  management API lists new connections only seconds later).
 - ``fedgate.router.parked``: key ``<device> NUL <parked id>``, value JSON
   {topic, payload (base64), parked_at, expires_at}.  Delivered in parking
   order when the device subscribes to a matching topic, then tombstoned.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import threading
@@ -31,10 +36,12 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from router.kafka import AsyncProducer
+from router.presence import Session
 
 log = logging.getLogger(__name__)
 
 DESIRED_TOPIC = "fedgate.router.desired"
+PRESENCE_TOPIC = "fedgate.router.presence"
 PARKED_TOPIC = "fedgate.router.parked"
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
 SEP = "\x00"
@@ -185,3 +192,19 @@ class ParkingLot:
 
     async def remove(self, rec: Parked) -> None:
         await self.table.put(rec.key, None)
+
+
+class PresenceStore:
+    def __init__(self, table: KafkaTable):
+        self.table = table
+
+    async def save(self, session: Session) -> None:
+        await self.table.put(session.client_id, json.dumps(dataclasses.asdict(session)).encode())
+
+    async def delete(self, client_id: str) -> None:
+        await self.table.put(client_id, None)
+
+    def load(self) -> list[Session]:
+        with self.table._lock:
+            values = list(self.table.data.values())
+        return [Session(**json.loads(v)) for v in values]

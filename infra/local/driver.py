@@ -535,6 +535,14 @@ class LocalFederation:
                     st.state, st.detail = "unhealthy", str(e)
             elif pid and isinstance(n, KafkaNode):
                 st.state = "running" if n.ready() else "unhealthy"
+            elif pid and isinstance(n, RouterNode):
+                # for a router: devices it sees connected, and messages on their way to Kafka
+                try:
+                    m = n.metrics()
+                    st.connections = int(m.get("fedgate_router_presence_devices", 0))
+                    st.messages = int(m.get("fedgate_router_inflight", 0))
+                except OSError as e:
+                    st.state, st.detail = "unhealthy", str(e)
             out.append(st)
         return out
 

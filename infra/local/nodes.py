@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -427,9 +428,18 @@ class RouterNode(Node):
         env["PYTHONUNBUFFERED"] = "1"
         return [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")], env, 65536
 
-    def ready(self) -> bool:
-        import urllib.request
+    def metrics(self) -> dict[str, float]:
+        """The router's Prometheus metrics, summed over labels."""
+        out: dict[str, float] = {}
+        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=3) as r:
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    name, value = line.rsplit(" ", 1)
+                    name = name.split("{", 1)[0]
+                    out[name] = out.get(name, 0.0) + float(value)
+        return out
 
+    def ready(self) -> bool:
         try:
             with urllib.request.urlopen(self.metrics_url + "/health", timeout=2) as r:
                 return bool(r.status == 200)
