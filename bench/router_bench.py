@@ -38,10 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
+import aiormq.abc
 from confluent_kafka import Producer
 
 from backend import contract as c
 from fedgate.devices import SimDevice
+from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.nodes import _toml
 from infra.local.settings import PROJECT_ROOT, load_settings
@@ -129,6 +132,58 @@ async def amqp_consume(url: str, n: int, shards: int, prefetch: int) -> float:
     elapsed = time.perf_counter() - t0
     await conn.close()
     return n / elapsed
+
+
+async def aiormq_consume(url: str, n: int, shards: int, prefetch: int) -> float:
+    """As amqp_consume, with aiormq alone (the protocol layer under aio-pika)."""
+    conn = await aiormq.connect(url)
+    ch = await conn.channel()
+    await ch.basic_qos(prefetch_count=prefetch // shards)
+    done = asyncio.Event()
+    count = 0
+
+    async def on_message(m: aiormq.abc.DeliveredMessage) -> None:
+        nonlocal count
+        count += 1
+        if count % 256 == 0 or count >= n:
+            await ch.basic_ack(m.delivery.delivery_tag, multiple=True)  # type: ignore[union-attr]
+        if count >= n:
+            done.set()
+
+    t0 = time.perf_counter()
+    for s in range(shards):
+        await ch.basic_consume(c.uplink_shard_queue(s), on_message)
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.perf_counter() - t0
+    await conn.close()
+    return n / elapsed
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of processes so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, IndexError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def consume_with_cpu(fed: LocalFederation, fn: Any, n: int) -> dict[str, float]:
+    """Rate of a consume reference, and the CPU it cost in Python and in RabbitMQ, per message."""
+    url = fed.endpoints()["backend"]["url"]
+    asyncio.run(preload(url, n))
+    broker = processes.marked_pids(processes.marker(fed.state_dir, "backend"))
+    b0, p0 = cpu_seconds(broker), cpu_seconds([os.getpid()])
+    rate = asyncio.run(fn(url, n, fed.settings.uplink_shards, 2000))
+    b1, p1 = cpu_seconds(broker), cpu_seconds([os.getpid()])
+    return {
+        "per_s": round(rate),
+        "python_us_per_msg": round((p1 - p0) / n * 1e6, 1),
+        "rabbitmq_us_per_msg": round((b1 - b0) / n * 1e6, 1),
+    }
 
 
 # --- the router ---------------------------------------------------------------------
@@ -336,11 +391,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         router_port = base + 40
         progress(f"reference: Kafka produce of {n} records")
         results["kafka_produce_raw_per_s"] = round(kafka_produce(ep["kafka"]["bootstrap"], n))
-        progress(f"reference: AMQP consume+ack of {n} messages")
-        asyncio.run(preload(ep["backend"]["url"], n))
-        results["amqp_consume_raw_per_s"] = round(
-            asyncio.run(amqp_consume(ep["backend"]["url"], n, fed.settings.uplink_shards, 2000))
-        )
+        progress(f"reference: AMQP consume+ack of {n} messages (aio-pika, then aiormq alone)")
+        pika_ref = consume_with_cpu(fed, amqp_consume, n)
+        results["amqp_consume_raw_per_s"] = pika_ref["per_s"]
+        results["amqp_consume_cpu"] = {
+            "aio-pika": pika_ref,
+            "aiormq": consume_with_cpu(fed, aiormq_consume, n),
+        }
         progress(f"fedgate router: bridging {n} messages with one process")
         results["router_bridged_per_s"] = round(router_bridge(fed, workdir, n, router_port))
         ref = min(results["kafka_produce_raw_per_s"], results["amqp_consume_raw_per_s"])
@@ -377,6 +434,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"{r['kafka_produce_raw_per_s']:,} | {r['router_vs_kafka_produce']} |",
         f"| reference: AMQP consume + ack, aio-pika | {r['amqp_consume_raw_per_s']:,} | "
         f"{r['router_vs_amqp_consume']} |",
+        "| reference: AMQP consume + ack, aiormq alone (the layer under aio-pika) | "
+        f"{r['amqp_consume_cpu']['aiormq']['per_s']:,} | "
+        f"{round(r['router_bridged_per_s'] / r['amqp_consume_cpu']['aiormq']['per_s'], 3)} |",
         "| **fedgate router** (AMQP in -> Kafka out -> ack after delivery) | "
         f"**{r['router_bridged_per_s']:,}** | 1 |",
         "",
@@ -387,6 +447,16 @@ def to_markdown(r: dict[str, Any]) -> str:
         if mode in d:
             x = d[mode]
             lines.append(f"| {mode} | {x['sent']} | {x['received']} | {x['p50_ms']} | {x['p99_ms']} |")
+    cpu = r.get("amqp_consume_cpu", {})
+    lines += [
+        "",
+        "CPU per message while only consuming (Python client vs RabbitMQ):",
+        "",
+        "| client | Python µs/msg | RabbitMQ µs/msg |",
+        "|---|---:|---:|",
+    ]
+    for name, x in cpu.items():
+        lines.append(f"| {name} | {x['python_us_per_msg']} | {x['rabbitmq_us_per_msg']} |")
     lines += [
         "",
         "Where the router's time goes (cProfile, self time):",
