@@ -141,3 +141,39 @@ def test_sigterm_during_up_leaves_nothing_running(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted; stopping what this run started" in err
     assert fed.leftover_pids() == []
+
+
+def test_up_brings_back_a_crashed_node_without_touching_the_others(federation, endpoints, uid):
+    """A gateway killed with SIGKILL: status says so, `up` restarts just that node, traffic flows again."""
+    from backend import contract as c
+    from backend.amqp import Tap
+    from fedgate.devices import SimDevice
+    from infra.local import processes
+
+    victim = federation.node("gw-local-us")
+    others = {n.name: n.pid() for n in federation.nodes() if n.name != victim.name}
+    processes.signal_pids(processes.marked_pids(victim.marker), signal.SIGKILL)  # gone ones are skipped
+    deadline = time.monotonic() + 10
+    while victim.is_running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status = fedgate(federation.state_dir, TEST_PORT_BASE, "status", "--json")
+    assert status.returncode == 3, "status exits non-zero while a node is down"
+    states = {n["name"]: n["state"] for n in json.loads(status.stdout)["nodes"]}
+    assert states["gw-local-us"] == "stopped" and states["backend"] == "running"
+
+    federation.up()
+    assert victim.is_running()
+    assert {n.name: n.pid() for n in federation.nodes() if n.name != victim.name} == others
+
+    dev_id = f"revived-{uid}"
+    with Tap(endpoints["backend"]["url"], c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap:
+        with SimDevice(
+            dev_id,
+            endpoints["host"],
+            endpoints["gateways"]["local-us"]["mqtt"],
+            endpoints["device"]["user"],
+            endpoints["device"]["password"],
+        ) as d:
+            d.publish(f"devices/{dev_id}/telemetry", b"{}")
+        got = tap.drain(expect=1, timeout=15)
+    assert [m.region for m in got] == ["local-us"]
