@@ -29,6 +29,15 @@ presence: ## where devices are connected (DEVICE=<id> for one)
 send: ## send a message to a device through the router: make send DEVICE=d TOPIC=t PAYLOAD=p [RETAIN=1]
 	@$(FEDGATE) send "$(DEVICE)" "$(TOPIC)" '$(PAYLOAD)' $(if $(RETAIN),--retain,)
 
+gateway: ## add a region to the running federation: make gateway REGION=local-ap
+	@$(FEDGATE) gateway add "$(REGION)"
+
+gateway-destroy: ## remove a region: make gateway-destroy REGION=local-ap
+	@$(FEDGATE) gateway remove "$(REGION)"
+
+regions: ## the regions, their gateways and state
+	@$(FEDGATE) regions
+
 demo: setup ## the whole federation on this machine with devices sending and receiving
 	@$(FEDGATE) demo
 
@@ -49,4 +58,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send demo test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions demo test unit bench lint clean

@@ -6,6 +6,8 @@
     fedgate demo               up, then a scripted scene with MQTT devices
     fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router
     fedgate presence [DEV]     where devices are connected
+    fedgate gateway add|remove local-NAME   a region joins or leaves the running federation
+    fedgate regions            the regions and their gateways
 
 Settings come from the environment (FEDGATE_*) and fedgate.toml; see
 `fedgate settings` and docs/operations.md.
@@ -132,6 +134,63 @@ def cmd_presence(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_region(region: str) -> str:
+    from backend.contract import InvalidRegionError, validate_region
+
+    try:
+        validate_region(region)
+    except InvalidRegionError as e:
+        raise FederationError(str(e)) from e
+    if not region.startswith("local-"):
+        raise FederationError(
+            f"{region} is a cloud region: the Terraform driver is not built yet; "
+            "local regions are named local-<name> (e.g. local-ap)"
+        )
+    return region
+
+
+def cmd_gateway(fed: LocalFederation, args: argparse.Namespace) -> int:
+    region = _local_region(args.region)
+    if args.action == "add":
+        rows = fed.add_region(region)
+        print(format_status(rows))
+    else:
+        fed.remove_region(region)
+        from infra.local import processes
+
+        left = processes.marked_pids(processes.marker(fed.state_dir, f"gw-{region}"))
+        if left:
+            print(f"fedgate: processes of gw-{region} still running: {left}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_regions(fed: LocalFederation, args: argparse.Namespace) -> int:
+    rows = [r for r in fed.status() if r.role == "gateway"]
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "region": r.region,
+                        "node": r.name,
+                        "state": r.state,
+                        "mqtt": r.ports.get("mqtt"),
+                        "connections": r.connections,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    print(f"{'REGION':12} {'GATEWAY':16} {'STATE':9} {'MQTT':>6}  CONNECTIONS")
+    for r in rows:
+        conns = "-" if r.connections is None else str(r.connections)
+        print(f"{r.region or '-':12} {r.name:16} {r.state:9} {r.ports.get('mqtt', 0):>6}  {conns}")
+    return 0
+
+
 def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
     for env, default, doc in describe_settings():
         print(f"{env:28} {default:34} {doc}")
@@ -164,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     pres.add_argument("device", nargs="?")
     pres.add_argument("--json", action="store_true")
     pres.set_defaults(fn=cmd_presence)
+    gw = sub.add_parser("gateway", help="add or remove a local region while the federation runs")
+    gw.add_argument("action", choices=("add", "remove"))
+    gw.add_argument("region", help="local-<name>, e.g. local-ap")
+    gw.set_defaults(fn=cmd_gateway)
+    rg = sub.add_parser("regions", help="the regions, their gateways and state")
+    rg.add_argument("--json", action="store_true")
+    rg.set_defaults(fn=cmd_regions)
     sub.add_parser("settings", help="list settings and their env vars").set_defaults(fn=cmd_settings)
     return p
 

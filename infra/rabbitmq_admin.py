@@ -125,6 +125,29 @@ class RabbitAdmin:
             )
         log.debug("applied %s", json.dumps(asdict(d), default=str)[:200])
 
+    def delete(self, path: str) -> bool:
+        """DELETE; False if it was not there (idempotent removal)."""
+        try:
+            self.request("DELETE", path)
+        except AdminError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def remove_gateway(self, region: str, upstream: str) -> None:
+        """Undo what backend_definitions declared for one region (its exchange, user, upstream,
+        and the federation queue its gateway's downlink link left behind)."""
+        from backend import contract as c
+
+        v = _q(VHOST)
+        self.delete(f"parameters/federation-upstream/{v}/{_q(upstream)}")
+        self.delete(f"exchanges/{v}/{_q(c.downlink_exchange(region))}")
+        for q in self.queues():
+            if q["name"].startswith(f"federation: {c.downlink_exchange(region)} -> "):
+                self.delete(f"queues/{v}/{_q(q['name'])}")
+        self.delete(f"users/{_q(c.gateway_link_user(region))}")
+
     # --- what status and readiness checks read -------------------------------
 
     def overview(self) -> dict[str, Any]:

@@ -105,6 +105,22 @@ class Downlink:
         self._lock = asyncio.Lock()
         self._closers: set[asyncio.Task[None]] = set()
 
+    def set_gateways(self, settings: RouterSettings) -> None:
+        """A region was added or removed: route, broadcast and rebuild with the new set."""
+        self.settings = settings
+        self.admins = {g.region: RabbitAdmin(g.management_url, g.user, g.password) for g in settings.gateways}
+        regions = set(settings.regions)
+        for s in self.presence.sessions():
+            if s.region not in regions:  # its gateway is gone, and so is the session
+                self.presence.closed(s.node, s.connection)
+                if self.presence_store is not None:
+                    task = asyncio.ensure_future(self.presence_store.delete(s.client_id))
+                    self._closers.add(task)
+                    task.add_done_callback(self._closers.discard)
+        for region in list(self._exchanges):
+            if region not in regions:
+                del self._exchanges[region]
+
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self, channel: AbstractChannel) -> None:
@@ -176,6 +192,9 @@ class Downlink:
             self.presence.connected(s)
         now_ms = time.time() * 1000
         for s in self.presence.sessions():
+            if s.region not in self.admins:  # saved by a run that still had this region
+                self.presence.closed(s.node, s.connection)
+                continue
             gone = s.region in listed and s.client_id not in listed[s.region]
             if gone and now_ms - s.connected_at > LISTING_LAG_S * 1000:
                 self.presence.closed(s.node, s.connection)

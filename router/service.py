@@ -145,6 +145,19 @@ class Router:
             len(self.presence),
         )
 
+    def reload(self, settings: RouterSettings) -> None:
+        """Take a new set of gateways (regions) without a restart; other settings need one."""
+        before = set(self.settings.regions)
+        self.settings = settings
+        self.downlink.set_gateways(settings)
+        after = set(settings.regions)
+        log.info(
+            "reloaded: regions %s (added %s, removed %s)",
+            sorted(after),
+            sorted(after - before),
+            sorted(before - after),
+        )
+
     def _presence_json(self, query: str) -> tuple[int, str, str]:
         device = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("device")
         sessions = [self.presence.get(device)] if device else self.presence.sessions()
@@ -203,12 +216,23 @@ def _redact(url: str) -> str:
     return url
 
 
-async def run(settings: RouterSettings) -> int:
+async def run(settings: RouterSettings, config: Path | None = None) -> int:
     router = Router(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def reload() -> None:
+        try:
+            new = load_router_settings(config)
+        except RouterSettingsError as e:
+            log.error("reload refused, keeping the running settings: %s", e)
+            return
+        router.reload(new)
+
+    # SIGHUP: re-read the config file (a region was added or removed).
+    loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await router.start()
     except StartupError as e:
@@ -236,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     except RouterSettingsError as e:
         print(f"router: settings: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(run(settings))
+    return asyncio.run(run(settings, args.config))
 
 
 if __name__ == "__main__":

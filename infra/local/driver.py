@@ -17,9 +17,12 @@ Everything lives under the state dir::
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import secrets as pysecrets
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -467,6 +470,96 @@ class LocalFederation:
             return
         node.preflight()
         self._start_and_wait([node], [])
+
+    # --- regions at run time ---------------------------------------------------------
+
+    def add_region(self, region: str) -> list[NodeStatus]:
+        """Start a gateway for `region` and join it to the running federation.
+
+        Nothing else restarts: the backend gets the region's upstream and
+        downlink exchange, the routers re-read their config (SIGHUP).
+        """
+        c.validate_region(region)
+        recorded = self.recorded()
+        name = gateway_node_name(region)
+        if not recorded or not self.backend().is_running():
+            raise FederationError("the local federation is not running; start it with `fedgate up`")
+        if name in recorded and self.node(name).is_running():
+            self.progress(f"region {region} is already part of the federation")
+            return self.status()
+        if region not in self.settings.regions:
+            self.settings = dataclasses.replace(self.settings, regions=(*self.settings.regions, region))
+        specs = port_layout(self.settings, recorded)
+        nodes = self.nodes(specs)
+        gateway = next(n for n in nodes if n.name == name)
+        try:
+            gateway.preflight()
+        except NodeError as e:
+            raise FederationError(str(e)) from e
+        self._write_record(specs)
+        t0 = time.monotonic()
+        started: list[Node] = []
+        try:
+            self._start_and_wait([gateway], started)
+            self._wire(nodes)
+            self.reload_routers(nodes)
+        except (NodeError, AdminError, TimeoutError) as e:
+            self.progress(f"error: {e}; removing {region} again")
+            self._undo(started)
+            self._forget_region(region)
+            raise FederationError(str(e)) from e
+        self.progress(
+            f"region {region} joined in {time.monotonic() - t0:.1f}s "
+            f"(MQTT on {self.settings.host}:{gateway.spec.ports['mqtt']})"
+        )
+        return self.status()
+
+    def remove_region(self, region: str) -> None:
+        """Stop a region's gateway and remove every trace of it from the federation."""
+        name = gateway_node_name(region)
+        if name not in self.recorded():
+            self.progress(f"region {region} is not part of the federation")
+            return
+        gateways = [g for g in self.gateways() if g.name != name]
+        if not gateways:
+            raise FederationError(f"{region} is the last region; a federation needs one gateway")
+        node = self.node(name)
+        self.progress(f"stopping {name}")
+        node.stop()
+        backend = self.backend()
+        if backend.is_running():
+            backend.admin().remove_gateway(region, c.gateway_upstream_name(region))
+        self._forget_region(region)
+        shutil.rmtree(node.dir, ignore_errors=True)
+        if backend.is_running():
+            self._wire(self.nodes())  # the upstream sets now list the remaining gateways
+            self.reload_routers(self.nodes())
+        self.progress(f"region {region} removed")
+
+    def _forget_region(self, region: str) -> None:
+        name = gateway_node_name(region)
+        specs = [s for s in self.recorded().values() if s.name != name]
+        self._write_record(specs)
+        self.settings = dataclasses.replace(
+            self.settings, regions=tuple(r for r in self.settings.regions if r != region)
+        )
+        sec = self.secrets()
+        if sec.get("gateways", {}).pop(region, None) is not None:
+            tmp = self.secrets_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(sec, indent=2))
+            tmp.chmod(0o600)
+            tmp.replace(self.secrets_file)
+
+    def reload_routers(self, nodes: list[Node]) -> None:
+        """Re-render every running router's config and make it re-read it (SIGHUP)."""
+        for r in nodes:
+            if isinstance(r, RouterNode) and r.is_running():
+                r.config = self.router_config(nodes, r)
+                r.prepare()
+                pid = r.pid()
+                if pid is not None:
+                    os.kill(pid, signal.SIGHUP)
+                    self.progress(f"{r.name} reloads its gateways")
 
     # --- down ----------------------------------------------------------------------
 

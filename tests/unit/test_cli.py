@@ -52,3 +52,23 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert "make test" in readme and "make demo" in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert [line for line in ci.splitlines() if line and not line.startswith("#")][-1] == "make test"
+
+
+def _cli(*args):
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "fedgate.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_gateway_for_a_cloud_region_says_what_is_missing():
+    out = _cli("gateway", "add", "eu-west-1")
+    assert out.returncode == 1
+    assert "eu-west-1 is a cloud region" in out.stderr
+
+
+def test_gateway_with_an_invalid_region_name_names_the_rule():
+    out = _cli("gateway", "add", "Local_AP")
+    assert out.returncode == 1
+    assert "invalid region name 'Local_AP'" in out.stderr
