@@ -135,7 +135,9 @@ class Router:
         if s.downlink:
             await self.downlink.start(await self.connection.channel(publisher_confirms=True))
         if s.uplink:
-            await self.bridge.start(await self.connection.channel())
+            channel = await self.connection.channel()
+            assert isinstance(channel, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
+            await self.bridge.start(channel)
         self.ready = True
         log.info(
             "router %s ready: %s%s; %d devices present",

@@ -96,3 +96,27 @@ def test_stopping_and_restarting_the_backend_loses_no_qos1_message(federation, e
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
     for m in got:
         assert m.region == next(r for r, d in devs.items() if d == m.device)
+
+
+def test_the_routers_resume_bridging_after_the_backend_restart(federation, endpoints, uid):
+    """Runs after the restart above: the routers reconnected and consume the shards again."""
+    from tests.integration.test_router import kafka_records
+
+    dev_id = f"after-restart-{uid}"
+    with SimDevice(
+        dev_id,
+        endpoints["host"],
+        endpoints["gateways"]["local-eu"]["mqtt"],
+        endpoints["device"]["user"],
+        endpoints["device"]["password"],
+    ) as d:
+        for i in range(20):  # 20 topics' worth of seqs land on several shards, so on both routers
+            d.publish(f"devices/{dev_id}/telemetry/t{i}", {"seq": i})
+    recs = kafka_records(
+        endpoints,
+        "telemetry.telemetry",
+        lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id,
+        expect=20,
+        timeout=60,
+    )
+    assert sorted(json.loads(m.value())["seq"] for m, _ in recs) == list(range(20))
