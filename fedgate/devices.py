@@ -154,7 +154,7 @@ class SimDevice:
             self.client.loop_stop()
 
     def __enter__(self) -> SimDevice:
-        return self.connect()
+        return self if self.connected else self.connect()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

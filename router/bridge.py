@@ -21,9 +21,7 @@ from typing import Any
 
 import aio_pika
 import aio_pika.exceptions
-import aiormq
-import aiormq.abc
-import aiormq.exceptions
+from aio_pika.abc import AbstractIncomingMessage
 from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
@@ -46,67 +44,37 @@ class UplinkBridge:
         self.metrics = metrics
         self.mapper = TopicMapper(settings.rules, settings.unmatched_topic)
         self.inflight = 0
-        self._channel: aio_pika.abc.AbstractRobustChannel | None = None
-        self._raw_consumers: list[tuple[aiormq.abc.AbstractChannel, str]] = []
-        self._stopping = False
+        self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         # delivery tags in arrival order, and those whose Kafka record is settled
         self._outstanding: collections.deque[int] = collections.deque()
-        self._done: dict[int, tuple[_Delivery, bool]] = {}
+        self._done: dict[int, tuple[AbstractIncomingMessage, bool]] = {}
         self._flush_scheduled = False
-        self._ack_ops: collections.deque[tuple[str, _Delivery]] = collections.deque()
+        self._ack_ops: collections.deque[tuple[str, AbstractIncomingMessage]] = collections.deque()
         self._ack_writer: asyncio.Future[None] | None = None
 
     def kafka_topics(self) -> list[str]:
         return [*self.mapper.kafka_topics(), self.settings.deadletter_topic]
 
-    # Consumption runs on aiormq, the protocol layer under aio-pika: building
-    # aio-pika's message object costs ~30 µs a message, a third of the
-    # consume path (docs/benchmarks.md).  aio-pika's robust channel still
-    # owns the connection; when it reopens the channel after a connection
-    # loss, the consumers are registered again here.
-
-    async def start(self, channel: aio_pika.abc.AbstractRobustChannel) -> None:
+    async def start(self, channel: aio_pika.abc.AbstractChannel) -> None:
         # prefetch is per consumer: split the in-flight bound over this router's shards
         shards = self.settings.my_shards
         await channel.set_qos(prefetch_count=max(1, self.settings.max_inflight // max(1, len(shards))))
-        self._channel = channel
-        self._stopping = False
-        await self._consume()
-        channel.reopen_callbacks.add(self._on_reopen)
+        for shard in shards:
+            queue = await channel.get_queue(c.uplink_shard_queue(shard), ensure=True)
+            self._consumers.append((queue, await queue.consume(self.on_message)))
         log.info("bridging uplink shards %s", shards)
 
-    async def _consume(self) -> None:
-        assert self._channel is not None
-        raw = await self._channel.get_underlay_channel()
-        # delivery tags start again at 1 on a new channel: forget the old ones
-        # (their unacked messages are redelivered by RabbitMQ)
-        self._outstanding.clear()
-        self._done.clear()
-        self._raw_consumers = []
-        for shard in self.settings.my_shards:
-            ok = await raw.basic_consume(c.uplink_shard_queue(shard), self._on_raw)
-            self._raw_consumers.append((raw, ok.consumer_tag or ""))
-
-    def _on_reopen(self, *args: Any) -> None:
-        if not self._stopping:
-            log.info("channel reopened: consuming the uplink shards again")
-            self._spawn(self._consume())
-
-    async def _on_raw(self, m: aiormq.abc.DeliveredMessage) -> None:
-        await self.on_message(_Delivery(m))
-
     async def stop_intake(self) -> None:
-        self._stopping = True
-        for raw, tag in self._raw_consumers:
+        for queue, tag in self._consumers:
             try:
-                await raw.basic_cancel(tag)
-            except (aiormq.exceptions.AMQPError, RuntimeError) as e:
+                await queue.cancel(tag)
+            except aio_pika.exceptions.AMQPError as e:
                 log.debug("cancel consumer: %s", e)
-        self._raw_consumers = []
+        self._consumers.clear()
 
     # --- per message -------------------------------------------------------------
 
-    def route(self, message: _Delivery) -> tuple[str, str | None, list[tuple[str, bytes]]]:
+    def route(self, message: AbstractIncomingMessage) -> tuple[str, str | None, list[tuple[str, bytes]]]:
         """(Kafka topic, key, headers) for a message; raises Poison."""
         headers_in: dict[str, Any] = dict(message.headers or {})
         region = c.region_from_headers(headers_in) or ""
@@ -139,7 +107,7 @@ class UplinkBridge:
             raise Poison(f"payload is not valid UTF-8 ({e.reason} at byte {e.start})") from e
         return m.kafka_topic, m.key, headers
 
-    async def on_message(self, message: _Delivery) -> None:
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
         try:
             topic, key, headers = self.route(message)
             kind = "bridged"
@@ -187,7 +155,7 @@ class UplinkBridge:
     # only after its own record is in Kafka.  One writer sends the frames, in
     # order.
 
-    def _settled(self, tag: int, message: _Delivery, *, ok: bool) -> None:
+    def _settled(self, tag: int, message: AbstractIncomingMessage, *, ok: bool) -> None:
         self._done[tag] = (message, ok)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -195,7 +163,7 @@ class UplinkBridge:
 
     def _flush_acks(self) -> None:
         self._flush_scheduled = False
-        last_ok: _Delivery | None = None
+        last_ok: AbstractIncomingMessage | None = None
         while self._outstanding and self._outstanding[0] in self._done:
             msg, ok = self._done.pop(self._outstanding.popleft())
             if ok:
@@ -219,38 +187,15 @@ class UplinkBridge:
                     await msg.ack(multiple=True)
                 else:
                     await msg.nack(requeue=True)
-            except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as e:
+            except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError) as e:
                 # the channel is gone: RabbitMQ redelivers whatever was not acked
                 log.warning("could not %s up to delivery tag %s: %s", op, msg.delivery_tag, e)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        task.add_done_callback(_log_task_error)
 
     async def drain_acks(self) -> None:
         """Send the acks still queued (shutdown)."""
         self._flush_acks()
         if self._ack_writer is not None:
             await self._ack_writer
-
-
-class _Delivery:
-    """The few things the bridge reads from a delivery, and its ack/nack, on aiormq's channel."""
-
-    __slots__ = ("body", "headers", "routing_key", "delivery_tag", "_channel")
-
-    def __init__(self, m: aiormq.abc.DeliveredMessage):
-        self.body: bytes = m.body
-        self.headers: dict[str, Any] | None = m.header.properties.headers
-        self.routing_key: str | None = m.routing_key
-        self.delivery_tag: int | None = m.delivery_tag
-        self._channel = m.channel
-
-    async def ack(self, multiple: bool = False) -> None:
-        await self._channel.basic_ack(self.delivery_tag or 0, multiple=multiple)
-
-    async def nack(self, requeue: bool = True) -> None:
-        await self._channel.basic_nack(self.delivery_tag or 0, requeue=requeue)
 
 
 def _log_task_error(task: Any) -> None:

@@ -20,7 +20,7 @@ from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT, load_settings
 
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
-PARK_TTL_S = 15
+PARK_TTL_S = 25
 
 
 def missing_runtime() -> str | None:

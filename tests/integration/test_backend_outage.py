@@ -19,6 +19,7 @@ import pytest
 from backend import contract as c
 from backend.amqp import Tap
 from fedgate.devices import DeviceError, SimDevice
+from tests.helpers import device, kafka_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,13 +53,7 @@ def test_stopping_and_restarting_the_backend_loses_no_qos1_message(federation, e
 
     pubs = []
     for region, dev_id in devs.items():
-        d = SimDevice(
-            dev_id,
-            endpoints["host"],
-            endpoints["gateways"][region]["mqtt"],
-            endpoints["device"]["user"],
-            endpoints["device"]["password"],
-        ).connect()
+        d = device(endpoints, region, dev_id)
         pubs.append(Publisher(d))
     for p in pubs:
         p.start()
@@ -100,16 +95,8 @@ def test_stopping_and_restarting_the_backend_loses_no_qos1_message(federation, e
 
 def test_the_routers_resume_bridging_after_the_backend_restart(federation, endpoints, uid):
     """Runs after the restart above: the routers reconnected and consume the shards again."""
-    from tests.integration.test_router import kafka_records
-
     dev_id = f"after-restart-{uid}"
-    with SimDevice(
-        dev_id,
-        endpoints["host"],
-        endpoints["gateways"]["local-eu"]["mqtt"],
-        endpoints["device"]["user"],
-        endpoints["device"]["password"],
-    ) as d:
+    with device(endpoints, "local-eu", dev_id) as d:
         for i in range(20):  # 20 topics' worth of seqs land on several shards, so on both routers
             d.publish(f"devices/{dev_id}/telemetry/t{i}", {"seq": i})
     recs = kafka_records(

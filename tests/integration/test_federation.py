@@ -12,19 +12,9 @@ import pytest
 from backend import contract as c
 from backend.amqp import Tap, connect, publish_downlink
 from fedgate.devices import SimDevice
+from tests.helpers import device
 
 pytestmark = pytest.mark.integration
-
-
-def device(endpoints: dict, region: str, client_id: str) -> SimDevice:
-    ep = endpoints
-    return SimDevice(
-        client_id,
-        ep["host"],
-        ep["gateways"][region]["mqtt"],
-        ep["device"]["user"],
-        ep["device"]["password"],
-    ).connect()
 
 
 def test_uplink_from_both_gateways_arrives_tagged_with_the_right_region(endpoints, uid):

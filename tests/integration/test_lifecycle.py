@@ -147,8 +147,8 @@ def test_up_brings_back_a_crashed_node_without_touching_the_others(federation, e
     """A gateway killed with SIGKILL: status says so, `up` restarts just that node, traffic flows again."""
     from backend import contract as c
     from backend.amqp import Tap
-    from fedgate.devices import SimDevice
     from infra.local import processes
+    from tests.helpers import device
 
     victim = federation.node("gw-local-us")
     others = {n.name: n.pid() for n in federation.nodes() if n.name != victim.name}
@@ -167,13 +167,7 @@ def test_up_brings_back_a_crashed_node_without_touching_the_others(federation, e
 
     dev_id = f"revived-{uid}"
     with Tap(endpoints["backend"]["url"], c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap:
-        with SimDevice(
-            dev_id,
-            endpoints["host"],
-            endpoints["gateways"]["local-us"]["mqtt"],
-            endpoints["device"]["user"],
-            endpoints["device"]["password"],
-        ) as d:
+        with device(endpoints, "local-us", dev_id) as d:
             d.publish(f"devices/{dev_id}/telemetry", b"{}")
         got = tap.drain(expect=1, timeout=15)
     assert [m.region for m in got] == ["local-us"]

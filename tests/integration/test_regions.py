@@ -10,9 +10,8 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import Tap, send_command
-from fedgate.devices import SimDevice
 from infra.local import processes
-from tests.integration.test_router import kafka_records, wait_present
+from tests.helpers import device, kafka_records, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -28,13 +27,7 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
         ep = federation.endpoints()
         dev_id = f"ap-{uid}"
         with Tap(ep["backend"]["url"], c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap:
-            d = SimDevice(
-                dev_id,
-                ep["host"],
-                ep["gateways"][region]["mqtt"],
-                ep["device"]["user"],
-                ep["device"]["password"],
-            ).connect()
+            d = device(ep, region, dev_id)
             try:
                 d.subscribe(c.device_command_topic(dev_id, "#"))
                 wait_present(ep, dev_id, region)

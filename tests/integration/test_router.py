@@ -5,56 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from backend import contract as c
 from backend.amqp import send_command
-from fedgate.devices import SimDevice
+from tests.helpers import device, kafka_records, router_metrics, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-
-
-def device(endpoints, region, client_id, **kw) -> SimDevice:
-    ep = endpoints
-    return SimDevice(
-        client_id,
-        ep["host"],
-        ep["gateways"][region]["mqtt"],
-        ep["device"]["user"],
-        ep["device"]["password"],
-        **kw,
-    ).connect()
-
-
-def router_metrics(endpoints) -> dict[str, float]:
-    import urllib.request
-
-    with urllib.request.urlopen(endpoints["router"]["metrics"] + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
-def wait_present(endpoints, dev_id, region, timeout=10.0):
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(
-            f"{endpoints['router']['metrics']}/presence?device={dev_id}", timeout=5
-        ) as r:
-            devices = json.load(r)["devices"]
-        if devices and devices[0]["region"] == region:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"router never saw {dev_id} at {region}")
 
 
 def send(endpoints, dev_id, name, payload, retain=False):
@@ -147,32 +105,6 @@ def test_desired_state_follows_the_device_to_another_region(endpoints, uid):
         assert len(elsewhere.received) == 1
     finally:
         elsewhere.close()
-
-
-def kafka_records(endpoints, topic, match, expect, timeout=20.0):
-    consumer = Consumer(
-        {
-            "bootstrap.servers": endpoints["kafka"]["bootstrap"],
-            "group.id": f"t-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    md = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
-    out = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < expect and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            headers = {k: v.decode() for k, v in (msg.headers() or [])}
-            if match(msg, headers):
-                out.append((msg, headers))
-    finally:
-        consumer.close()
-    return out
 
 
 def test_telemetry_is_bridged_into_kafka_with_key_and_headers(endpoints, uid):

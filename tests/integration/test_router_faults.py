@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from fedgate.devices import DeviceError, SimDevice
 from infra.local import processes
+from tests.helpers import device
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 
@@ -34,15 +35,7 @@ class Fleet:
         self.devices = []
         for region in ("local-eu", "local-us"):
             for i in range(per_region):
-                self.devices.append(
-                    SimDevice(
-                        f"{prefix}-{region}-{i}",
-                        endpoints["host"],
-                        endpoints["gateways"][region]["mqtt"],
-                        endpoints["device"]["user"],
-                        endpoints["device"]["password"],
-                    ).connect()
-                )
+                self.devices.append(device(endpoints, region, f"{prefix}-{region}-{i}"))
         self.acked: dict[str, list[int]] = {d.device_id: [] for d in self.devices}
         self.stop = threading.Event()
         self.interval = interval

@@ -1,0 +1,85 @@
+"""Helpers the integration tests share: real MQTT devices, the router's HTTP endpoint, Kafka reads."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from fedgate.devices import SimDevice
+
+
+def device(endpoints: dict[str, Any], region: str, client_id: str, **kw: Any) -> SimDevice:
+    """A connected paho-mqtt device on `region`'s gateway, with the local device credentials."""
+    ep = endpoints
+    return SimDevice(
+        client_id,
+        ep["host"],
+        ep["gateways"][region]["mqtt"],
+        ep["device"]["user"],
+        ep["device"]["password"],
+        **kw,
+    ).connect()
+
+
+def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
+    """router-0's Prometheus metrics, by name with labels."""
+    with urllib.request.urlopen(endpoints["router"]["metrics"] + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_present(endpoints: dict[str, Any], dev_id: str, region: str, timeout: float = 10.0) -> None:
+    """Wait until router-0's presence has the device at `region`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        url = f"{endpoints['router']['metrics']}/presence?device={dev_id}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            devices = json.load(r)["devices"]
+        if devices and devices[0]["region"] == region:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"router never saw {dev_id} at {region}")
+
+
+def kafka_records(
+    endpoints: dict[str, Any],
+    topic: str,
+    match: Callable[[Message, dict[str, str]], bool],
+    expect: int,
+    timeout: float = 20.0,
+) -> list[tuple[Message, dict[str, str]]]:
+    """Records of `topic` (from the start) that `match`, until `expect` of them or `timeout`."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": endpoints["kafka"]["bootstrap"],
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    md = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            headers = {k: v.decode() for k, v in (msg.headers() or [])}
+            if match(msg, headers):
+                out.append((msg, headers))
+    finally:
+        consumer.close()
+    return out
