@@ -33,6 +33,10 @@ from router.topics import TopicMapper
 log = logging.getLogger(__name__)
 
 
+BRIDGED = "fedgate_router_bridged_total"
+DEADLETTERED = "fedgate_router_deadlettered_total"
+
+
 class Poison(ValueError):
     """A message that can never be bridged as it is; the text is the dead-letter reason."""
 
@@ -76,8 +80,7 @@ class UplinkBridge:
 
     def route(self, message: AbstractIncomingMessage) -> tuple[str, str | None, list[tuple[str, bytes]]]:
         """(Kafka topic, key, headers) for a message; raises Poison."""
-        headers_in: dict[str, Any] = dict(message.headers or {})
-        region = c.region_from_headers(headers_in) or ""
+        region = c.region_from_headers(message.headers) or ""
         mqtt_topic = c.routing_key_to_mqtt_topic(message.routing_key or "")
         received_ms = int(time.time() * 1000)
         headers = [
@@ -93,12 +96,11 @@ class UplinkBridge:
             raise Poison("message without an MQTT topic")
         m = self.mapper.map(mqtt_topic)
         if m is None:
-            if mqtt_topic.startswith("devices/") and not mqtt_topic.split("/")[1]:
-                raise Poison(f"topic {mqtt_topic!r} names no device")
+            empty = self.mapper.empty_variable(mqtt_topic)
+            if empty is not None:
+                raise Poison(f"topic {mqtt_topic!r} names no {empty}")
             return self.settings.unmatched_topic, None, headers
-        device = m.variables.get("device")
-        if "{device}" in m.rule.pattern and not device:
-            raise Poison(f"topic {mqtt_topic!r} names no device")
+        device = m.variables.get("device")  # rules only match non-empty segments
         if device:
             headers.append((c.KAFKA_DEVICE_HEADER, device.encode()))
         try:
@@ -110,15 +112,15 @@ class UplinkBridge:
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         try:
             topic, key, headers = self.route(message)
-            kind = "bridged"
+            counter = BRIDGED
         except Poison as e:
             topic, key = self.settings.deadletter_topic, None
             headers = [
                 (c.KAFKA_DEADLETTER_REASON_HEADER, str(e).encode()),
                 (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
-                (c.KAFKA_REGION_HEADER, (c.region_from_headers(dict(message.headers or {})) or "").encode()),
+                (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.headers) or "").encode()),
             ]
-            kind = "deadlettered"
+            counter = DEADLETTERED
             log.warning("dead-lettering a message on %s: %s", message.routing_key, e)
         started = time.monotonic()
         self.inflight += 1
@@ -140,7 +142,7 @@ class UplinkBridge:
                 self.metrics.inc("fedgate_router_kafka_errors_total")
             else:
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
-                self.metrics.inc(f"fedgate_router_{kind}_total", topic=topic)
+                self.metrics.inc(counter, topic=topic)
             self._settled(tag, message, ok=err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)

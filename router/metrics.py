@@ -11,6 +11,8 @@ router free of another dependency.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import json
 import logging
 from collections import defaultdict
@@ -66,11 +68,12 @@ class Metrics:
         return sum(v for (n, _), v in self.counters.items() if n == name)
 
     def observe(self, name: str, seconds: float) -> None:
-        counts = self.histograms.setdefault(name, [0.0] * (len(BUCKETS) + 1))
-        for i, bound in enumerate(BUCKETS):
-            if seconds <= bound:
-                counts[i] += 1
-        counts[-1] += 1
+        # Called per bridged message: count into the one bucket it falls in
+        # (the last is +Inf); the cumulative "le" counts are summed in render().
+        counts = self.histograms.get(name)
+        if counts is None:
+            counts = self.histograms[name] = [0.0] * (len(BUCKETS) + 1)
+        counts[bisect.bisect_left(BUCKETS, seconds)] += 1
         self.hist_sum[name] += seconds
 
     def gauge(self, name: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]]) -> None:
@@ -91,11 +94,12 @@ class Metrics:
             lines.append(f"{name}{_labels(dict(labels))} {value:g}")
         for name, counts in sorted(self.histograms.items()):
             head(name, "histogram")
-            for bound, count in zip(BUCKETS, counts, strict=False):
+            cumulative = list(itertools.accumulate(counts))
+            for bound, count in zip(BUCKETS, cumulative, strict=False):
                 lines.append(f'{name}_bucket{{le="{bound}"}} {count:g}')
-            lines.append(f'{name}_bucket{{le="+Inf"}} {counts[-1]:g}')
+            lines.append(f'{name}_bucket{{le="+Inf"}} {cumulative[-1]:g}')
             lines.append(f"{name}_sum {self.hist_sum[name]:.6f}")
-            lines.append(f"{name}_count {counts[-1]:g}")
+            lines.append(f"{name}_count {cumulative[-1]:g}")
         for name, fn in sorted(self.gauges.items()):
             head(name, "gauge")
             for labels, value in sorted(fn().items()):

@@ -144,6 +144,19 @@ class Rule:
             self.key.format(**variables),
         )
 
+    def empty_variable(self, mqtt_topic: str) -> str | None:
+        """The variable whose segment is empty in a topic of this rule's shape ("devices//x" -> "device")."""
+        parts = mqtt_topic.split("/")
+        if len(parts) < len(self.segments) or (not self.rest and len(parts) != len(self.segments)):
+            return None
+        empty = None
+        for seg, part in zip(self.segments, parts, strict=False):
+            if seg.literal is not None and part != seg.literal:
+                return None
+            if seg.var is not None and not part and empty is None:
+                empty = seg.var
+        return empty
+
     def kafka_topics(self) -> list[str]:
         """Every Kafka topic this rule can produce."""
         names = _TEMPLATE_VAR.findall(self.topic)
@@ -182,6 +195,14 @@ class TopicMapper:
             m = rule.match(mqtt_topic)
             if m is not None:
                 return m
+        return None
+
+    def empty_variable(self, mqtt_topic: str) -> str | None:
+        """For a topic no rule maps: the variable a rule would have captured but found empty."""
+        for rule in self.rules:
+            var = rule.empty_variable(mqtt_topic)
+            if var is not None:
+                return var
         return None
 
     def kafka_topics(self) -> list[str]:

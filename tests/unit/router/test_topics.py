@@ -85,3 +85,11 @@ def test_kafka_topic_names_are_legal_and_reversible(name):
 def test_names_kafka_accepts_stay_readable():
     assert encode_topic_name("telemetry.temp-1") == "telemetry.temp-1"
     assert encode_topic_name("a_b") == "a_5fb"
+
+
+def test_a_topic_of_a_rules_shape_with_an_empty_variable_names_that_variable():
+    mapper = TopicMapper()
+    assert mapper.empty_variable("devices//telemetry") == "device"
+    assert mapper.empty_variable("devices//anything/else") == "device"
+    assert mapper.empty_variable("devices/d1/telemetry") is None
+    assert mapper.empty_variable("factory//line") is None
