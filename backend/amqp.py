@@ -58,6 +58,27 @@ def connect(url: str, timeout: float = 10.0) -> pika.BlockingConnection:
     return pika.BlockingConnection(params)
 
 
+def publish_confirmed(
+    url: str, exchange: str, routing_key: str, payload: bytes | str, headers: dict[str, Any]
+) -> None:
+    """Publish one persistent, mandatory message and wait for the broker's confirm."""
+    conn = connect(url)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish(
+            exchange=exchange,
+            routing_key=routing_key,
+            body=payload.encode() if isinstance(payload, str) else payload,
+            properties=pika.BasicProperties(
+                delivery_mode=pika.DeliveryMode.Persistent, headers=headers, message_id=str(uuid.uuid4())
+            ),
+            mandatory=True,
+        )
+    finally:
+        conn.close()
+
+
 def publish_downlink(
     url: str,
     region: str,
@@ -71,23 +92,9 @@ def publish_downlink(
     `topic` is the MQTT topic the device subscribed to.  Raises if the broker
     cannot route it (mandatory): the region's gateway has never linked.
     """
-    conn = connect(url)
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.basic_publish(
-            exchange=c.downlink_exchange(region),
-            routing_key=c.mqtt_topic_to_routing_key(topic),
-            body=payload.encode() if isinstance(payload, str) else payload,
-            properties=pika.BasicProperties(
-                delivery_mode=pika.DeliveryMode.Persistent,
-                headers=headers or {},
-                message_id=str(uuid.uuid4()),
-            ),
-            mandatory=True,
-        )
-    finally:
-        conn.close()
+    publish_confirmed(
+        url, c.downlink_exchange(region), c.mqtt_topic_to_routing_key(topic), payload, headers or {}
+    )
 
 
 class Tap:
@@ -173,21 +180,7 @@ def send_command(url: str, device: str, topic: str, payload: bytes | str, *, ret
     device is offline, and with `retain` keeps it as the device's desired
     state for `topic`.
     """
-    conn = connect(url)
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
-        if retain:
-            headers[c.RETAIN_HEADER] = True
-        ch.basic_publish(
-            exchange=c.COMMANDS_EXCHANGE,
-            routing_key=device,
-            body=payload.encode() if isinstance(payload, str) else payload,
-            properties=pika.BasicProperties(
-                delivery_mode=pika.DeliveryMode.Persistent, headers=headers, message_id=str(uuid.uuid4())
-            ),
-            mandatory=True,
-        )
-    finally:
-        conn.close()
+    headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
+    if retain:
+        headers[c.RETAIN_HEADER] = True
+    publish_confirmed(url, c.COMMANDS_EXCHANGE, device, payload, headers)

@@ -25,10 +25,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from backend import contract as c
 from backend.amqp import Tap, send_command
+from backend.kafka_read import read_records
 from fedgate.devices import SimDevice
 from infra.local.driver import LocalFederation
 
@@ -60,39 +59,21 @@ def read_kafka(
     bootstrap: str, topic: str, run_id: str, expect: int, timeout: float = 20.0
 ) -> list[dict[str, Any]]:
     """This run's records of a topic, in partition order, with key and region header."""
-    consumer = Consumer(
+
+    def this_run(msg: Any, headers: dict[str, str]) -> bool:
+        try:
+            return bool(json.loads(msg.value()).get("run") == run_id)
+        except (ValueError, AttributeError):
+            return False
+
+    return [
         {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"demo-{run_id}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
+            "key": (msg.key() or b"").decode(),
+            "seq": json.loads(msg.value()).get("seq"),
+            "region": headers.get(c.KAFKA_REGION_HEADER, ""),
         }
-    )
-    md = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.topics[topic].partitions])
-    out: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < expect and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            try:
-                value = json.loads(msg.value())
-            except ValueError:
-                continue
-            if value.get("run") == run_id:
-                headers = dict(msg.headers() or [])
-                out.append(
-                    {
-                        "key": (msg.key() or b"").decode(),
-                        "seq": value.get("seq"),
-                        "region": headers.get(c.KAFKA_REGION_HEADER, b"").decode(),
-                    }
-                )
-    finally:
-        consumer.close()
-    return out
+        for msg, headers in read_records(bootstrap, topic, this_run, expect, timeout)
+    ]
 
 
 def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> int:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-import uuid
-from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Message
 
+from backend.kafka_read import Match, read_records
 from fedgate.devices import SimDevice
 
 
@@ -53,33 +52,7 @@ def wait_present(endpoints: dict[str, Any], dev_id: str, region: str, timeout: f
 
 
 def kafka_records(
-    endpoints: dict[str, Any],
-    topic: str,
-    match: Callable[[Message, dict[str, str]], bool],
-    expect: int,
-    timeout: float = 20.0,
+    endpoints: dict[str, Any], topic: str, match: Match, expect: int, timeout: float = 20.0
 ) -> list[tuple[Message, dict[str, str]]]:
     """Records of `topic` (from the start) that `match`, until `expect` of them or `timeout`."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": endpoints["kafka"]["bootstrap"],
-            "group.id": f"t-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    md = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
-    out = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < expect and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            headers = {k: v.decode() for k, v in (msg.headers() or [])}
-            if match(msg, headers):
-                out.append((msg, headers))
-    finally:
-        consumer.close()
-    return out
+    return read_records(endpoints["kafka"]["bootstrap"], topic, match, expect, timeout)
