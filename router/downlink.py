@@ -97,7 +97,8 @@ class Downlink:
         self.admins = {g.region: RabbitAdmin(g.management_url, g.user, g.password) for g in settings.gateways}
         #: devices seen connected since this router started or parked/desired state exists
         self.known: set[str] = set()
-        self._replayed: set[tuple[str, str]] = set()
+        #: desired-state topics already replayed to each live connection; dropped when it ends
+        self._replayed: dict[str, set[str]] = {}
         self._exchanges: dict[str, AbstractExchange] = {}
         self._channel: AbstractChannel | None = None
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
@@ -286,7 +287,7 @@ class Downlink:
         if session is not None:
             await self._send(session.region, topic, payload, retain=retain)
             if retain:
-                self._replayed.add((session.connection, topic))
+                self._replayed.setdefault(session.connection, set()).add(topic)
             self.metrics.inc("fedgate_router_routed_total", region=session.region)
             return f"routed:{session.region}"
         if retain:
@@ -312,6 +313,9 @@ class Downlink:
                 return
             change = self.presence.apply_event(key, headers)
             await self._save_presence(key, change)
+            for ended in (change.session if key == "connection.closed" else None, change.displaced):
+                if ended is not None:
+                    self._replayed.pop(ended.connection, None)
             if change.displaced is not None:
                 await self._close_session(change.displaced)
             if key == "connection.created" and change.session is not None and not change.ignored:
@@ -371,11 +375,11 @@ class Downlink:
             await self.parking.remove(p)
             self.metrics.inc("fedgate_router_unparked_total", region=session.region)
         for topic, payload in self.desired.for_device(device):
-            if (session.connection, topic) in self._replayed:
+            if topic in self._replayed.get(session.connection, ()):
                 continue
             if any(topic_matches(f, topic) for f in filters):
                 await self._send(session.region, topic, payload, retain=True)
-                self._replayed.add((session.connection, topic))
+                self._replayed.setdefault(session.connection, set()).add(topic)
                 self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
 
     async def _expire(self, p: Parked) -> None:

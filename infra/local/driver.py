@@ -246,12 +246,6 @@ class LocalFederation:
     def gateways(self) -> list[RabbitNode]:
         return [n for n in self.nodes() if isinstance(n, RabbitNode) and n.spec.role == ROLE_GATEWAY]
 
-    def _router_url(self) -> str | None:
-        for n in self.nodes():
-            if isinstance(n, RouterNode) and n.name == ROUTER_NODE:
-                return n.metrics_url
-        return None
-
     def backend(self) -> RabbitNode:
         node = self.node(BACKEND_NODE)
         assert isinstance(node, RabbitNode)
@@ -649,7 +643,10 @@ class LocalFederation:
         """Connection details for clients (demo, tests, later the router)."""
         sec = self.secrets()
         host = self.settings.host
-        b = self.backend().spec.ports
+        nodes = self.nodes()  # read federation.json once, not once per role
+        b = next(n for n in nodes if n.spec.role == ROLE_BACKEND).spec.ports
+        kafka = next(n for n in nodes if isinstance(n, KafkaNode))
+        router = next((n for n in nodes if isinstance(n, RouterNode) and n.name == ROUTER_NODE), None)
         return {
             "host": host,
             "backend": {
@@ -663,10 +660,11 @@ class LocalFederation:
                     "amqp": g.spec.ports["amqp"],
                     "management": g.spec.ports["management"],
                 }
-                for g in self.gateways()
+                for g in nodes
+                if g.spec.role == ROLE_GATEWAY
             },
-            "kafka": {"bootstrap": self.kafka().bootstrap},
-            "router": {"metrics": self._router_url()},
+            "kafka": {"bootstrap": kafka.bootstrap},
+            "router": {"metrics": router.metrics_url if router else None},
             "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
             "device": {"user": c.DEVICE_USER, "password": sec["device"]},
         }
