@@ -42,7 +42,7 @@ demo: setup ## the whole federation on this machine with devices sending and rec
 	@$(FEDGATE) demo
 
 test: setup ## unit and integration tests against real RabbitMQ and Kafka
-	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	@FEDGATE_REQUIRE_RUNTIME=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 unit: setup ## unit tests only (no brokers)
 	@$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -38,6 +38,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = missing_runtime()
     if reason is None:
         return
+    if os.environ.get("FEDGATE_REQUIRE_RUNTIME"):
+        # `make test` ran `make setup` first: a missing runtime is a broken
+        # install step, not a machine that lacks something -- fail, don't skip.
+        raise pytest.UsageError(f"integration runtime missing after make setup: {reason}")
     for item in items:
         if "integration" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))

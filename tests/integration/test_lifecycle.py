@@ -48,12 +48,10 @@ def test_status_json_gives_every_nodes_role_region_and_ports(federation):
 
 def test_up_while_up_is_a_no_op_that_prints_the_status_table(federation):
     pids = {n.name: n.pid() for n in federation.nodes()}
-    t0 = time.monotonic()
     out = fedgate(federation.state_dir, TEST_PORT_BASE, "up")
     assert out.returncode == 0, out.stderr
     assert "already up" in out.stderr
     assert "gw-local-eu" in out.stdout and "running" in out.stdout
-    assert time.monotonic() - t0 < 15
     assert {n.name: n.pid() for n in federation.nodes()} == pids, "no node was restarted"
 
 
