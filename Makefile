@@ -38,6 +38,12 @@ gateway-destroy: ## remove a region: make gateway-destroy REGION=local-ap
 regions: ## the regions, their gateways and state
 	@$(FEDGATE) regions
 
+query: ## Spark SQL over the analysts' tables: make query SQL="SELECT ..." (or SQL=top-talkers)
+	@$(FEDGATE) query "$(SQL)"
+
+recompute: ## rebuild the aggregates from raw: make recompute SINCE=2026-11-20 UNTIL=2026-11-21
+	@$(FEDGATE) recompute --since "$(SINCE)" --until "$(UNTIL)"
+
 demo: setup ## the whole federation on this machine with devices sending and receiving
 	@$(FEDGATE) demo
 
@@ -58,4 +64,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions demo test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute demo test unit bench lint clean

@@ -17,6 +17,7 @@ Message paths (see docs/architecture.md):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -211,7 +212,29 @@ KAFKA_MQTT_TOPIC_HEADER = "fedgate.mqtt_topic"
 KAFKA_DEVICE_HEADER = "fedgate.device"
 KAFKA_RECEIVED_AT_HEADER = "fedgate.received_at_ms"
 KAFKA_DEADLETTER_REASON_HEADER = "fedgate.deadletter_reason"
+#: Identity of a device message that survives redelivery: the bridge may
+#: produce a message twice (a router dies between Kafka's confirmation and
+#: the AMQP ack; RabbitMQ redelivers it), and Spark drops the second copy by
+#: this header.  See message_id().
+KAFKA_MESSAGE_ID_HEADER = "fedgate.message_id"
 
 #: Kafka topics the bridge always has.
 KAFKA_UNMATCHED_TOPIC = "fedgate.unmatched"
 KAFKA_DEADLETTER_TOPIC = "fedgate.deadletter"
+
+
+def message_id(mqtt_topic: str, payload: bytes) -> str:
+    """The identity of a device message: a hash of its MQTT topic and payload.
+
+    MQTT 3.1.1 gives a message no identity that outlives the connection (the
+    packet id is reused), and RabbitMQ 3.10 stamps none, so the identity is
+    derived from what every copy shares: a redelivered copy, a QoS 1
+    retransmission by the device, even the same publish re-sent to another
+    region after failover carry the same topic and bytes.  Devices make their
+    messages distinct with a sequence number or timestamp in the payload (the
+    simulator does); two byte-identical publishes on one topic within the
+    dedupe window count once.  spark/transforms.py computes the same value
+    for records that lack the header, so both sides must stay in step:
+    the first 32 hex digits of SHA-256 over topic, NUL, payload.
+    """
+    return hashlib.sha256(mqtt_topic.encode() + b"\0" + payload).hexdigest()[:32]

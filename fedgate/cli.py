@@ -8,6 +8,8 @@
     fedgate presence [DEV]     where devices are connected
     fedgate gateway add|remove local-NAME   a region joins or leaves the running federation
     fedgate regions            the regions and their gateways
+    fedgate query SQL|NAME     Spark SQL over the analysts' tables (--list: named queries)
+    fedgate recompute --since D --until D   rebuild the aggregates from telemetry_raw
 
 Settings come from the environment (FEDGATE_*) and fedgate.toml; see
 `fedgate settings` and docs/operations.md.
@@ -192,8 +194,59 @@ def cmd_regions(fed: LocalFederation, args: argparse.Namespace) -> int:
 
 
 def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
+    from spark.settings import describe as describe_spark
+
     for env, default, doc in describe_settings():
         print(f"{env:28} {default:34} {doc}")
+    print("\nThe Spark job and `fedgate query` (the local federation sets the first ones itself):")
+    for env, default, doc in describe_spark():
+        print(f"{env:34} {default:28} {doc}")
+    return 0
+
+
+def cmd_query(fed: LocalFederation, args: argparse.Namespace) -> int:
+    from spark import query
+
+    if args.list or not args.sql:
+        print("Named queries (fedgate query NAME):\n" + query.describe_named())
+        print("\nTables: telemetry_raw, device_minute, region_minute, rejects (docs/analysts.md)")
+        return 0 if args.list else 2
+    settings = fed.spark_settings()
+    _progress(f"starting Spark over {settings.warehouse} (takes ~10 s)")
+    spark = query.session(settings)
+    try:
+        columns, rows = query.run_sql(spark, args.sql, limit=args.limit)
+    except Exception as e:  # Spark's analysis errors: show the message, not a JVM trace
+        print(f"fedgate: query failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    print(query.to_json(columns, rows) if args.json else query.format_table(columns, rows))
+    return 0
+
+
+def cmd_recompute(fed: LocalFederation, args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from spark import query
+
+    try:
+        since, until = dt.date.fromisoformat(args.since), dt.date.fromisoformat(args.until)
+    except ValueError as e:
+        print(f"fedgate: recompute: {e} (dates look like 2026-11-22)", file=sys.stderr)
+        return 2
+    if until < since:
+        print("fedgate: recompute: --until is before --since", file=sys.stderr)
+        return 2
+    settings = fed.spark_settings()
+    _progress(f"recomputing the aggregates of {since}..{until} from telemetry_raw")
+    spark = query.session(settings)
+    try:
+        counts = query.recompute(spark, settings, since, until)
+    finally:
+        spark.stop()
+    for table, n in counts.items():
+        print(f"{table}: {n} rows for {since}..{until}")
     return 0
 
 
@@ -231,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--json", action="store_true")
     rg.set_defaults(fn=cmd_regions)
     sub.add_parser("settings", help="list settings and their env vars").set_defaults(fn=cmd_settings)
+    q = sub.add_parser("query", help="Spark SQL over telemetry_raw, device_minute, region_minute, rejects")
+    q.add_argument("sql", nargs="?", help="a SQL statement or a named query (see --list)")
+    q.add_argument("--list", action="store_true", help="list the named queries")
+    q.add_argument("--json", action="store_true", help="rows as JSON")
+    q.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100)")
+    q.set_defaults(fn=cmd_query)
+    rc = sub.add_parser("recompute", help="rebuild device_minute/region_minute from telemetry_raw for dates")
+    rc.add_argument("--since", required=True, help="first date, YYYY-MM-DD")
+    rc.add_argument("--until", required=True, help="last date, YYYY-MM-DD")
+    rc.set_defaults(fn=cmd_recompute)
     return p
 
 

@@ -94,6 +94,7 @@ class UplinkBridge:
             )
         if not mqtt_topic:
             raise Poison("message without an MQTT topic")
+        headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(mqtt_topic, message.body).encode()))
         m = self.mapper.map(mqtt_topic)
         if m is None:
             empty = self.mapper.empty_variable(mqtt_topic)

@@ -41,12 +41,14 @@ from infra.local.nodes import (
     ROLE_GATEWAY,
     ROLE_KAFKA,
     ROLE_ROUTER,
+    ROLE_SPARK,
     KafkaNode,
     Node,
     NodeError,
     NodeSpec,
     RabbitNode,
     RouterNode,
+    SparkNode,
 )
 from infra.local.settings import LocalSettings
 from infra.rabbitmq_admin import AdminError
@@ -62,6 +64,8 @@ GATEWAY_STRIDE = 10
 GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4}
 
 ROUTER_OFFSETS = {"metrics": 30}
+SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
+SPARK_NODE = "spark"
 BACKEND_NODE = "backend"
 #: the router that routes commands (the others only bridge the uplink)
 ROUTER_NODE = "router-0"
@@ -127,6 +131,8 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
     for i in range(settings.routers):
         specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
+    if settings.spark:
+        specs.append(spec(SPARK_NODE, ROLE_SPARK, None, SPARK_OFFSETS, base))
 
     seen: dict[int, str] = {}
     for s in specs:
@@ -288,7 +294,7 @@ class LocalFederation:
             for n in to_start:
                 if n.spec.role == ROLE_EPMD:
                     self._start_and_wait([n], started)
-            brokers = [n for n in to_start if n.spec.role not in (ROLE_EPMD, ROLE_ROUTER)]
+            brokers = [n for n in to_start if n.spec.role not in (ROLE_EPMD, ROLE_ROUTER, ROLE_SPARK)]
             # The brokers boot in parallel; a gateway's first boot takes ~11 s.
             self._start_and_wait(brokers, started)
             self._wire(nodes)
@@ -298,6 +304,12 @@ class LocalFederation:
                 assert isinstance(r, RouterNode)
                 r.config = self.router_config(nodes, r)
             self._start_and_wait(routers, started)
+            # The Spark job reads what the routers write (it picks up topics as they appear).
+            jobs: list[Node] = [n for n in to_start if isinstance(n, SparkNode)]
+            for j in jobs:
+                assert isinstance(j, SparkNode)
+                j.config = self.spark_config(nodes, j)
+            self._start_and_wait(jobs, started)
         except (NodeError, AdminError, TimeoutError) as e:
             self.progress(f"error: {e}; stopping what this run started")
             self._undo(started)
@@ -384,6 +396,39 @@ class LocalFederation:
         )
         self.progress("federation wired; waiting for links")
         self.wait_for_links(timeout=60)
+
+    @property
+    def warehouse(self) -> Path:
+        """Where the Spark job keeps the analysts' tables (and its checkpoints)."""
+        return self.state_dir / "warehouse"
+
+    def spark_settings(self) -> Any:
+        """Settings for a Spark session next to the job (queries, the demo, tests):
+        the job's warehouse, its own ports.  FEDGATE_SPARK_* can point elsewhere."""
+        from spark.settings import SparkSettings
+
+        rendered = self.state_dir / "nodes" / SPARK_NODE / "spark.toml"
+        if rendered.exists():
+            return SparkSettings.load(rendered, driver_port=0, block_manager_port=0, progress_file="")
+        return SparkSettings.load(kafka_bootstrap="-", warehouse=str(self.warehouse))
+
+    def spark_config(self, nodes: list[Node], job: Node) -> dict[str, Any]:
+        """What spark.toml holds (spark/settings.py reads it)."""
+        kafka = next(n for n in nodes if isinstance(n, KafkaNode))
+        s = self.settings
+        return {
+            "kafka_bootstrap": kafka.bootstrap,
+            "warehouse": str(self.warehouse),
+            "master": s.spark_master,
+            "driver_memory": f"{s.spark_driver_memory_mb}m",
+            "bind_host": s.host,
+            "driver_port": job.spec.ports["driver"],
+            "block_manager_port": job.spec.ports["block_manager"],
+            "late_after": s.spark_late_after,
+            "aggregate_trigger_s": s.spark_aggregate_trigger_s,
+            "jars_dir": str(s.spark_kafka_jars),
+            "progress_file": str(job.dir / "progress.json"),  # type: ignore[attr-defined]
+        }
 
     def router_config(self, nodes: list[Node], router: Node) -> dict[str, Any]:
         """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
@@ -565,7 +610,8 @@ class LocalFederation:
         nodes = self.nodes() if self.record_file.exists() else []
         running = [n for n in nodes if n.is_running()]
         # the router first: it drains its in-flight messages into Kafka and acks them
-        order = {ROLE_ROUTER: 0, ROLE_KAFKA: 1, ROLE_GATEWAY: 2, ROLE_BACKEND: 3, ROLE_EPMD: 4}
+        # the Spark job first: it finishes or abandons its micro-batch (replayed at the next start)
+        order = {ROLE_SPARK: 0, ROLE_ROUTER: 1, ROLE_KAFKA: 2, ROLE_GATEWAY: 3, ROLE_BACKEND: 4, ROLE_EPMD: 5}
         killed: list[int] = []
         if not running and not self.leftover_pids():
             self.progress("federation already down")
@@ -622,6 +668,13 @@ class LocalFederation:
                     st.state, st.detail = "unhealthy", str(e)
             elif pid and isinstance(n, KafkaNode):
                 st.state = "running" if n.ready() else "unhealthy"
+            elif pid and isinstance(n, SparkNode):
+                # for the job: records in its last raw micro-batch
+                p = n.progress()
+                st.messages = (p.get("queries", {}).get("raw") or {}).get("input_rows")
+                if not n.ready():
+                    st.state = "starting" if not p else "unhealthy"
+                    st.detail = p.get("state", "no progress report yet")
             elif pid and isinstance(n, RouterNode):
                 # for a router: devices it sees connected, and messages on their way to Kafka
                 try:

@@ -11,11 +11,14 @@ Node kinds:
   backend  the backend RabbitMQ node
   gateway  one RabbitMQ node per local region, with the MQTT listener
   kafka    a single-node Kafka broker in KRaft mode (Apache Kafka's own jars)
+  router   the router service (python -m router)
+  spark    the streaming job that keeps the analysts' tables (python -m spark.job)
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import socket
@@ -39,6 +42,7 @@ ROLE_BACKEND = "backend"
 ROLE_GATEWAY = "gateway"
 ROLE_KAFKA = "kafka"
 ROLE_ROUTER = "router"
+ROLE_SPARK = "spark"
 
 #: Erlang VM flags for several nodes sharing two cores: no busy-waiting
 #: schedulers (they would burn a core each while idle).
@@ -447,6 +451,54 @@ class RouterNode(Node):
             return False
 
 
+class SparkNode(Node):
+    """The Spark job (python -m spark.job) on a local master; pyspark starts its JVM as a child."""
+
+    #: filled in by the driver before start: the job's settings (spark.toml)
+    config: dict[str, Any] | None = None
+
+    @property
+    def progress_file(self) -> Path:
+        return self.dir / "progress.json"
+
+    def preflight(self) -> None:
+        super().preflight()
+        jars = self.settings.spark_kafka_jars
+        if not any(jars.glob("spark-sql-kafka*.jar")):
+            raise NodeError(f"{self.name}: Spark's Kafka source is not in {jars}; run `make setup`")
+        if shutil.which("java") is None:
+            raise NodeError(f"{self.name}: java is not installed; run `make setup`")
+
+    def prepare(self) -> None:
+        if self.config is None:
+            return  # restarted by start_node: keep the rendered config
+        self.progress_file.unlink(missing_ok=True)
+        lines = ["# fedgate spark job -- rendered by fedgate, do not edit."]
+        lines += [f"{k} = {_toml(v)}" for k, v in self.config.items()]
+        (self.dir / "spark.toml").write_text("\n".join(lines) + "\n")
+
+    def command(self) -> tuple[list[str], dict[str, str], int | None]:
+        env = self.base_env()
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        return [sys.executable, "-m", "spark.job", "--config", str(self.dir / "spark.toml")], env, None
+
+    def progress(self) -> dict[str, Any]:
+        """What the job last wrote about its queries ({} before its first report)."""
+        try:
+            return dict(json.loads(self.progress_file.read_text()))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def ready(self) -> bool:
+        p = self.progress()
+        queries = p.get("queries", {})
+        return p.get("state") == "running" and bool(queries) and all(q["active"] for q in queries.values())
+
+    def stop(self, grace: float = 60.0) -> None:
+        super().stop(grace)
+
+
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -461,4 +513,5 @@ NODE_CLASSES: dict[str, type[Node]] = {
     ROLE_GATEWAY: RabbitNode,
     ROLE_KAFKA: KafkaNode,
     ROLE_ROUTER: RouterNode,
+    ROLE_SPARK: SparkNode,
 }

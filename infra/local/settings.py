@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.contract import InvalidRegionError, validate_region
+from spark.settings import SPARK_KAFKA_JARS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,6 +116,26 @@ class LocalSettings:
         default=3600.0,
         metadata={"doc": "Router: how long a parked command waits for its device (seconds)."},
     )
+    spark: int = field(
+        default=1,
+        metadata={"doc": "Run the Spark job that keeps the analysts' tables (1) or not (0)."},
+    )
+    spark_master: str = field(
+        default="local[2]",
+        metadata={"doc": "Spark master of the local job (a cluster's URL runs it there)."},
+    )
+    spark_driver_memory_mb: int = field(
+        default=1024,
+        metadata={"doc": "Spark driver memory (MB); local mode runs everything in the driver."},
+    )
+    spark_late_after: str = field(
+        default="1 minute",
+        metadata={"doc": "Spark watermark: a minute's aggregates are final this long after it ends."},
+    )
+    spark_aggregate_trigger_s: float = field(
+        default=10.0,
+        metadata={"doc": "Spark: how often closed minutes are appended to the aggregate tables."},
+    )
     boot_timeout: float = field(
         default=90.0,
         metadata={"doc": "Seconds a node may take to become ready before `up` gives up."},
@@ -129,6 +150,10 @@ class LocalSettings:
     @property
     def kafka_jars(self) -> Path:
         return self.cache_dir / "jars" / f"kafka-{self.kafka_version}"
+
+    @property
+    def spark_kafka_jars(self) -> Path:
+        return self.cache_dir / SPARK_KAFKA_JARS
 
     def validate(self) -> LocalSettings:
         try:
@@ -164,6 +189,8 @@ class LocalSettings:
             raise SettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
         if self.park_ttl_s <= 0:
             raise SettingsError("park_ttl_s: must be positive")
+        if self.spark not in (0, 1):
+            raise SettingsError(f"spark: 0 or 1, got {self.spark}")
         if self.boot_timeout <= 0:
             raise SettingsError("boot_timeout: must be positive")
         return self

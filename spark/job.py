@@ -1,0 +1,255 @@
+"""The streaming job: Kafka -> telemetry_raw, rejects, device_minute, region_minute.
+
+Three Structured Streaming queries read the bridge's topics with Spark's
+Kafka source, each with its own checkpoint:
+
+  raw            every record, deduplicated by message id within
+                 `dedupe_window` of Kafka time -> telemetry_raw + rejects,
+                 every `raw_trigger_s`
+  device_minute  accepted records, deduplicated, windowed by event time with
+  region_minute  the `late_after` watermark -> the minutes that closed,
+                 every `aggregate_trigger_s`
+
+Each micro-batch lands through Warehouse.write_batch (exactly once, see
+spark/tables.py).  Stop it anywhere (SIGTERM, SIGKILL, a crash): the next
+start resumes from the checkpoints and the tables end up complete and free of
+duplicates.
+
+    python -m spark.job --config state/nodes/spark/spark.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from backend import contract as c
+from spark import transforms as tr
+from spark.session import build_session
+from spark.settings import SparkSettings
+from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Warehouse
+
+log = logging.getLogger("fedgate.spark")
+
+QUERY_RAW = "raw"
+QUERY_DEVICE_MINUTE = "device_minute"
+QUERY_REGION_MINUTE = "region_minute"
+
+
+def kafka_source(spark: SparkSession, s: SparkSettings) -> DataFrame:
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", s.kafka_bootstrap)
+        .option("subscribePattern", s.topic_pattern)
+        .option("startingOffsets", s.starting_offsets)
+        .option("includeHeaders", "true")
+        .option("maxOffsetsPerTrigger", s.max_offsets_per_trigger)
+        # new topics matching the pattern are found within this time
+        .option("kafka.metadata.max.age.ms", "30000")
+        .load()
+    )
+
+
+def decoded_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
+    return tr.decode_kafka(
+        kafka_source(spark, s), c.KAFKA_UNMATCHED_TOPIC, c.KAFKA_DEADLETTER_TOPIC, s.max_payload_bytes
+    )
+
+
+class TelemetryJob:
+    def __init__(self, settings: SparkSettings):
+        self.settings = settings
+        self.spark = build_session(settings, "fedgate-tables")
+        self.warehouse = Warehouse(self.spark, settings.warehouse)
+        self.queries: list[StreamingQuery] = []
+        self._stop = threading.Event()
+
+    # --- the three queries ------------------------------------------------------------
+
+    def _checkpoint(self, name: str) -> str:
+        return f"{self.settings.checkpoint_dir.rstrip('/')}/{name}"
+
+    def start(self) -> None:
+        s = self.settings
+        decoded = decoded_stream(self.spark, s)
+        raw_in = decoded.withWatermark("kafka_ts", s.dedupe_window).dropDuplicatesWithinWatermark(
+            ["message_id"]
+        )
+        self.queries.append(
+            raw_in.writeStream.queryName(QUERY_RAW)
+            .foreachBatch(self._land_raw)
+            .option("checkpointLocation", self._checkpoint(QUERY_RAW))
+            .trigger(processingTime=f"{s.raw_trigger_s} seconds")
+            .start()
+        )
+        for name, table, transform in (
+            (QUERY_DEVICE_MINUTE, DEVICE_MINUTE, tr.device_minute),
+            (QUERY_REGION_MINUTE, REGION_MINUTE, tr.region_minute),
+        ):
+            # A copy older than the watermark is dropped as late, so a
+            # duplicate is never counted twice even after its id expired.
+            accepted = (
+                tr.raw_rows(decoded_stream(self.spark, s))
+                .withWatermark("event_time", s.late_after)
+                .dropDuplicatesWithinWatermark(["message_id"])
+            )
+            self.queries.append(
+                transform(accepted)
+                .writeStream.queryName(name)
+                .outputMode("append")
+                .foreachBatch(self._lander(name, table))
+                .option("checkpointLocation", self._checkpoint(name))
+                .trigger(processingTime=f"{s.aggregate_trigger_s} seconds")
+                .start()
+            )
+        log.info(
+            "streaming %s from %s into %s (checkpoints %s)",
+            s.topic_pattern,
+            s.kafka_bootstrap,
+            s.warehouse,
+            s.checkpoint_dir,
+        )
+
+    def _land_raw(self, batch: DataFrame, batch_id: int) -> None:
+        if self.warehouse.committed(QUERY_RAW, batch_id):
+            return
+        batch = batch.persist()
+        try:
+            counts = {
+                bool(r[0]): int(r[1])
+                for r in batch.groupBy(F.col("reject_reason").isNull()).count().collect()
+            }
+            frames = []
+            if counts.get(True):
+                frames.append(
+                    (RAW, tr.raw_rows(batch).withColumn("ingest_batch", F.lit(batch_id).cast("long")))
+                )
+            if counts.get(False):
+                frames.append((REJECTS, tr.reject_rows(batch)))
+            self.warehouse.write_batch(
+                QUERY_RAW, batch_id, frames, {"rows": counts.get(True, 0), "rejects": counts.get(False, 0)}
+            )
+        finally:
+            batch.unpersist()
+
+    def _lander(self, name: str, table: Any) -> Any:
+        def land(batch: DataFrame, batch_id: int) -> None:
+            if self.warehouse.committed(name, batch_id):
+                return
+            batch = batch.persist()
+            try:
+                rows = batch.count()
+                self.warehouse.write_batch(name, batch_id, [(table, batch)] if rows else [], {"rows": rows})
+            finally:
+                batch.unpersist()
+
+        return land
+
+    # --- running ------------------------------------------------------------------------
+
+    def progress(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for q in self.queries:
+            p = q.lastProgress or {}
+            out[q.name] = {
+                "active": q.isActive,
+                "batch": p.get("batchId"),
+                "input_rows": p.get("numInputRows"),
+                "input_rows_per_s": p.get("inputRowsPerSecond"),
+                "processed_rows_per_s": p.get("processedRowsPerSecond"),
+                "batch_ms": (p.get("durationMs") or {}).get("triggerExecution"),
+                "watermark": (p.get("eventTime") or {}).get("watermark"),
+                "status": q.status.get("message"),
+            }
+        return out
+
+    def write_progress(self, state: str) -> None:
+        if not self.settings.progress_file:
+            return
+        path = Path(self.settings.progress_file)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"state": state, "updated_ms": int(time.time() * 1000), "queries": self.progress()})
+        )
+        os.replace(tmp, path)
+
+    def run(self) -> int:
+        self.start()
+        last_batch: dict[str, Any] = {}
+        self.write_progress("running")
+        while not self._stop.wait(2.0):
+            for q in self.queries:
+                if not q.isActive:
+                    err = q.exception()
+                    log.error("query %s stopped: %s", q.name, err)
+                    self.stop()
+                    self.write_progress("failed")
+                    return 1
+                p: dict[str, Any] | None = q.lastProgress
+                if p and p.get("numInputRows") and last_batch.get(q.name) != p.get("batchId"):
+                    last_batch[q.name] = p.get("batchId")
+                    log.info(
+                        "%s: batch %s, %s records in %.1f s (%.0f/s)%s",
+                        q.name,
+                        p["batchId"],
+                        p["numInputRows"],
+                        (p.get("durationMs") or {}).get("triggerExecution", 0) / 1000,
+                        p.get("processedRowsPerSecond") or 0,
+                        f", watermark {p['eventTime']['watermark']}"
+                        if (p.get("eventTime") or {}).get("watermark")
+                        else "",
+                    )
+            self.write_progress("running")
+        self.stop()
+        self.write_progress("stopped")
+        return 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        # A query stopped mid-batch replays that batch at the next start; the
+        # commit markers keep the replay from landing rows twice.
+        for q in self.queries:
+            try:
+                q.stop()
+            except (PySparkException, Py4JError) as e:
+                log.warning("stopping %s: %s", q.name, e)
+        try:
+            self.spark.stop()
+        except (PySparkException, Py4JError) as e:
+            log.warning("stopping Spark: %s", e)
+        log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spark.job", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="spark.toml (settings also come from FEDGATE_SPARK_* variables)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback otherwise
+    settings = SparkSettings.load(args.config)
+    job = TelemetryJob(settings)
+    signal.signal(signal.SIGTERM, lambda *_: job.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: job.request_stop())
+    return job.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The Spark job's typed settings, from a TOML file and FEDGATE_SPARK_* variables.
+
+The same settings drive the local job (rendered by `fedgate up` into
+state/nodes/spark/spark.toml) and a job submitted to a cluster: point
+`master` at the cluster and `warehouse`/`checkpoints` at shared storage.
+
+    # spark.toml
+    kafka_bootstrap = "127.0.0.1:17010"
+    master = "local[2]"
+    warehouse = "/data/fedgate/warehouse"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from backend import contract as c
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: Spark's Kafka source and the jars it needs that pyspark does not ship;
+#: `make setup` puts them here (infra/setup/spark-kafka-pom.xml).
+SPARK_KAFKA_JARS = "jars/spark-kafka-4.0.0"
+
+
+def default_jars_dir() -> str:
+    cache = Path(os.environ.get("FEDGATE_CACHE_DIR", PROJECT_ROOT / ".cache"))
+    return str(cache / SPARK_KAFKA_JARS)
+
+
+class SparkSettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers."})
+    warehouse: str = field(metadata={"doc": "Folder (or hdfs:// / s3a:// URL) holding the tables."})
+    checkpoints: str = field(
+        default="",
+        metadata={"doc": "Streaming checkpoints; default <warehouse>/_checkpoints. Keep with the tables."},
+    )
+    master: str = field(default="local[2]", metadata={"doc": "Spark master URL."})
+    jars_dir: str = field(
+        default_factory=default_jars_dir, metadata={"doc": "Folder of the Kafka source jars."}
+    )
+    topic_pattern: str = field(
+        default=r"telemetry\..*|"
+        + c.KAFKA_UNMATCHED_TOPIC.replace(".", r"\.")
+        + "|"
+        + c.KAFKA_DEADLETTER_TOPIC.replace(".", r"\."),
+        metadata={"doc": "Kafka topics to read (regex); new matching topics are picked up."},
+    )
+    starting_offsets: str = field(
+        default="earliest", metadata={"doc": "Where a job without checkpoint starts: earliest or latest."}
+    )
+    raw_trigger_s: float = field(
+        default=2.0, metadata={"doc": "How often new records become rows of telemetry_raw."}
+    )
+    aggregate_trigger_s: float = field(
+        default=10.0, metadata={"doc": "How often closed minutes are appended to the aggregates."}
+    )
+    dedupe_window: str = field(
+        default="10 minutes",
+        metadata={"doc": "How long a message id is remembered to drop a redelivered copy (Kafka time)."},
+    )
+    late_after: str = field(
+        default="1 minute",
+        metadata={"doc": "Watermark: a minute is final (and appended) this long after its end."},
+    )
+    max_offsets_per_trigger: int = field(
+        default=200_000, metadata={"doc": "Records read per micro-batch at most (backlog catch-up)."}
+    )
+    max_payload_bytes: int = field(
+        default=256 * 1024, metadata={"doc": "Records over this size go to rejects."}
+    )
+    shuffle_partitions: int = field(default=4, metadata={"doc": "spark.sql.shuffle.partitions."})
+    driver_memory: str = field(default="1g", metadata={"doc": "spark.driver.memory."})
+    bind_host: str = field(default="127.0.0.1", metadata={"doc": "Address the Spark driver binds."})
+    driver_port: int = field(default=0, metadata={"doc": "spark.driver.port (0: any free port)."})
+    block_manager_port: int = field(default=0, metadata={"doc": "spark.blockManager.port (0: any)."})
+    ui_port: int = field(default=0, metadata={"doc": "Spark UI port (0: UI off)."})
+    progress_file: str = field(
+        default="", metadata={"doc": "Where the job writes its queries' progress (JSON); empty: nowhere."}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.kafka_bootstrap:
+            raise SparkSettingsError("kafka_bootstrap: required")
+        if not self.warehouse:
+            raise SparkSettingsError("warehouse: required")
+        if self.starting_offsets not in ("earliest", "latest"):
+            raise SparkSettingsError("starting_offsets: 'earliest' or 'latest'")
+        for name in ("raw_trigger_s", "aggregate_trigger_s"):
+            if getattr(self, name) <= 0:
+                raise SparkSettingsError(f"{name}: must be > 0")
+        for name in ("dedupe_window", "late_after"):
+            value = getattr(self, name).split()
+            if len(value) != 2 or not value[0].isdigit():
+                raise SparkSettingsError(
+                    f"{name}: an interval like '10 minutes', not {getattr(self, name)!r}"
+                )
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoints or f"{self.warehouse.rstrip('/')}/_checkpoints"
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> SparkSettings:
+        """Settings from a TOML file, then FEDGATE_SPARK_<FIELD> variables, then `overrides`."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                values.update(tomllib.load(f))
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(values) - set(known)
+        if unknown:
+            raise SparkSettingsError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
+        for name in known:
+            env = os.environ.get("FEDGATE_SPARK_" + name.upper())
+            if env is not None:
+                values[name] = env
+        values.update(overrides)
+        for name, value in list(values.items()):
+            kind = known[name].type
+            try:
+                if kind == "int":
+                    values[name] = int(value)
+                elif kind == "float":
+                    values[name] = float(value)
+                else:
+                    values[name] = str(value)
+            except ValueError as e:
+                raise SparkSettingsError(f"{name}: {e}") from e
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise SparkSettingsError(str(e)) from e
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) of every setting, for `fedgate settings`."""
+    out = []
+    for f in fields(SparkSettings):
+        if f.default is not MISSING:
+            default = str(f.default)
+        elif f.default_factory is not MISSING:
+            default = "<cache>/" + SPARK_KAFKA_JARS
+        else:
+            default = "(required)"
+        out.append(("FEDGATE_SPARK_" + f.name.upper(), default, f.metadata.get("doc", "")))
+    return out

@@ -1,0 +1,252 @@
+"""The warehouse: where each table lives, how a micro-batch lands in it exactly
+once, and how queries see the tables as views.
+
+    <warehouse>/telemetry_raw/date=.../region=.../*.parquet
+    <warehouse>/device_minute/date=.../*.parquet
+    <warehouse>/region_minute/date=.../*.parquet
+    <warehouse>/rejects/date=.../*.parquet
+    <warehouse>/_staging/   a batch being written (never read)
+    <warehouse>/_commits/   one marker per committed micro-batch and query
+    <warehouse>/_checkpoints/  Spark's streaming checkpoints
+
+Exactly once: Structured Streaming replays a micro-batch whose commit it did
+not record, with the same records.  A batch is written to _staging first and
+then moved into the table file by file (a rename, atomic per file); the
+marker in _commits says the move finished.  A replay of a batch that has its
+marker writes nothing; a replay of one that died half-way first deletes the
+files the dead attempt had moved in (their names carry the batch id).  Readers
+never see a half-written file, and the folders are plain Hive-style Parquet
+that pandas, DuckDB or any Spark can read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark import transforms as tr
+
+KAFKA_SOURCE_SCHEMA = T.StructType(
+    [
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("timestamp", T.TimestampType()),
+        T.StructField("timestampType", T.IntegerType()),
+        T.StructField(
+            "headers",
+            T.ArrayType(
+                T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
+            ),
+        ),
+    ]
+)
+
+#: Markers of this many recent batches are kept (only the last can be replayed).
+KEEP_MARKERS = 50
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    partition_by: tuple[str, ...]
+    doc: str
+
+
+RAW = Table("telemetry_raw", ("date", "region"), "one row per device message, exactly once")
+DEVICE_MINUTE = Table("device_minute", ("date",), "per device, minute and numeric field")
+REGION_MINUTE = Table("region_minute", ("date",), "per region and minute: messages, devices, latency")
+REJECTS = Table("rejects", ("date",), "records that could not become rows, with the reason")
+TABLES = (RAW, DEVICE_MINUTE, REGION_MINUTE, REJECTS)
+
+
+def table_path(warehouse: str, table: Table) -> str:
+    return f"{warehouse.rstrip('/')}/{table.name}"
+
+
+_SCHEMAS: dict[str, T.StructType] = {}
+
+
+def schemas(spark: SparkSession) -> dict[str, T.StructType]:
+    """Each table's schema, derived from the transforms themselves (an empty frame through them)."""
+    if not _SCHEMAS:
+        _SCHEMAS.update(_derive_schemas(spark))
+    return _SCHEMAS
+
+
+def _derive_schemas(spark: SparkSession) -> dict[str, T.StructType]:
+    empty = spark.createDataFrame([], KAFKA_SOURCE_SCHEMA)
+    decoded = tr.decode_kafka(empty, "u", "d", 1)
+    raw = tr.raw_rows(decoded)
+    return {
+        RAW.name: raw.schema,
+        DEVICE_MINUTE.name: tr.device_minute(raw).schema,
+        REGION_MINUTE.name: tr.region_minute(raw).schema,
+        REJECTS.name: tr.reject_rows(decoded).schema,
+    }
+
+
+class Warehouse:
+    """Filesystem operations through Hadoop's FileSystem, so the same code
+    works on a local folder, HDFS or an object store."""
+
+    def __init__(self, spark: SparkSession, root: str):
+        self.spark = spark
+        self.root = root.rstrip("/")
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        assert jvm is not None
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        self.fs = self._Path(self.root).getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+
+    def path(self, *parts: str) -> Any:
+        return self._Path("/".join([self.root, *parts]))
+
+    def exists(self, *parts: str) -> bool:
+        return bool(self.fs.exists(self.path(*parts)))
+
+    def has_data(self, table: Table) -> bool:
+        if not self.exists(table.name):
+            return False
+        files = self.fs.listFiles(self.path(table.name), True)
+        while files.hasNext():
+            if files.next().getPath().getName().endswith(".parquet"):
+                return True
+        return False
+
+    def marker_path(self, query: str, batch_id: int) -> Any:
+        return self.path("_commits", query, f"{batch_id:012d}")
+
+    def committed(self, query: str, batch_id: int) -> bool:
+        return bool(self.fs.exists(self.marker_path(query, batch_id)))
+
+    def commits(self, query: str) -> list[dict[str, Any]]:
+        """The markers of `query`'s committed batches (newest KEEP_MARKERS)."""
+        out: list[dict[str, Any]] = []
+        if not self.exists("_commits", query):
+            return out
+        for status in self.fs.listStatus(self.path("_commits", query)):
+            stream = self.fs.open(status.getPath())
+            try:
+                data = bytes(self.spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))  # type: ignore[union-attr]
+            finally:
+                stream.close()
+            out.append(json.loads(data))
+        return sorted(out, key=lambda m: m["batch"])
+
+    def write_batch(
+        self,
+        query: str,
+        batch_id: int,
+        frames: list[tuple[Table, DataFrame]],
+        stats: dict[str, Any] | None = None,
+    ) -> bool:
+        """Land one micro-batch's frames in their tables exactly once; False if it had landed already."""
+        if self.committed(query, batch_id):
+            return False
+        prefix = f"b{batch_id:012d}-{query}-"
+        for table, df in frames:
+            staging = self.path("_staging", query, table.name)
+            self.fs.delete(staging, True)
+            # a dead attempt of this batch may have moved some files in already
+            self._delete_with_prefix(self.path(table.name), prefix)
+            df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
+            if not self.fs.exists(staging):
+                continue
+            base = staging.toUri().getPath().rstrip("/")
+            files = self.fs.listFiles(staging, True)
+            moves = []
+            while files.hasNext():
+                src = files.next().getPath()
+                if not src.getName().endswith(".parquet"):
+                    continue
+                rel_dir = src.getParent().toUri().getPath()[len(base) :].strip("/")
+                dest_dir = self.path(table.name, rel_dir) if rel_dir else self.path(table.name)
+                moves.append((src, dest_dir, self._Path(dest_dir, prefix + src.getName())))
+            for src, dest_dir, dest in moves:
+                self.fs.mkdirs(dest_dir)
+                if not self.fs.rename(src, dest):
+                    raise OSError(f"could not move {src} to {dest}")
+            self.fs.delete(staging, True)
+        marker = {"batch": batch_id, "query": query, "committed_ms": int(time.time() * 1000), **(stats or {})}
+        out = self.fs.create(self.marker_path(query, batch_id), True)
+        try:
+            out.write(json.dumps(marker).encode())
+        finally:
+            out.close()
+        if batch_id >= KEEP_MARKERS:
+            self.fs.delete(self.marker_path(query, batch_id - KEEP_MARKERS), False)
+        return True
+
+    def _delete_with_prefix(self, root: Any, prefix: str) -> None:
+        if not self.fs.exists(root):
+            return
+        files = self.fs.listFiles(root, True)
+        doomed = []
+        while files.hasNext():
+            p = files.next().getPath()
+            if p.getName().startswith(prefix):
+                doomed.append(p)
+        for p in doomed:
+            self.fs.delete(p, False)
+
+    def overwrite_dates(self, table: Table, df: DataFrame, dates: list[str], tag: str) -> None:
+        """Replace `table`'s partitions for `dates` with `df` (the batch recompute)."""
+        staging = self.path("_staging", "recompute", table.name)
+        self.fs.delete(staging, True)
+        df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
+        for date in dates:
+            self.fs.delete(self.path(table.name, f"date={date}"), True)
+            src = self._Path(staging, f"date={date}")
+            if self.fs.exists(src):
+                self.fs.mkdirs(self.path(table.name))
+                files = self.fs.listFiles(src, True)
+                while files.hasNext():
+                    p = files.next().getPath()
+                    if p.getName().endswith(".parquet"):
+                        dest_dir = self.path(table.name, f"date={date}")
+                        self.fs.mkdirs(dest_dir)
+                        self.fs.rename(p, self._Path(dest_dir, f"{tag}-{p.getName()}"))
+        self.fs.delete(staging, True)
+
+
+def read_table(spark: SparkSession, warehouse: Warehouse, table: Table) -> DataFrame:
+    schema = schemas(spark)[table.name]
+    if not warehouse.has_data(table):
+        return spark.createDataFrame([], schema)
+    path = warehouse.path(table.name).toString()
+    return spark.read.schema(schema).option("basePath", path).parquet(path)
+
+
+def register_views(spark: SparkSession, warehouse_root: str) -> dict[str, DataFrame]:
+    """Register the tables as temporary views by name and return them.
+
+    The aggregate tables hold minutes the streaming job has closed (their
+    watermark passed); the minutes still open are computed from
+    telemetry_raw at query time with the same transform, so a query sees
+    every accepted message.  Column `final` tells them apart.
+    """
+    wh = Warehouse(spark, warehouse_root)
+    raw = read_table(spark, wh, RAW)
+    views: dict[str, DataFrame] = {RAW.name: raw, REJECTS.name: read_table(spark, wh, REJECTS)}
+    for table, transform in ((DEVICE_MINUTE, tr.device_minute), (REGION_MINUTE, tr.region_minute)):
+        closed = read_table(spark, wh, table)
+        boundary = closed.agg(F.max("minute")).first()[0]  # type: ignore[index]
+        open_rows = (
+            raw
+            if boundary is None
+            else raw.where(F.col("event_time") >= F.lit(boundary) + F.expr("INTERVAL 1 MINUTE"))
+        )
+        views[table.name] = closed.withColumn("final", F.lit(True)).unionByName(
+            transform(open_rows).withColumn("final", F.lit(False))
+        )
+    for name, df in views.items():
+        df.createOrReplaceTempView(name)
+    return views
