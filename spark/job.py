@@ -164,7 +164,7 @@ class TelemetryJob:
     def progress(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for q in self.queries:
-            p = q.lastProgress or {}
+            p: Any = q.lastProgress or {}
             out[q.name] = {
                 "active": q.isActive,
                 "batch": p.get("batchId"),
@@ -199,7 +199,7 @@ class TelemetryJob:
                     self.stop()
                     self.write_progress("failed")
                     return 1
-                p: dict[str, Any] | None = q.lastProgress
+                p: Any = q.lastProgress
                 if p and p.get("numInputRows") and last_batch.get(q.name) != p.get("batchId"):
                     last_batch[q.name] = p.get("batchId")
                     log.info(
