@@ -33,6 +33,8 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
     a single bad cast would fail the whole micro-batch and stop the job; the
     transforms turn bad values into NULL plus a parse_error instead.
     """
+    # the driver binds where it is told, not to whatever the host name resolves to
+    os.environ.setdefault("SPARK_LOCAL_IP", settings.bind_host)
     builder = (
         SparkSession.builder.appName(app)
         .master(settings.master)

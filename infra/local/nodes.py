@@ -470,9 +470,10 @@ class SparkNode(Node):
             raise NodeError(f"{self.name}: java is not installed; run `make setup`")
 
     def prepare(self) -> None:
+        # a report from before this start would make the new job look ready
+        self.progress_file.unlink(missing_ok=True)
         if self.config is None:
             return  # restarted by start_node: keep the rendered config
-        self.progress_file.unlink(missing_ok=True)
         lines = ["# fedgate spark job -- rendered by fedgate, do not edit."]
         lines += [f"{k} = {_toml(v)}" for k, v in self.config.items()]
         (self.dir / "spark.toml").write_text("\n".join(lines) + "\n")

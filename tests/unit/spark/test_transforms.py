@@ -1,0 +1,192 @@
+"""The pure transforms on small frames with a real local SparkSession (no Kafka)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+
+import pytest
+
+from backend import contract as c
+from spark import transforms as tr
+from spark.tables import KAFKA_SOURCE_SCHEMA
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime (run `make setup`)")
+
+NOW = dt.datetime(2026, 11, 22, 10, 0, 30)
+NOW_MS = int(NOW.replace(tzinfo=dt.UTC).timestamp() * 1000)
+UNMATCHED, DEADLETTER = c.KAFKA_UNMATCHED_TOPIC, c.KAFKA_DEADLETTER_TOPIC
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    from spark.session import build_session
+    from spark.settings import SparkSettings
+
+    settings = SparkSettings(
+        kafka_bootstrap="-",
+        warehouse=str(tmp_path_factory.mktemp("wh")),
+        master="local[1]",
+        shuffle_partitions=1,
+    )
+    session = build_session(settings, "fedgate-unit", kafka=False)
+    yield session
+    session.stop()
+
+
+def bridge_headers(
+    device: str = "d1", region: str = "local-eu", topic: str | None = None, payload: bytes = b""
+):
+    mqtt_topic = topic or f"devices/{device}/telemetry"
+    return [
+        (c.KAFKA_REGION_HEADER, region.encode()),
+        (c.KAFKA_MQTT_TOPIC_HEADER, mqtt_topic.encode()),
+        (c.KAFKA_DEVICE_HEADER, device.encode()),
+        (c.KAFKA_RECEIVED_AT_HEADER, str(NOW_MS).encode()),
+        (c.KAFKA_MESSAGE_ID_HEADER, c.message_id(mqtt_topic, payload).encode()),
+    ]
+
+
+def record(
+    payload: bytes | dict, offset: int, topic: str = "telemetry.telemetry", headers=None, ts=NOW, **kw
+):
+    value = json.dumps(payload).encode() if isinstance(payload, dict) else payload
+    hdrs = bridge_headers(payload=value, **kw) if headers is None else headers
+    return (b"d1", value, topic, 0, offset, ts, 0, hdrs)
+
+
+def decode(spark, rows, max_bytes=1024):
+    df = spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA)
+    return tr.decode_kafka(df, UNMATCHED, DEADLETTER, max_bytes)
+
+
+def by_offset(df):
+    return {r["kafka_offset"]: r for r in df.collect()}
+
+
+def test_a_reading_becomes_one_raw_row_with_parsed_fields(spark):
+    d = decode(spark, [record({"ts": NOW_MS - 25, "temp_c": 21.5, "ok": True, "seq": 7}, 1)])
+    (row,) = tr.raw_rows(d).collect()
+    assert row["device"] == "d1" and row["region"] == "local-eu"
+    assert row["mqtt_topic"] == "devices/d1/telemetry"
+    assert (row["kafka_topic"], row["kafka_partition"], row["kafka_offset"]) == ("telemetry.telemetry", 0, 1)
+    assert row["fields"]["ok"] == "true"
+    assert row["numeric_fields"] == {"temp_c": 21.5, "seq": 7.0}  # the timestamp and booleans are not metrics
+    assert row["device_ts"] == NOW - dt.timedelta(milliseconds=25)
+    assert row["event_time"] == row["device_ts"]
+    assert row["latency_ms"] == 25
+    assert row["received_at"] == NOW
+    assert row["parse_error"] is None
+    assert row["date"] == NOW.date()
+
+
+def test_device_timestamps_in_seconds_milliseconds_and_iso_8601_agree(spark):
+    sent = NOW - dt.timedelta(seconds=2)
+    ms = int(sent.replace(tzinfo=dt.UTC).timestamp() * 1000)
+    d = decode(
+        spark,
+        [
+            record({"ts": ms}, 1),
+            record({"ts": ms / 1000}, 2),
+            record({"ts": sent.isoformat() + "Z"}, 3),
+        ],
+    )
+    rows = by_offset(tr.raw_rows(d))
+    assert {r["device_ts"] for r in rows.values()} == {sent}
+    assert {r["latency_ms"] for r in rows.values()} == {2000}
+
+
+def test_bad_payloads_are_kept_with_the_reason_never_dropped(spark):
+    d = decode(
+        spark,
+        [
+            record(b'{"temp_c": ', 1),
+            record(b"[1, 2, 3]", 2),
+            record({"temp_c": 3}, 3),
+            record({"ts": "yesterday", "temp_c": "warm"}, 4),
+            record({"ts": 1, "temp_c": 4}, 5),
+        ],
+    )
+    rows = by_offset(tr.raw_rows(d))
+    assert len(rows) == 5, "every record is a row"
+    assert rows[1]["parse_error"] == "payload is not valid JSON" and rows[1]["payload"] == '{"temp_c": '
+    assert rows[2]["parse_error"] == "payload is not a JSON object"
+    assert rows[3]["parse_error"].startswith("no device timestamp")
+    assert rows[3]["numeric_fields"] == {"temp_c": 3.0}
+    assert "neither epoch nor ISO 8601" in rows[4]["parse_error"]
+    assert rows[4]["numeric_fields"] == {}, "a string where a number was expected is no metric"
+    assert "more than 7 days before" in rows[5]["parse_error"]
+    for r in rows.values():
+        if r["device_ts"] is None or r["parse_error"]:
+            assert r["event_time"] == NOW, "Kafka time stands in for a missing or implausible device time"
+            assert r["latency_ms"] is None
+
+
+def test_records_that_cannot_be_rows_are_rejects_with_a_reason(spark):
+    d = decode(
+        spark,
+        [
+            record(b"x" * 2000, 1),
+            record({"a": 1}, 2, topic=UNMATCHED),
+            record(b"oops", 3, topic=DEADLETTER, headers=[(c.KAFKA_DEADLETTER_REASON_HEADER, b"not UTF-8")]),
+            record({"a": 1}, 4, headers=[]),
+            record({"ts": NOW_MS}, 5),
+        ],
+        max_bytes=1024,
+    )
+    assert [r["kafka_offset"] for r in tr.raw_rows(d).collect()] == [5]
+    rejects = by_offset(tr.reject_rows(d))
+    assert rejects[1]["reason"] == "payload of 2000 bytes is over the limit of 1024"
+    assert rejects[1]["payload_bytes"] == 2000
+    assert rejects[2]["reason"] == "no mapping rule for MQTT topic devices/d1/telemetry"
+    assert rejects[3]["reason"] == "dead-lettered by the bridge: not UTF-8"
+    assert rejects[4]["reason"] == "record without fedgate headers (not produced by the bridge)"
+    assert rejects[4]["payload_preview"] == '{"a": 1}'
+
+
+def test_message_id_is_the_same_with_or_without_the_bridge_header(spark):
+    payload = json.dumps({"ts": NOW_MS, "seq": 1}).encode()
+    with_header = record(payload, 1)
+    without = record(
+        payload, 2, headers=[h for h in bridge_headers(payload=payload) if h[0] != c.KAFKA_MESSAGE_ID_HEADER]
+    )
+    other = record(json.dumps({"ts": NOW_MS, "seq": 2}).encode(), 3)
+    rows = by_offset(decode(spark, [with_header, without, other]))
+    assert rows[1]["message_id"] == rows[2]["message_id"] == c.message_id("devices/d1/telemetry", payload)
+    assert rows[3]["message_id"] != rows[1]["message_id"]
+
+
+def test_device_minute_counts_messages_and_summarises_each_numeric_field(spark):
+    t0 = NOW.replace(second=0)
+    ms = lambda t: int(t.replace(tzinfo=dt.UTC).timestamp() * 1000)  # noqa: E731
+    rows = [
+        record({"ts": ms(t0 + dt.timedelta(seconds=1)), "temp_c": 20.0}, 1),
+        record({"ts": ms(t0 + dt.timedelta(seconds=30)), "temp_c": 24.0, "rssi": -70}, 2),
+        record({"ts": ms(t0 + dt.timedelta(seconds=10)), "temp_c": 22.0}, 3),  # arrives last, sent second
+        record({"ts": ms(t0 + dt.timedelta(seconds=5))}, 4),  # no metric: counts as a message
+        record({"ts": ms(t0 + dt.timedelta(seconds=70)), "temp_c": 30.0}, 5),  # next minute
+    ]
+    agg = tr.device_minute(tr.raw_rows(decode(spark, rows)))
+    got = {(r["minute"], r["field"]): r for r in agg.collect()}
+    first = got[(t0, "temp_c")]
+    assert (first["count"], first["min"], first["max"], first["avg"]) == (3, 20.0, 24.0, 22.0)
+    assert first["last"] == 24.0, "last by device time, not by arrival"
+    assert got[(t0, tr.ALL_MESSAGES_FIELD)]["count"] == 4
+    assert got[(t0, "rssi")]["count"] == 1
+    assert got[(t0 + dt.timedelta(minutes=1), "temp_c")]["count"] == 1
+    assert first["region"] == "local-eu" and first["date"] == NOW.date()
+
+
+def test_region_minute_counts_devices_and_latency_percentiles(spark):
+    rows = []
+    for i in range(100):
+        dev = f"d{i % 4}"
+        rows.append(record({"ts": NOW_MS - (i + 1), "i": i}, i, device=dev))
+    rows.append(record({"ts": NOW_MS - 5}, 200, device="u1", region="local-us"))
+    agg = {r["region"]: r for r in tr.region_minute(tr.raw_rows(decode(spark, rows))).collect()}
+    eu = agg["local-eu"]
+    assert (eu["messages"], eu["devices"]) == (100, 4)
+    assert eu["latency_p50_ms"] == 50 and eu["latency_p95_ms"] == 95 and eu["latency_p99_ms"] == 99
+    assert eu["latency_max_ms"] == 100
+    assert (agg["local-us"]["messages"], agg["local-us"]["devices"]) == (1, 1)
