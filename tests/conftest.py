@@ -21,6 +21,7 @@ from infra.local.settings import PROJECT_ROOT, load_settings
 
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
 PARK_TTL_S = 25
+SPARK_LATE_AFTER = "5 seconds"
 
 
 def missing_runtime() -> str | None:
@@ -57,7 +58,14 @@ def make_federation(state_dir: Path, port_base: int, **overrides: object) -> Loc
 @pytest.fixture(scope="session")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     # a short parking TTL so that expiry can be tested
-    fed = make_federation(tmp_path_factory.mktemp("federation"), TEST_PORT_BASE, park_ttl_s=PARK_TTL_S)
+    fed = make_federation(
+        tmp_path_factory.mktemp("federation"),
+        TEST_PORT_BASE,
+        park_ttl_s=PARK_TTL_S,
+        # minutes close 5 s after they end, so closed aggregates can be tested without waiting a minute
+        spark_late_after=SPARK_LATE_AFTER,
+        spark_aggregate_trigger_s=5,
+    )
     try:
         fed.up()
         yield fed

@@ -1,0 +1,256 @@
+"""The Spark job against the real federation: MQTT devices -> Kafka -> tables.
+
+The session federation runs the job (node `spark`); these tests read its
+warehouse with a second SparkSession, as an analyst's `fedgate query` does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+from confluent_kafka import Producer
+
+from backend import contract as c
+from infra.local import processes
+from spark.tables import register_views
+from tests.helpers import device
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def spark(federation):
+    from spark.query import session
+
+    s = session(federation.spark_settings())
+    yield s
+    s.stop()
+
+
+def query(spark, federation, sql: str) -> list:
+    register_views(spark, federation.spark_settings().warehouse)  # sees files landed since
+    return spark.sql(sql).collect()
+
+
+def wait_rows(spark, federation, sql: str, expect: int, timeout: float = 120.0) -> int:
+    """Poll a count(*) query until it reaches `expect`; return the last count."""
+    deadline = time.monotonic() + timeout
+    n = -1
+    while time.monotonic() < deadline:
+        n = query(spark, federation, sql)[0][0]
+        if n >= expect:
+            # a little longer: a duplicate would land in a later micro-batch
+            time.sleep(3)
+            return int(query(spark, federation, sql)[0][0])
+        time.sleep(2)
+    return int(n)
+
+
+def ms(t: dt.datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def produce_bridge_records(bootstrap: str, records: list[tuple[str, bytes]], *, with_id: bool = True) -> None:
+    """Records as the bridge writes them: (device, payload) into telemetry.telemetry."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for dev, payload in records:
+        topic = c.device_telemetry_topic(dev)
+        headers = [
+            (c.KAFKA_REGION_HEADER, b"local-eu"),
+            (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
+            (c.KAFKA_DEVICE_HEADER, dev.encode()),
+            (c.KAFKA_RECEIVED_AT_HEADER, str(int(time.time() * 1000)).encode()),
+        ]
+        if with_id:
+            headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(topic, payload).encode()))
+        p.produce("telemetry.telemetry", payload, dev.encode(), headers=headers)
+        p.poll(0)
+    assert p.flush(30) == 0, "Kafka did not confirm every record"
+
+
+def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, spark, uid):
+    sent: dict[str, list[float]] = {}
+    for region in ("local-eu", "local-us"):
+        dev_id = f"spark-{region}-{uid}"
+        d = device(endpoints, region, dev_id)
+        try:
+            for i in range(10):
+                temp = 20.0 + i
+                d.publish(
+                    c.device_telemetry_topic(dev_id),
+                    {"ts": ms(dt.datetime.now(dt.UTC)), "temp_c": temp, "i": i},
+                )
+                sent.setdefault(dev_id, []).append(temp)
+        finally:
+            d.close()
+    devices = "', '".join(sent)
+    n = wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device IN ('{devices}')", 20)
+    assert n == 20, f"20 readings sent by MQTT, {n} rows in telemetry_raw"
+
+    rows = query(spark, federation, f"SELECT * FROM telemetry_raw WHERE device IN ('{devices}')")
+    for r in rows:
+        region = "local-eu" if "local-eu" in r["device"] else "local-us"
+        assert r["region"] == region, "each row carries the region of the gateway the device used"
+        assert r["mqtt_topic"] == c.device_telemetry_topic(r["device"])
+        assert r["kafka_topic"] == "telemetry.telemetry" and r["kafka_offset"] >= 0
+        assert r["parse_error"] is None
+        assert 0 <= r["latency_ms"] < 60_000, "device -> Kafka latency from the device's own timestamp"
+        assert r["ingest_batch"] is not None
+    assert len({r["message_id"] for r in rows}) == 20
+
+    per_device = query(
+        spark,
+        federation,
+        f"""SELECT device, field, sum(count) AS n, min(min) AS lo, max(max) AS hi,
+                   sum(avg * count) / sum(count) AS mean
+            FROM device_minute WHERE device IN ('{devices}') GROUP BY device, field""",
+    )
+    stats = {(r["device"], r["field"]): r for r in per_device}
+    for dev_id, temps in sent.items():
+        assert stats[(dev_id, "*")]["n"] == 10, "device_minute counts every message once"
+        t = stats[(dev_id, "temp_c")]
+        assert (t["n"], t["lo"], t["hi"]) == (10, min(temps), max(temps))
+        assert t["mean"] == pytest.approx(sum(temps) / len(temps))
+
+    since = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).strftime("%Y-%m-%d %H:%M:%S")
+    regions = query(
+        spark,
+        federation,
+        f"""SELECT region, sum(messages) AS messages, max(latency_p99_ms) AS p99 FROM region_minute
+            WHERE minute >= '{since}' GROUP BY region""",
+    )
+    by_region = {r["region"]: r for r in regions}
+    for region in ("local-eu", "local-us"):
+        assert by_region[region]["messages"] >= 10
+        assert by_region[region]["p99"] is not None
+
+
+def test_duplicates_injected_into_kafka_appear_once(federation, endpoints, spark, uid):
+    dev = f"dup-{uid}"
+    now = ms(dt.datetime.now(dt.UTC))
+    payloads = [json.dumps({"ts": now + i, "seq": i, "v": i}).encode() for i in range(50)]
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    # what a router crash does: the same records produced again, later
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads])
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads[:30]])
+    time.sleep(3)  # the copies in another micro-batch than the first ones
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads[10:40]])
+    # and copies without the identity header (an older bridge): the same identity is derived
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads[:5]], with_id=False)
+
+    n = wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device = '{dev}'", 50)
+    assert n == 50, f"115 records of 50 messages produced; telemetry_raw has {n} rows"
+    seqs = Counter(
+        r[0]
+        for r in query(spark, federation, f"SELECT fields['seq'] FROM telemetry_raw WHERE device = '{dev}'")
+    )
+    assert set(seqs) == {str(i) for i in range(50)} and set(seqs.values()) == {1}
+    (total,) = query(
+        spark, federation, f"SELECT sum(count) FROM device_minute WHERE device = '{dev}' AND field = '*'"
+    )
+    assert total[0] == 50, "the aggregates count each message once"
+
+
+def test_bad_input_lands_with_reasons_and_the_job_keeps_running(federation, endpoints, spark, uid):
+    dev_id = f"bad-{uid}"
+    d = device(endpoints, "local-eu", dev_id)
+    try:
+        d.publish(c.device_telemetry_topic(dev_id), b'{"temp_c": ')  # invalid JSON
+        d.publish(c.device_telemetry_topic(dev_id), b"[1, 2]")  # not an object
+        d.publish(c.device_telemetry_topic(dev_id), {"temp_c": 1})  # no timestamp
+        d.publish(c.device_telemetry_topic(dev_id), {"ts": "soon", "temp_c": "hot"})  # wrong types
+        d.publish(f"elsewhere/{uid}/x", b"unmapped")  # no mapping rule: fedgate.unmatched
+        d.publish(c.device_telemetry_topic(dev_id), b"\xff\xfe not utf-8")  # dead-lettered by the bridge
+    finally:
+        d.close()
+    p = Producer({"bootstrap.servers": endpoints["kafka"]["bootstrap"]})
+    p.produce("telemetry.telemetry", f"headerless-{uid}".encode())  # not from the bridge
+    assert p.flush(10) == 0
+
+    n = wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device = '{dev_id}'", 4)
+    assert n == 4, "every decodable payload is a row, however broken"
+    errors = sorted(
+        r[0]
+        for r in query(spark, federation, f"SELECT parse_error FROM telemetry_raw WHERE device = '{dev_id}'")
+    )
+    assert errors[0].startswith("device timestamp (field ts) is neither epoch nor ISO 8601")
+    assert errors[1].startswith("no device timestamp")
+    assert errors[2:] == ["payload is not a JSON object", "payload is not valid JSON"]
+
+    wait_rows(
+        spark,
+        federation,
+        f"SELECT count(*) FROM rejects WHERE mqtt_topic LIKE '%{uid}%' OR payload_preview LIKE '%{uid}%'",
+        3,
+    )
+    reasons = [
+        r[0]
+        for r in query(
+            spark,
+            federation,
+            f"SELECT reason FROM rejects WHERE mqtt_topic LIKE '%{uid}%' OR payload_preview LIKE '%{uid}%'",
+        )
+    ]
+    assert f"no mapping rule for MQTT topic elsewhere/{uid}/x" in reasons
+    assert any(r.startswith("dead-lettered by the bridge: payload is not valid UTF-8") for r in reasons)
+    assert "record without fedgate headers (not produced by the bridge)" in reasons
+    assert federation.node("spark").ready(), "bad input never stops the job"
+
+
+def test_job_killed_mid_stream_and_restarted_leaves_complete_tables_without_duplicates(
+    federation, endpoints, spark, uid
+):
+    """SIGKILL (no chance to finish a batch) while records stream in; restart; count.
+
+    Then readings of a clock device move the watermark (5 s in the tests'
+    federation) past the readings' minute, so it closes and lands in the
+    device_minute table itself (final = true), not only in the live view.
+    """
+    dev = f"kill-{uid}"
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    start = ms(dt.datetime.now(dt.UTC))
+    payloads = [json.dumps({"ts": start + i, "seq": i, "v": 1}).encode() for i in range(3000)]
+    node = federation.node("spark")
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads[:1000]])
+    time.sleep(2.5)  # mid-batch, most likely
+    pids = processes.marked_pids(node.marker)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads[1000:]])
+    produce_bridge_records(bootstrap, [(dev, p) for p in payloads[500:1500]])  # and redelivered copies
+    federation.start_node("spark")
+
+    n = wait_rows(
+        spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device = '{dev}'", 3000, timeout=180
+    )
+    assert n == 3000, f"4000 records of 3000 readings, job killed once: {n} rows in telemetry_raw"
+    (distinct,) = query(
+        spark, federation, f"SELECT count(DISTINCT fields['seq']) FROM telemetry_raw WHERE device = '{dev}'"
+    )
+    assert distinct[0] == 3000
+
+    deadline = time.monotonic() + 150
+    while True:
+        # the clock: a fresh reading from another device moves the watermark
+        produce_bridge_records(
+            bootstrap, [(f"clock-{uid}", json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())]
+        )
+        rows = query(
+            spark,
+            federation,
+            f"SELECT final, sum(count) FROM device_minute WHERE device = '{dev}' AND field = '*' "
+            "GROUP BY final",
+        )
+        counts = {r[0]: r[1] for r in rows}
+        if counts.get(True) == 3000 or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert counts == {True: 3000}, (
+        f"closed minutes in the device_minute table count each reading once: {counts}"
+    )
