@@ -286,7 +286,6 @@ resource "aws_launch_template" "this" {
   instance_type          = var.instance_type
   user_data              = base64encode(local.user_data)
   vpc_security_group_ids = [aws_security_group.backend.id]
-  tags                   = local.tags
 
   iam_instance_profile {
     arn = aws_iam_instance_profile.backend.arn

@@ -315,7 +315,9 @@ resource "aws_launch_template" "this" {
   image_id      = coalesce(var.ami_id, try(data.aws_ami.debian[0].id, null))
   instance_type = var.instance_type
   user_data     = base64encode(local.user_data)
-  tags          = local.tags
+  # No tags on the template itself: the instances get theirs from
+  # tag_specifications and the autoscaling group (moto echoes template tags
+  # back as an extra tag_specifications block, which would re-plan forever).
 
   iam_instance_profile {
     arn = aws_iam_instance_profile.gateway.arn
