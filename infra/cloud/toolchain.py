@@ -24,8 +24,8 @@ AWS_PROVIDER_MAJOR = 5
 PLATFORM = "linux_amd64"
 
 INSTALL_HINT = (
-    "install Terraform >= 1.5 (e.g. the release zip from releases.hashicorp.com, or "
-    "`make terraform`, which builds v1.11.4 with `go install`), or set FEDGATE_TERRAFORM_BIN"
+    "install Terraform >= 1.5 (the release zip from releases.hashicorp.com) or set "
+    "FEDGATE_TERRAFORM_BIN; see docs/operations.md, 'Terraform without the network'"
 )
 
 
