@@ -29,13 +29,13 @@ presence: ## where devices are connected (DEVICE=<id> for one)
 send: ## send a message to a device through the router: make send DEVICE=d TOPIC=t PAYLOAD=p [RETAIN=1]
 	@$(FEDGATE) send "$(DEVICE)" "$(TOPIC)" '$(PAYLOAD)' $(if $(RETAIN),--retain,)
 
-gateway: ## add a region to the running federation: make gateway REGION=local-ap
-	@$(FEDGATE) gateway add "$(REGION)"
+gateway: ## add a region: make gateway REGION=local-ap, or REGION=eu-west-1 [AUTO_APPROVE=1] (Terraform)
+	@$(FEDGATE) gateway add "$(REGION)" $(if $(AUTO_APPROVE),--auto-approve,)
 
-gateway-destroy: ## remove a region: make gateway-destroy REGION=local-ap
-	@$(FEDGATE) gateway remove "$(REGION)"
+gateway-destroy: ## remove a region: make gateway-destroy REGION=local-ap (or eu-west-1 [AUTO_APPROVE=1])
+	@$(FEDGATE) gateway remove "$(REGION)" $(if $(AUTO_APPROVE),--auto-approve,)
 
-regions: ## the regions, their gateways and state
+regions: ## the regions (local and cloud), their gateways and state
 	@$(FEDGATE) regions
 
 query: ## Spark SQL over the analysts' tables: make query SQL="SELECT ..." (or SQL=top-talkers)

@@ -6,8 +6,10 @@
     fedgate demo               up, then a scripted scene with MQTT devices
     fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router
     fedgate presence [DEV]     where devices are connected
-    fedgate gateway add|remove local-NAME   a region joins or leaves the running federation
-    fedgate regions            the regions and their gateways
+    fedgate gateway add|remove REGION [--auto-approve]
+                               a region joins or leaves: local-NAME runs here,
+                               an AWS region (eu-west-1) is stamped out by Terraform
+    fedgate regions            the regions (local and cloud) and their gateways
     fedgate query SQL|NAME     Spark SQL over the analysts' tables (--list: named queries)
     fedgate recompute --since D --until D   rebuild the aggregates from telemetry_raw
 
@@ -25,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from infra.cloud.driver import CloudDriver, CloudError
 from infra.local.driver import FederationError, LocalFederation, NodeStatus
 from infra.local.settings import SettingsError, describe_settings, load_settings
 
@@ -136,23 +139,38 @@ def cmd_presence(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def _local_region(region: str) -> str:
-    from backend.contract import InvalidRegionError, validate_region
+def _cloud(fed: LocalFederation) -> CloudDriver:
+    from infra.cloud.driver import CloudDriver
 
-    try:
-        validate_region(region)
-    except InvalidRegionError as e:
-        raise FederationError(str(e)) from e
-    if not region.startswith("local-"):
-        raise FederationError(
-            f"{region} is a cloud region: the Terraform driver is not built yet; "
-            "local regions are named local-<name> (e.g. local-ap)"
-        )
-    return region
+    return CloudDriver(fed.settings, progress=_progress, confirm=_confirm)
+
+
+def _confirm(prompt: str) -> bool:
+    if not sys.stdin.isatty():
+        _progress("no terminal to confirm on; pass --auto-approve (make ... AUTO_APPROVE=1)")
+        return False
+    return input(prompt).strip() == "yes"
 
 
 def cmd_gateway(fed: LocalFederation, args: argparse.Namespace) -> int:
-    region = _local_region(args.region)
+    from backend.contract import InvalidRegionError, validate_region
+    from infra.cloud.regions import is_local
+
+    try:
+        region = validate_region(args.region)
+    except InvalidRegionError as e:
+        raise FederationError(str(e)) from e
+    if not is_local(region):
+        cloud = _cloud(fed)
+        if args.action == "add":
+            rec = cloud.add(region, auto_approve=args.auto_approve)
+            print(
+                f"{rec.region}: {rec.state}, MQTT {rec.mqtt}, registered with the backend: "
+                f"{'yes' if rec.registered else 'no'}"
+            )
+        else:
+            cloud.remove(region, auto_approve=args.auto_approve)
+        return 0
     if args.action == "add":
         rows = fed.add_region(region)
         print(format_status(rows))
@@ -167,29 +185,43 @@ def cmd_gateway(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_regions(fed: LocalFederation, args: argparse.Namespace) -> int:
-    rows = [r for r in fed.status() if r.role == "gateway"]
-    if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "region": r.region,
-                        "node": r.name,
-                        "state": r.state,
-                        "mqtt": r.ports.get("mqtt"),
-                        "connections": r.connections,
-                    }
-                    for r in rows
-                ],
-                indent=2,
-            )
+def region_rows(fed: LocalFederation) -> list[dict[str, Any]]:
+    """Local gateways as they run now, then cloud regions as last recorded by Terraform."""
+    rows: list[dict[str, Any]] = [
+        {
+            "region": r.region,
+            "kind": "local",
+            "gateway": r.name,
+            "state": r.state,
+            "mqtt": f"{fed.settings.host}:{r.ports.get('mqtt')}",
+            "connections": r.connections,
+        }
+        for r in fed.status()
+        if r.role == "gateway"
+    ]
+    for rec in _cloud(fed).regions():
+        rows.append(
+            {
+                "region": rec.region,
+                "kind": "cloud",
+                "gateway": rec.outputs.get("autoscaling_group_name", "-"),
+                "state": rec.state + ("" if rec.registered else " (not registered)"),
+                "mqtt": rec.mqtt,
+                "connections": None,
+            }
         )
+    return rows
+
+
+def cmd_regions(fed: LocalFederation, args: argparse.Namespace) -> int:
+    rows = region_rows(fed)
+    if args.json:
+        print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'REGION':12} {'GATEWAY':16} {'STATE':9} {'MQTT':>6}  CONNECTIONS")
+    print(f"{'REGION':14} {'KIND':6} {'GATEWAY':26} {'STATE':26} {'MQTT':28} CONNECTIONS")
     for r in rows:
-        conns = "-" if r.connections is None else str(r.connections)
-        print(f"{r.region or '-':12} {r.name:16} {r.state:9} {r.ports.get('mqtt', 0):>6}  {conns}")
+        conns = "-" if r["connections"] is None else str(r["connections"])
+        print(f"{r['region']:14} {r['kind']:6} {r['gateway']:26} {r['state']:26} {r['mqtt']:28} {conns}")
     return 0
 
 
@@ -276,9 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     pres.add_argument("device", nargs="?")
     pres.add_argument("--json", action="store_true")
     pres.set_defaults(fn=cmd_presence)
-    gw = sub.add_parser("gateway", help="add or remove a local region while the federation runs")
+    gw = sub.add_parser(
+        "gateway", help="add or remove a region: local-<name> here, an AWS region by Terraform"
+    )
     gw.add_argument("action", choices=("add", "remove"))
-    gw.add_argument("region", help="local-<name>, e.g. local-ap")
+    gw.add_argument("region", help="local-<name> (e.g. local-ap) or an AWS region (e.g. eu-west-1)")
+    gw.add_argument(
+        "--auto-approve", action="store_true", help="cloud: apply or destroy the plan without asking"
+    )
     gw.set_defaults(fn=cmd_gateway)
     rg = sub.add_parser("regions", help="the regions, their gateways and state")
     rg.add_argument("--json", action="store_true")
@@ -316,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     fed = LocalFederation(settings, progress=_progress)
     try:
         return int(args.fn(fed, args))
-    except FederationError as e:
+    except (FederationError, CloudError) as e:
         print(f"fedgate: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

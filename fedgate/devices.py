@@ -16,6 +16,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
+from fedgate.resolver import Endpoint, NearestHealthyResolver
+
 
 class DeviceError(RuntimeError):
     pass
@@ -45,9 +47,16 @@ class SimDevice:
         clean_session: bool = True,
         keepalive: int = 30,
         auto_reconnect: bool = True,
+        resolver: NearestHealthyResolver | None = None,
     ):
         self.device_id = device_id
         self.host, self.port = host, port
+        #: with a resolver the device fails over to the next nearest healthy gateway
+        self.resolver = resolver
+        self.endpoint: Endpoint | None = None
+        #: gateways this device lost, oldest first (failover tests read it)
+        self.failovers: list[Endpoint] = []
+        self._failing_over = threading.Lock()
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=device_id,
@@ -79,7 +88,14 @@ class SimDevice:
         self._connected.clear()
         if getattr(rc, "is_failure", False) or rc not in (0, None):
             self.dropped.set()
-            if not self.auto_reconnect:
+            if self.resolver is not None and self.auto_reconnect:
+                # paho would retry the same gateway; a device re-resolves instead.
+                # The loop thread cannot stop itself: a helper thread moves on.
+                client.disconnect()
+                threading.Thread(
+                    target=self._fail_over, name=f"failover-{self.device_id}", daemon=True
+                ).start()
+            elif not self.auto_reconnect:
                 # disconnect() from the callback stops paho's automatic reconnect
                 client.disconnect()
 
@@ -88,9 +104,38 @@ class SimDevice:
             self.received.append(Received(msg.topic, msg.payload, msg.qos, msg.retain))
             self._cond.notify_all()
 
+    def _fail_over(self) -> None:
+        with self._failing_over:
+            self.client.loop_stop()
+            lost = self.endpoint
+            if lost is not None:
+                self.failovers.append(lost)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    self.connect(exclude=[lost] if lost else [])
+                    return
+                except (DeviceError, ConnectionError):
+                    time.sleep(0.5)
+
     # --- API ---------------------------------------------------------------------
 
-    def connect(self, timeout: float = 10.0) -> SimDevice:
+    @classmethod
+    def nearest(
+        cls, device_id: str, resolver: NearestHealthyResolver, username: str, password: str, **kw: Any
+    ) -> SimDevice:
+        """A device that picks its gateway the way a device would: the nearest healthy region."""
+        ep = resolver.endpoints[0]
+        return cls(device_id, ep.host, ep.port, username, password, resolver=resolver, **kw)
+
+    @property
+    def region(self) -> str | None:
+        return self.endpoint.region if self.endpoint else None
+
+    def connect(self, timeout: float = 10.0, exclude: list[Endpoint] | None = None) -> SimDevice:
+        if self.resolver is not None:
+            self.endpoint = self.resolver.resolve(exclude or [])
+            self.host, self.port = self.endpoint.host, self.endpoint.port
         self._connected.clear()
         try:
             self.client.connect(self.host, self.port, keepalive=self.keepalive)

@@ -1,6 +1,6 @@
 """A small client for RabbitMQ's management HTTP API, and the definitions applier.
 
-Used by the local driver and (later) the cloud driver to make a node hold the
+Used by the local driver and the cloud driver to make a node hold the
 objects the federation wiring describes (backend/definitions.py).  Every call
 is an idempotent PUT/POST, so applying the same definitions twice changes
 nothing; a failed call raises AdminError naming the object.

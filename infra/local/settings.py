@@ -17,6 +17,7 @@ Any single port can be pinned in the TOML file::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -145,6 +146,73 @@ class LocalSettings:
         metadata={"doc": "Folder with rabbitmq-server from Debian's package."},
     )
 
+    # --- cloud regions (infra/cloud, docs/operations.md "Cloud regions") ------------
+
+    cloud_state_dir: Path = field(
+        default=PROJECT_ROOT / "terraform-state",
+        metadata={"doc": "One Terraform root module and state per cloud region (kept by `down --purge`)."},
+    )
+    cloud_domain: str = field(
+        default="",
+        metadata={"doc": "The fleet's DNS domain: devices connect to mqtt.<domain> (latency records)."},
+    )
+    cloud_zone_id: str = field(
+        default="",
+        metadata={"doc": "Route53 hosted zone of cloud_domain."},
+    )
+    cloud_admin_cidrs: tuple[str, ...] = field(
+        default=(),
+        metadata={"doc": "CIDRs allowed on the gateways' management port (operators, routers)."},
+    )
+    cloud_backend_cidrs: tuple[str, ...] = field(
+        default=(),
+        metadata={"doc": "The backend's egress CIDRs: AMQP to/from gateways is limited to these."},
+    )
+    cloud_backend_amqp_host: str = field(
+        default="",
+        metadata={"doc": "Backend AMQP host the gateways' downlink links connect to."},
+    )
+    cloud_backend_amqp_port: int = field(
+        default=5672,
+        metadata={"doc": "Backend AMQP port for the downlink links."},
+    )
+    cloud_backend_management_url: str = field(
+        default="",
+        metadata={"doc": "Backend management API; regions are registered there (empty: skipped)."},
+    )
+    cloud_backend_user: str = field(
+        default="fedgate-admin",
+        metadata={"doc": "Backend management API user."},
+    )
+    cloud_backend_password: str = field(
+        default="",
+        metadata={"doc": "Its password (empty: the admin password in cloud_state_dir/secrets.json)."},
+    )
+    cloud_node_count: int = field(
+        default=2,
+        metadata={"doc": "Gateway nodes per cloud region (cost knob)."},
+    )
+    cloud_instance_type: str = field(
+        default="t3.small",
+        metadata={"doc": "EC2 instance type of cloud gateway nodes (cost knob)."},
+    )
+    cloud_ami_id: str = field(
+        default="",
+        metadata={"doc": "AMI of cloud gateway nodes (empty: newest official Debian 12)."},
+    )
+    aws_endpoint_url: str = field(
+        default="",
+        metadata={"doc": "One endpoint for every AWS API (a moto server in tests); empty: AWS."},
+    )
+    terraform_bin: str = field(
+        default="terraform",
+        metadata={"doc": "The terraform binary (FEDGATE_TERRAFORM_BIN)."},
+    )
+    tf_plugin_mirror: Path = field(
+        default=Path("/opt/tf-plugins"),
+        metadata={"doc": "Filesystem mirror of the AWS provider (FEDGATE_TF_PLUGIN_MIRROR also works)."},
+    )
+
     # --- derived -------------------------------------------------------------
 
     @property
@@ -193,6 +261,16 @@ class LocalSettings:
             raise SettingsError(f"spark: 0 or 1, got {self.spark}")
         if self.boot_timeout <= 0:
             raise SettingsError("boot_timeout: must be positive")
+        for name in ("cloud_admin_cidrs", "cloud_backend_cidrs"):
+            for cidr in getattr(self, name):
+                try:
+                    ipaddress.ip_network(cidr, strict=False)
+                except ValueError as e:
+                    raise SettingsError(f"{name}: {cidr!r} is not a CIDR block") from e
+        if not 1 <= self.cloud_backend_amqp_port <= 65535:
+            raise SettingsError(f"cloud_backend_amqp_port: {self.cloud_backend_amqp_port} is not a TCP port")
+        if self.cloud_node_count < 1:
+            raise SettingsError("cloud_node_count: at least 1")
         return self
 
 

@@ -62,12 +62,6 @@ def _cli(*args):
     )
 
 
-def test_gateway_for_a_cloud_region_says_what_is_missing():
-    out = _cli("gateway", "add", "eu-west-1")
-    assert out.returncode == 1
-    assert "eu-west-1 is a cloud region" in out.stderr
-
-
 def test_gateway_with_an_invalid_region_name_names_the_rule():
     out = _cli("gateway", "add", "Local_AP")
     assert out.returncode == 1

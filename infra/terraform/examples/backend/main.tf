@@ -1,0 +1,19 @@
+# The backend of a small fleet: a 3-node RabbitMQ cluster, MSK with one broker
+# per availability zone, and the analytics bucket.
+
+provider "aws" {
+  region = var.aws_region
+}
+
+module "backend" {
+  source = "../../modules/backend"
+
+  analytics_bucket_name = var.analytics_bucket_name
+  admin_cidr_blocks     = var.admin_cidr_blocks
+  # Gateways connect from their regions' public addresses; the links
+  # authenticate per region (gw-<region> users) and may read only their own
+  # downlink exchange.
+  gateway_cidr_blocks = ["0.0.0.0/0"]
+  admin_password      = var.admin_password
+  erlang_cookie       = var.erlang_cookie
+}

@@ -1,0 +1,28 @@
+variable "aws_region" {
+  description = "AWS region of the backend."
+  type        = string
+  default     = "eu-central-1"
+}
+
+variable "analytics_bucket_name" {
+  description = "Name of the analytics bucket (globally unique)."
+  type        = string
+}
+
+variable "admin_cidr_blocks" {
+  description = "Operators (and the machine running `make gateway`) allowed on the management API."
+  type        = list(string)
+  default     = ["203.0.113.0/24"]
+}
+
+variable "admin_password" {
+  description = "Password of fedgate-admin on the backend nodes."
+  type        = string
+  sensitive   = true
+}
+
+variable "erlang_cookie" {
+  description = "Erlang cookie of the backend cluster."
+  type        = string
+  sensitive   = true
+}

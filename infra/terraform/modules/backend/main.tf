@@ -1,0 +1,453 @@
+# The backend: one RabbitMQ cluster every region's gateways federate with,
+# Kafka (Amazon MSK) behind the router's bridge, and the analytics bucket
+# Spark writes its tables to.
+
+data "aws_region" "current" {}
+
+data "aws_availability_zones" "available" {
+  state = "available"
+}
+
+data "aws_ami" "debian" {
+  count = var.ami_id == null ? 1 : 0
+
+  most_recent = true
+  owners      = ["136693071363"]
+
+  filter {
+    name   = "name"
+    values = ["debian-12-amd64-*"]
+  }
+}
+
+locals {
+  name          = "${var.name_prefix}-backend"
+  azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
+  templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../backend/templates")
+  tags          = merge({ "fedgate:role" = "backend" }, var.tags)
+
+  rabbitmq_conf = join("\n", [
+    templatefile("${local.templates_dir}/rabbitmq.conf", {
+      cluster_name    = "fedgate-backend"
+      host            = "0.0.0.0"
+      amqp_port       = 5672
+      management_port = 15672
+      prometheus_port = 15692
+      memory_mb       = var.memory_mb
+      admin_user      = "fedgate-admin"
+      admin_password  = var.admin_password
+    }),
+    "# --- cloud: rendered by the backend Terraform module ---",
+    "cluster_formation.peer_discovery_backend = aws",
+    "cluster_formation.aws.region = ${data.aws_region.current.name}",
+    "cluster_formation.aws.use_autoscaling_group = true",
+    "cluster_formation.aws.use_private_ip = true",
+    "",
+  ])
+  enabled_plugins = replace(trimspace(file("${local.templates_dir}/enabled_plugins")), "].", ",rabbitmq_peer_discovery_aws].")
+
+  user_data = join("\n", ["#cloud-config", yamlencode({
+    package_update = true
+    packages       = ["rabbitmq-server"]
+    write_files = [
+      { path = "/etc/rabbitmq/rabbitmq.conf", permissions = "0640", content = local.rabbitmq_conf },
+      { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
+      { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
+    ]
+    runcmd = [
+      ["systemctl", "stop", "rabbitmq-server"],
+      ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
+      ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
+      ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
+      ["systemctl", "start", "rabbitmq-server"],
+    ]
+  })])
+}
+
+# --- network ----------------------------------------------------------------------
+
+resource "aws_vpc" "this" {
+  cidr_block           = var.vpc_cidr
+  enable_dns_support   = true
+  enable_dns_hostnames = true
+  tags                 = merge(local.tags, { Name = local.name })
+}
+
+resource "aws_internet_gateway" "this" {
+  vpc_id = aws_vpc.this.id
+  tags   = merge(local.tags, { Name = local.name })
+}
+
+resource "aws_subnet" "public" {
+  count = var.az_count
+
+  vpc_id            = aws_vpc.this.id
+  availability_zone = local.azs[count.index]
+  cidr_block        = cidrsubnet(var.vpc_cidr, 8, count.index)
+  tags              = merge(local.tags, { Name = "${local.name}-public-${local.azs[count.index]}" })
+}
+
+resource "aws_subnet" "private" {
+  count = var.az_count
+
+  vpc_id            = aws_vpc.this.id
+  availability_zone = local.azs[count.index]
+  cidr_block        = cidrsubnet(var.vpc_cidr, 8, 100 + count.index)
+  tags              = merge(local.tags, { Name = "${local.name}-private-${local.azs[count.index]}" })
+}
+
+resource "aws_route_table" "public" {
+  vpc_id = aws_vpc.this.id
+  tags   = merge(local.tags, { Name = "${local.name}-public" })
+}
+
+resource "aws_route" "public_internet" {
+  route_table_id         = aws_route_table.public.id
+  destination_cidr_block = "0.0.0.0/0"
+  gateway_id             = aws_internet_gateway.this.id
+}
+
+resource "aws_route_table_association" "public" {
+  count = var.az_count
+
+  subnet_id      = aws_subnet.public[count.index].id
+  route_table_id = aws_route_table.public.id
+}
+
+resource "aws_eip" "nat" {
+  count = var.create_nat_gateway ? 1 : 0
+
+  domain = "vpc"
+  tags   = merge(local.tags, { Name = "${local.name}-nat" })
+}
+
+resource "aws_nat_gateway" "this" {
+  count = var.create_nat_gateway ? 1 : 0
+
+  allocation_id = aws_eip.nat[0].id
+  subnet_id     = aws_subnet.public[0].id
+  tags          = merge(local.tags, { Name = local.name })
+}
+
+resource "aws_route_table" "private" {
+  vpc_id = aws_vpc.this.id
+  tags   = merge(local.tags, { Name = "${local.name}-private" })
+}
+
+resource "aws_route" "private_nat" {
+  count = var.create_nat_gateway ? 1 : 0
+
+  route_table_id         = aws_route_table.private.id
+  destination_cidr_block = "0.0.0.0/0"
+  nat_gateway_id         = aws_nat_gateway.this[0].id
+}
+
+resource "aws_route_table_association" "private" {
+  count = var.az_count
+
+  subnet_id      = aws_subnet.private[count.index].id
+  route_table_id = aws_route_table.private.id
+}
+
+# --- security groups ----------------------------------------------------------------
+
+resource "aws_security_group" "lb" {
+  name        = "${local.name}-lb"
+  description = "fedgate backend load balancer: AMQP from the gateways, management from admins"
+  vpc_id      = aws_vpc.this.id
+  tags        = merge(local.tags, { Name = "${local.name}-lb" })
+
+  ingress {
+    description = "AMQP/AMQPS from the gateways' downlink links"
+    from_port   = 5671
+    to_port     = 5672
+    protocol    = "tcp"
+    cidr_blocks = var.gateway_cidr_blocks
+  }
+
+  ingress {
+    description = "management API from the admin network"
+    from_port   = 15672
+    to_port     = 15672
+    protocol    = "tcp"
+    cidr_blocks = var.admin_cidr_blocks
+  }
+
+  egress {
+    description = "to the backend nodes"
+    from_port   = 0
+    to_port     = 0
+    protocol    = "-1"
+    cidr_blocks = [var.vpc_cidr]
+  }
+}
+
+resource "aws_security_group" "backend" {
+  name        = "${local.name}-nodes"
+  description = "fedgate backend RabbitMQ nodes"
+  vpc_id      = aws_vpc.this.id
+  tags        = merge(local.tags, { Name = "${local.name}-nodes" })
+
+  ingress {
+    description     = "AMQP and management through the load balancer"
+    from_port       = 5672
+    to_port         = 15672
+    protocol        = "tcp"
+    security_groups = [aws_security_group.lb.id]
+  }
+
+  ingress {
+    description = "AMQP from inside the VPC (routers)"
+    from_port   = 5671
+    to_port     = 5672
+    protocol    = "tcp"
+    cidr_blocks = [var.vpc_cidr]
+  }
+
+  ingress {
+    description = "Erlang distribution, epmd and CLI tools within the cluster"
+    from_port   = 0
+    to_port     = 65535
+    protocol    = "tcp"
+    self        = true
+  }
+
+  egress {
+    description = "federation links to the gateways, packages, the AWS API"
+    from_port   = 0
+    to_port     = 0
+    protocol    = "-1"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+}
+
+resource "aws_security_group" "kafka" {
+  count = var.create_kafka ? 1 : 0
+
+  name        = "${local.name}-kafka"
+  description = "fedgate Kafka brokers: clients from inside the VPC only"
+  vpc_id      = aws_vpc.this.id
+  tags        = merge(local.tags, { Name = "${local.name}-kafka" })
+
+  ingress {
+    description = "Kafka (TLS and plaintext) from the VPC"
+    from_port   = 9092
+    to_port     = 9094
+    protocol    = "tcp"
+    cidr_blocks = [var.vpc_cidr]
+  }
+
+  egress {
+    description = "within the VPC"
+    from_port   = 0
+    to_port     = 0
+    protocol    = "-1"
+    cidr_blocks = [var.vpc_cidr]
+  }
+}
+
+# --- backend RabbitMQ cluster ---------------------------------------------------------
+
+resource "aws_iam_role" "backend" {
+  name = "${local.name}-nodes"
+  tags = local.tags
+  assume_role_policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Effect    = "Allow"
+      Principal = { Service = "ec2.amazonaws.com" }
+      Action    = "sts:AssumeRole"
+    }]
+  })
+}
+
+resource "aws_iam_role_policy" "peer_discovery" {
+  name = "rabbitmq-peer-discovery"
+  role = aws_iam_role.backend.id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Effect   = "Allow"
+      Action   = ["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"]
+      Resource = "*"
+    }]
+  })
+}
+
+resource "aws_iam_instance_profile" "backend" {
+  name = "${local.name}-nodes"
+  role = aws_iam_role.backend.name
+  tags = local.tags
+}
+
+resource "aws_launch_template" "this" {
+  name                   = "${local.name}-nodes"
+  image_id               = coalesce(var.ami_id, try(data.aws_ami.debian[0].id, null))
+  instance_type          = var.instance_type
+  user_data              = base64encode(local.user_data)
+  vpc_security_group_ids = [aws_security_group.backend.id]
+
+  iam_instance_profile {
+    arn = aws_iam_instance_profile.backend.arn
+  }
+
+  metadata_options {
+    http_tokens = "required"
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = merge(local.tags, { Name = "${local.name}-node" })
+  }
+}
+
+resource "aws_autoscaling_group" "this" {
+  name                = "${local.name}-nodes"
+  min_size            = var.node_count
+  max_size            = var.node_count
+  desired_capacity    = var.node_count
+  vpc_zone_identifier = aws_subnet.private[*].id
+  target_group_arns   = [aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn]
+  health_check_type   = "ELB"
+
+  launch_template {
+    id      = aws_launch_template.this.id
+    version = aws_launch_template.this.latest_version
+  }
+
+  dynamic "tag" {
+    for_each = merge(local.tags, { Name = "${local.name}-node" })
+    content {
+      key                 = tag.key
+      value               = tag.value
+      propagate_at_launch = true
+    }
+  }
+}
+
+resource "aws_lb" "this" {
+  name               = substr("${local.name}-amqp", 0, 32)
+  load_balancer_type = "network"
+  internal           = false
+  subnets            = aws_subnet.public[*].id
+  security_groups    = [aws_security_group.lb.id]
+  tags               = local.tags
+}
+
+resource "aws_lb_target_group" "amqp" {
+  name                 = substr("${local.name}-amqp", 0, 32)
+  port                 = 5672
+  protocol             = "TCP"
+  vpc_id               = aws_vpc.this.id
+  deregistration_delay = 60
+  tags                 = local.tags
+}
+
+resource "aws_lb_target_group" "management" {
+  name     = substr("${local.name}-mgmt", 0, 32)
+  port     = 15672
+  protocol = "TCP"
+  vpc_id   = aws_vpc.this.id
+  tags     = local.tags
+}
+
+resource "aws_lb_listener" "amqp" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = 5672
+  protocol          = "TCP"
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.amqp.arn
+  }
+}
+
+resource "aws_lb_listener" "management" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = 15672
+  protocol          = "TCP"
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.management.arn
+  }
+}
+
+# --- Kafka (Amazon MSK) -------------------------------------------------------------------
+
+resource "aws_msk_cluster" "this" {
+  count = var.create_kafka ? 1 : 0
+
+  cluster_name           = local.name
+  kafka_version          = var.kafka_version
+  number_of_broker_nodes = var.az_count * var.kafka_brokers_per_az
+  tags                   = local.tags
+
+  broker_node_group_info {
+    instance_type   = var.kafka_instance_type
+    client_subnets  = aws_subnet.private[*].id
+    security_groups = [aws_security_group.kafka[0].id]
+
+    storage_info {
+      ebs_storage_info {
+        volume_size = var.kafka_volume_gb
+      }
+    }
+  }
+
+  encryption_info {
+    encryption_in_transit {
+      client_broker = "TLS_PLAINTEXT"
+      in_cluster    = true
+    }
+  }
+}
+
+# --- analytics bucket -----------------------------------------------------------------------
+
+resource "aws_s3_bucket" "analytics" {
+  bucket        = var.analytics_bucket_name
+  force_destroy = var.analytics_bucket_force_destroy
+  tags          = local.tags
+}
+
+resource "aws_s3_bucket_public_access_block" "analytics" {
+  bucket                  = aws_s3_bucket.analytics.id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+resource "aws_s3_bucket_versioning" "analytics" {
+  bucket = aws_s3_bucket.analytics.id
+
+  versioning_configuration {
+    status = "Enabled"
+  }
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "analytics" {
+  bucket = aws_s3_bucket.analytics.id
+
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm = "AES256"
+    }
+  }
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "analytics" {
+  bucket = aws_s3_bucket.analytics.id
+
+  rule {
+    id     = "expire-old-table-versions"
+    status = "Enabled"
+
+    filter {}
+
+    noncurrent_version_expiration {
+      noncurrent_days = var.analytics_noncurrent_days
+    }
+  }
+}

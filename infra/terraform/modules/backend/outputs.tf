@@ -1,0 +1,39 @@
+output "vpc_id" {
+  description = "ID of the backend's VPC."
+  value       = aws_vpc.this.id
+}
+
+output "amqp_endpoint" {
+  description = "Where the gateways' downlink links connect: host and port of the backend's load balancer."
+  value       = { host = aws_lb.this.dns_name, port = 5672, tls = false }
+}
+
+output "management_url" {
+  description = "Management API of the backend cluster (FEDGATE_CLOUD_BACKEND_MANAGEMENT_URL for `make gateway`)."
+  value       = "http://${aws_lb.this.dns_name}:15672"
+}
+
+output "egress_cidr_blocks" {
+  description = "Addresses the backend's federation links come from: the gateways' backend_cidr_blocks (empty without a NAT gateway)."
+  value       = var.create_nat_gateway ? ["${aws_eip.nat[0].public_ip}/32"] : []
+}
+
+output "autoscaling_group_name" {
+  description = "Autoscaling group of the backend RabbitMQ nodes."
+  value       = aws_autoscaling_group.this.name
+}
+
+output "kafka_bootstrap_brokers_tls" {
+  description = "MSK bootstrap brokers (TLS) for the routers and Spark; null without create_kafka."
+  value       = var.create_kafka ? aws_msk_cluster.this[0].bootstrap_brokers_tls : null
+}
+
+output "analytics_bucket" {
+  description = "Name of the analytics bucket."
+  value       = aws_s3_bucket.analytics.bucket
+}
+
+output "analytics_bucket_arn" {
+  description = "ARN of the analytics bucket."
+  value       = aws_s3_bucket.analytics.arn
+}

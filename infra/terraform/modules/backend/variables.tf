@@ -1,0 +1,133 @@
+variable "name_prefix" {
+  description = "Prefix of every resource name."
+  type        = string
+  default     = "fedgate"
+}
+
+variable "tags" {
+  description = "Tags added to every resource."
+  type        = map(string)
+  default     = {}
+}
+
+variable "vpc_cidr" {
+  description = "CIDR block of the backend's VPC."
+  type        = string
+  default     = "10.30.0.0/16"
+}
+
+variable "az_count" {
+  description = "Availability zones for the backend nodes, Kafka brokers and the load balancer (Kafka needs at least 2)."
+  type        = number
+  default     = 3
+
+  validation {
+    condition     = var.az_count >= 2 && var.az_count <= 6
+    error_message = "az_count: between 2 and 6."
+  }
+}
+
+variable "gateway_cidr_blocks" {
+  description = "Where the gateways' downlink federation links come from (their public egress). AMQPS/AMQP is open only to these."
+  type        = list(string)
+}
+
+variable "admin_cidr_blocks" {
+  description = "Operators and the fedgate CLI (it registers regions through the management API): the only sources allowed on port 15672."
+  type        = list(string)
+}
+
+variable "ami_id" {
+  description = "AMI of the backend nodes: Debian 12 (rabbitmq-server 3.10.8). Null: the newest official Debian 12 AMI."
+  type        = string
+  default     = null
+}
+
+variable "instance_type" {
+  description = "EC2 instance type of a backend RabbitMQ node (cost knob)."
+  type        = string
+  default     = "m6i.large"
+}
+
+variable "node_count" {
+  description = "Backend RabbitMQ nodes; 3 lets the quorum queues survive the loss of one (cost knob)."
+  type        = number
+  default     = 3
+}
+
+variable "memory_mb" {
+  description = "vm_memory_high_watermark.absolute of each backend node (MB)."
+  type        = number
+  default     = 4096
+}
+
+variable "admin_password" {
+  description = "Password of fedgate-admin on the backend nodes (the CLI registers regions with it)."
+  type        = string
+  sensitive   = true
+}
+
+variable "erlang_cookie" {
+  description = "Shared Erlang cookie of the backend RabbitMQ cluster."
+  type        = string
+  sensitive   = true
+}
+
+variable "templates_dir" {
+  description = "Folder with the backend's rabbitmq.conf and enabled_plugins templates. Null: the repository's backend/templates."
+  type        = string
+  default     = null
+}
+
+variable "create_nat_gateway" {
+  description = "A NAT gateway with a fixed address for the backend's egress: the gateways' security groups admit the backend's federation links by that address (cost knob: ~32 USD/month plus traffic)."
+  type        = bool
+  default     = true
+}
+
+variable "create_kafka" {
+  description = "Create an Amazon MSK cluster for the router's Kafka bridge. False: bring your own Kafka."
+  type        = bool
+  default     = true
+}
+
+variable "kafka_version" {
+  description = "Apache Kafka version of the MSK cluster."
+  type        = string
+  default     = "3.6.0"
+}
+
+variable "kafka_instance_type" {
+  description = "MSK broker instance type (cost knob)."
+  type        = string
+  default     = "kafka.t3.small"
+}
+
+variable "kafka_brokers_per_az" {
+  description = "MSK brokers in each availability zone (cost knob)."
+  type        = number
+  default     = 1
+}
+
+variable "kafka_volume_gb" {
+  description = "EBS volume per Kafka broker (GB)."
+  type        = number
+  default     = 100
+}
+
+variable "analytics_bucket_name" {
+  description = "S3 bucket the Spark jobs write the analysts' tables to."
+  type        = string
+}
+
+variable "analytics_bucket_force_destroy" {
+  description = "Allow destroying the analytics bucket while it holds tables."
+  type        = bool
+  default     = false
+}
+
+variable "analytics_noncurrent_days" {
+  description = "Days old versions of table files are kept in the analytics bucket (cost knob)."
+  type        = number
+  default     = 30
+}

@@ -1,0 +1,480 @@
+# One fedgate region: a VPC across availability zones, a RabbitMQ gateway
+# cluster in an autoscaling group, a network load balancer for MQTT (and the
+# backend's AMQP federation link), and a Route53 latency record with a health
+# check under the fleet's one MQTT hostname.
+
+data "aws_region" "current" {}
+
+data "aws_availability_zones" "available" {
+  state = "available"
+}
+
+data "aws_ami" "debian" {
+  count = var.ami_id == null ? 1 : 0
+
+  most_recent = true
+  owners      = ["136693071363"] # Debian's official AMIs
+
+  filter {
+    name   = "name"
+    values = ["debian-12-amd64-*"]
+  }
+}
+
+locals {
+  name          = "${var.name_prefix}-${var.region}"
+  azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
+  templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../gateways/templates")
+  tags          = merge({ "fedgate:region" = var.region, "fedgate:role" = "gateway" }, var.tags)
+
+  # Ports of a cloud node: the standard ones (each node has its own host).
+  mqtt_port       = 1883
+  mqtts_port      = 8883
+  amqp_port       = 5672
+  amqps_port      = 5671
+  management_port = 15672
+  prometheus_port = 15692
+
+  # The same template the local driver renders (gateways/templates), plus
+  # what only a cloud cluster needs: peer discovery by autoscaling group and
+  # the definitions holding the federation link to the backend.
+  rabbitmq_conf = join("\n", [
+    templatefile("${local.templates_dir}/rabbitmq.conf", {
+      region          = var.region
+      cluster_name    = var.region
+      host            = "0.0.0.0"
+      amqp_port       = local.amqp_port
+      management_port = local.management_port
+      prometheus_port = local.prometheus_port
+      mqtt_port       = local.mqtt_port
+      mqtt_tcp_buffer = var.mqtt_tcp_buffer
+      memory_mb       = var.memory_mb
+      admin_user      = "fedgate-admin"
+      admin_password  = var.admin_password
+    }),
+    "# --- cloud: rendered by the gateway-region Terraform module ---",
+    "cluster_formation.peer_discovery_backend = aws",
+    "cluster_formation.aws.region = ${data.aws_region.current.name}",
+    "cluster_formation.aws.use_autoscaling_group = true",
+    "cluster_formation.aws.use_private_ip = true",
+    var.rabbitmq_definitions == "" ? "" : "load_definitions = /etc/rabbitmq/definitions.json",
+    "",
+  ])
+  enabled_plugins = replace(trimspace(file("${local.templates_dir}/enabled_plugins")), "].", ",rabbitmq_peer_discovery_aws].")
+
+  user_data = join("\n", ["#cloud-config", yamlencode({
+    package_update = true
+    packages       = ["rabbitmq-server"]
+    write_files = concat(
+      [
+        { path = "/etc/rabbitmq/rabbitmq.conf", permissions = "0640", content = local.rabbitmq_conf },
+        { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
+        { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
+        {
+          path        = "/etc/systemd/system/rabbitmq-server.service.d/fedgate.conf"
+          permissions = "0644"
+          content     = "[Service]\nLimitNOFILE=${var.max_fds}\n"
+        },
+      ],
+      var.rabbitmq_definitions == "" ? [] : [
+        { path = "/etc/rabbitmq/definitions.json", permissions = "0640", content = var.rabbitmq_definitions },
+      ],
+    )
+    # The package starts the broker with its defaults; restart it with the
+    # cluster's cookie and fedgate's config.
+    runcmd = [
+      ["systemctl", "stop", "rabbitmq-server"],
+      ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
+      ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
+      ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
+      ["systemctl", "daemon-reload"],
+      ["systemctl", "start", "rabbitmq-server"],
+    ]
+  })])
+}
+
+# --- network -------------------------------------------------------------------
+
+resource "aws_vpc" "this" {
+  cidr_block           = var.vpc_cidr
+  enable_dns_support   = true
+  enable_dns_hostnames = true
+  tags                 = merge(local.tags, { Name = local.name })
+}
+
+resource "aws_internet_gateway" "this" {
+  vpc_id = aws_vpc.this.id
+  tags   = merge(local.tags, { Name = local.name })
+}
+
+# Public subnets only: no NAT gateway to pay for. Nodes get public addresses
+# for package installs; the security groups decide who may talk to them.
+resource "aws_subnet" "public" {
+  count = var.az_count
+
+  vpc_id                  = aws_vpc.this.id
+  availability_zone       = local.azs[count.index]
+  cidr_block              = cidrsubnet(var.vpc_cidr, 8, count.index)
+  map_public_ip_on_launch = true
+  tags                    = merge(local.tags, { Name = "${local.name}-${local.azs[count.index]}" })
+}
+
+resource "aws_route_table" "public" {
+  vpc_id = aws_vpc.this.id
+  tags   = merge(local.tags, { Name = "${local.name}-public" })
+}
+
+resource "aws_route" "internet" {
+  route_table_id         = aws_route_table.public.id
+  destination_cidr_block = "0.0.0.0/0"
+  gateway_id             = aws_internet_gateway.this.id
+}
+
+resource "aws_route_table_association" "public" {
+  count = var.az_count
+
+  subnet_id      = aws_subnet.public[count.index].id
+  route_table_id = aws_route_table.public.id
+}
+
+# --- security groups ------------------------------------------------------------
+
+# The load balancer: MQTT from devices, AMQP only from the backend (its
+# federation links pull uplink and presence from the gateways).
+resource "aws_security_group" "lb" {
+  name        = "${local.name}-lb"
+  description = "fedgate ${var.region} load balancer: MQTT from devices, AMQP from the backend"
+  vpc_id      = aws_vpc.this.id
+  tags        = merge(local.tags, { Name = "${local.name}-lb" })
+
+  ingress {
+    description = "MQTT from devices"
+    from_port   = local.mqtt_port
+    to_port     = local.mqtt_port
+    protocol    = "tcp"
+    cidr_blocks = var.device_cidr_blocks
+  }
+
+  ingress {
+    description = "MQTT over TLS from devices"
+    from_port   = local.mqtts_port
+    to_port     = local.mqtts_port
+    protocol    = "tcp"
+    cidr_blocks = var.device_cidr_blocks
+  }
+
+  ingress {
+    description = "AMQP/AMQPS federation links from the backend"
+    from_port   = local.amqps_port
+    to_port     = local.amqp_port
+    protocol    = "tcp"
+    cidr_blocks = var.backend_cidr_blocks
+  }
+
+  egress {
+    description = "to the gateway nodes"
+    from_port   = 0
+    to_port     = 0
+    protocol    = "-1"
+    cidr_blocks = [var.vpc_cidr]
+  }
+}
+
+resource "aws_security_group" "gateway" {
+  name        = "${local.name}-gateway"
+  description = "fedgate ${var.region} gateway nodes"
+  vpc_id      = aws_vpc.this.id
+  tags        = merge(local.tags, { Name = "${local.name}-gateway" })
+
+  ingress {
+    description     = "MQTT through the load balancer (and its health checks)"
+    from_port       = local.mqtt_port
+    to_port         = local.mqtt_port
+    protocol        = "tcp"
+    security_groups = [aws_security_group.lb.id]
+  }
+
+  ingress {
+    description     = "AMQP through the load balancer"
+    from_port       = local.amqp_port
+    to_port         = local.amqp_port
+    protocol        = "tcp"
+    security_groups = [aws_security_group.lb.id]
+  }
+
+  ingress {
+    description = "AMQP/AMQPS straight from the backend"
+    from_port   = local.amqps_port
+    to_port     = local.amqp_port
+    protocol    = "tcp"
+    cidr_blocks = var.backend_cidr_blocks
+  }
+
+  ingress {
+    description = "management API and UI from the admin network only"
+    from_port   = local.management_port
+    to_port     = local.management_port
+    protocol    = "tcp"
+    cidr_blocks = var.admin_cidr_blocks
+  }
+
+  ingress {
+    description = "Erlang distribution and epmd between the nodes of this cluster"
+    from_port   = 4369
+    to_port     = 4369
+    protocol    = "tcp"
+    self        = true
+  }
+
+  ingress {
+    description = "Erlang distribution between the nodes of this cluster"
+    from_port   = 25672
+    to_port     = 25672
+    protocol    = "tcp"
+    self        = true
+  }
+
+  ingress {
+    description = "CLI tools between the nodes of this cluster"
+    from_port   = 35672
+    to_port     = 35682
+    protocol    = "tcp"
+    self        = true
+  }
+
+  egress {
+    description = "AMQP/AMQPS toward the backend only (the downlink federation link)"
+    from_port   = local.amqps_port
+    to_port     = local.amqp_port
+    protocol    = "tcp"
+    cidr_blocks = var.backend_cidr_blocks
+  }
+
+  egress {
+    description = "HTTPS: Debian packages and the AWS API (peer discovery)"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+
+  egress {
+    description = "HTTP: Debian package mirrors"
+    from_port   = 80
+    to_port     = 80
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+  }
+
+  egress {
+    description = "Erlang distribution within the cluster"
+    from_port   = 0
+    to_port     = 65535
+    protocol    = "tcp"
+    self        = true
+  }
+}
+
+# --- gateway nodes ----------------------------------------------------------------
+
+# Peer discovery: a node finds the others through its autoscaling group.
+resource "aws_iam_role" "gateway" {
+  name = "${local.name}-gateway"
+  tags = local.tags
+  assume_role_policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Effect    = "Allow"
+      Principal = { Service = "ec2.amazonaws.com" }
+      Action    = "sts:AssumeRole"
+    }]
+  })
+}
+
+resource "aws_iam_role_policy" "peer_discovery" {
+  name = "rabbitmq-peer-discovery"
+  role = aws_iam_role.gateway.id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [{
+      Effect   = "Allow"
+      Action   = ["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"]
+      Resource = "*"
+    }]
+  })
+}
+
+resource "aws_iam_instance_profile" "gateway" {
+  name = "${local.name}-gateway"
+  role = aws_iam_role.gateway.name
+  tags = local.tags
+}
+
+resource "aws_launch_template" "this" {
+  name          = "${local.name}-gateway"
+  image_id      = coalesce(var.ami_id, try(data.aws_ami.debian[0].id, null))
+  instance_type = var.instance_type
+  user_data     = base64encode(local.user_data)
+  # No tags on the template itself: the instances get theirs from
+  # tag_specifications and the autoscaling group (moto echoes template tags
+  # back as an extra tag_specifications block, which would re-plan forever).
+
+  iam_instance_profile {
+    arn = aws_iam_instance_profile.gateway.arn
+  }
+
+  vpc_security_group_ids = [aws_security_group.gateway.id]
+
+  metadata_options {
+    http_tokens = "required"
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = merge(local.tags, { Name = "${local.name}-gateway" })
+  }
+}
+
+resource "aws_autoscaling_group" "this" {
+  name                = "${local.name}-gateway"
+  min_size            = var.node_count
+  max_size            = var.node_count
+  desired_capacity    = var.node_count
+  vpc_zone_identifier = aws_subnet.public[*].id
+  target_group_arns   = [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn]
+  health_check_type   = "ELB"
+
+  launch_template {
+    id      = aws_launch_template.this.id
+    version = aws_launch_template.this.latest_version
+  }
+
+  dynamic "tag" {
+    for_each = merge(local.tags, { Name = "${local.name}-gateway" })
+    content {
+      key                 = tag.key
+      value               = tag.value
+      propagate_at_launch = true
+    }
+  }
+}
+
+# --- load balancer ------------------------------------------------------------------
+
+resource "aws_lb" "this" {
+  name                             = substr("${local.name}-gw", 0, 32)
+  load_balancer_type               = "network"
+  internal                         = false
+  subnets                          = aws_subnet.public[*].id
+  security_groups                  = [aws_security_group.lb.id]
+  enable_cross_zone_load_balancing = true
+  tags                             = local.tags
+}
+
+resource "aws_lb_target_group" "mqtt" {
+  name     = substr("${local.name}-mqtt", 0, 32)
+  port     = local.mqtt_port
+  protocol = "TCP"
+  vpc_id   = aws_vpc.this.id
+  tags     = local.tags
+
+  # Long-lived device connections: give them time to move on a scale-in.
+  deregistration_delay = 60
+
+  health_check {
+    protocol = "TCP"
+    port     = tostring(local.mqtt_port)
+  }
+}
+
+resource "aws_lb_target_group" "amqp" {
+  name                 = substr("${local.name}-amqp", 0, 32)
+  port                 = local.amqp_port
+  protocol             = "TCP"
+  vpc_id               = aws_vpc.this.id
+  deregistration_delay = 60
+  tags                 = local.tags
+
+  health_check {
+    protocol = "TCP"
+    port     = tostring(local.amqp_port)
+  }
+}
+
+resource "aws_lb_listener" "mqtt" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = local.mqtt_port
+  protocol          = "TCP"
+  tags              = local.tags
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.mqtt.arn
+  }
+}
+
+resource "aws_lb_listener" "mqtts" {
+  count = var.certificate_arn == null ? 0 : 1
+
+  load_balancer_arn = aws_lb.this.arn
+  port              = local.mqtts_port
+  protocol          = "TLS"
+  certificate_arn   = var.certificate_arn
+  ssl_policy        = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+  tags              = local.tags
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.mqtt.arn
+  }
+}
+
+resource "aws_lb_listener" "amqp" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = local.amqp_port
+  protocol          = "TCP"
+  tags              = local.tags
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.amqp.arn
+  }
+}
+
+# --- latency DNS ----------------------------------------------------------------------
+
+# Route53 answers the fleet's MQTT hostname with the lowest-latency region
+# whose health check passes: devices find their nearest healthy gateway.
+resource "aws_route53_health_check" "this" {
+  count = var.create_dns_record ? 1 : 0
+
+  fqdn              = aws_lb.this.dns_name
+  port              = local.mqtt_port
+  type              = "TCP"
+  request_interval  = var.health_check_interval
+  failure_threshold = var.health_check_failure_threshold
+  tags              = merge(local.tags, { Name = "${local.name}-mqtt" })
+}
+
+resource "aws_route53_record" "mqtt" {
+  count = var.create_dns_record ? 1 : 0
+
+  zone_id         = var.zone_id
+  name            = var.mqtt_hostname
+  type            = "CNAME"
+  ttl             = var.dns_ttl
+  records         = [aws_lb.this.dns_name]
+  set_identifier  = var.region
+  health_check_id = aws_route53_health_check.this[0].id
+
+  latency_routing_policy {
+    region = data.aws_region.current.name
+  }
+
+  lifecycle {
+    precondition {
+      condition     = var.zone_id != null && var.mqtt_hostname != null
+      error_message = "create_dns_record needs zone_id and mqtt_hostname."
+    }
+  }
+}

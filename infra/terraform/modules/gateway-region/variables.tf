@@ -1,0 +1,173 @@
+variable "region" {
+  description = "fedgate region name of this gateway cluster; also its RabbitMQ cluster name and the Route53 set identifier. For cloud regions it is the AWS region name (e.g. eu-west-1)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{1,30}[a-z0-9]$", var.region))
+    error_message = "region: 3-32 lowercase letters, digits and hyphens, starting with a letter (backend/contract.py REGION_RE)."
+  }
+}
+
+variable "name_prefix" {
+  description = "Prefix of every resource name."
+  type        = string
+  default     = "fedgate"
+}
+
+variable "tags" {
+  description = "Tags added to every resource."
+  type        = map(string)
+  default     = {}
+}
+
+# --- network -------------------------------------------------------------------
+
+variable "vpc_cidr" {
+  description = "CIDR block of the region's VPC."
+  type        = string
+  default     = "10.40.0.0/16"
+}
+
+variable "az_count" {
+  description = "Availability zones to spread subnets, gateway nodes and the load balancer over."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.az_count >= 1 && var.az_count <= 6
+    error_message = "az_count: between 1 and 6."
+  }
+}
+
+variable "device_cidr_blocks" {
+  description = "Where devices connect from: MQTT (1883) and MQTT over TLS (8883) are open to these."
+  type        = list(string)
+  default     = ["0.0.0.0/0"]
+}
+
+variable "backend_cidr_blocks" {
+  description = "Addresses of the backend RabbitMQ cluster: AMQP/AMQPS (5672/5671) are accepted only from and sent only to these."
+  type        = list(string)
+}
+
+variable "admin_cidr_blocks" {
+  description = "Operators (and the routers, which reconcile presence through the management API): the only sources allowed on the management port 15672."
+  type        = list(string)
+}
+
+# --- gateway nodes ------------------------------------------------------------
+
+variable "ami_id" {
+  description = "AMI of the gateway nodes: Debian 12 (bookworm), whose rabbitmq-server 3.10.8 is the version fedgate is built against. Null: the newest official Debian 12 AMI."
+  type        = string
+  default     = null
+}
+
+variable "instance_type" {
+  description = "EC2 instance type of a gateway node (cost knob: ~300 KB of RAM per MQTT connection)."
+  type        = string
+  default     = "t3.small"
+}
+
+variable "node_count" {
+  description = "Gateway nodes in the autoscaling group; they form one RabbitMQ cluster (cost knob)."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.node_count >= 1
+    error_message = "node_count: at least 1."
+  }
+}
+
+variable "memory_mb" {
+  description = "vm_memory_high_watermark.absolute of each gateway node (MB); leave room for the OS."
+  type        = number
+  default     = 1024
+}
+
+variable "max_fds" {
+  description = "File descriptor limit of the RabbitMQ service (one per device connection; a node stops accepting at 90%)."
+  type        = number
+  default     = 65536
+}
+
+variable "mqtt_tcp_buffer" {
+  description = "MQTT socket sndbuf/recbuf in bytes (the kernel default costs ~4 MB per connection)."
+  type        = number
+  default     = 32768
+}
+
+variable "admin_password" {
+  description = "Password of fedgate-admin on the gateway nodes."
+  type        = string
+  sensitive   = true
+}
+
+variable "erlang_cookie" {
+  description = "Shared Erlang cookie of the region's RabbitMQ cluster."
+  type        = string
+  sensitive   = true
+}
+
+variable "rabbitmq_definitions" {
+  description = "RabbitMQ definitions (JSON) loaded at boot: the gateway's users, its downlink exchange and the federation upstream to the backend (rendered by fedgate from gateways/wiring.py). Empty: none."
+  type        = string
+  default     = ""
+  sensitive   = true
+}
+
+variable "templates_dir" {
+  description = "Folder with the gateway's rabbitmq.conf and enabled_plugins templates. Null: the repository's gateways/templates, the ones the local driver renders."
+  type        = string
+  default     = null
+}
+
+# --- load balancer and DNS ----------------------------------------------------
+
+variable "certificate_arn" {
+  description = "ACM certificate for MQTT over TLS: the load balancer terminates TLS on 8883 and forwards to 1883. Null: no 8883 listener."
+  type        = string
+  default     = null
+}
+
+variable "create_dns_record" {
+  description = "Create the Route53 latency record and its health check for the region's MQTT hostname."
+  type        = bool
+  default     = true
+}
+
+variable "zone_id" {
+  description = "Route53 hosted zone holding the MQTT hostname (needed when create_dns_record is true)."
+  type        = string
+  default     = null
+}
+
+variable "mqtt_hostname" {
+  description = "The fleet's MQTT hostname (e.g. mqtt.example.com); every region adds a latency record under this one name."
+  type        = string
+  default     = null
+}
+
+variable "dns_ttl" {
+  description = "TTL of the latency record in seconds: how long a device may keep resolving to a region that failed its health check."
+  type        = number
+  default     = 60
+}
+
+variable "health_check_interval" {
+  description = "Route53 health check request interval (10 or 30 seconds; 10 costs more)."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = contains([10, 30], var.health_check_interval)
+    error_message = "health_check_interval: 10 or 30."
+  }
+}
+
+variable "health_check_failure_threshold" {
+  description = "Consecutive failed checks before Route53 stops answering with this region."
+  type        = number
+  default     = 3
+}

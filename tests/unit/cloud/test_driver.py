@@ -1,0 +1,274 @@
+"""The cloud driver's flow, with terraform faked at the process boundary, AWS by moto and the
+backend's management API by a local HTTP stand-in."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from infra.cloud.driver import CloudDriver, CloudError
+from infra.local.settings import load_settings
+
+from .fakes import fake_management_api, terraform_calls, write_fake_terraform
+
+REGION = "eu-west-1"
+LB = "fedgate-eu-west-1-gw-0123.elb.eu-west-1.amazonaws.com"
+HOSTNAME = "mqtt.fleet.example.com"
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+
+
+def _dns(zone_name: str = "fleet.example.com", *, region: str = REGION, port: int = 1883) -> str:
+    """What the gateway-region module would have created: a latency record with a health check."""
+    r53 = boto3.client("route53")
+    zone = r53.create_hosted_zone(Name=zone_name, CallerReference="t")["HostedZone"]["Id"].split("/")[-1]
+    hc = r53.create_health_check(
+        CallerReference="hc",
+        HealthCheckConfig={
+            "Type": "TCP",
+            "FullyQualifiedDomainName": LB,
+            "Port": port,
+            "RequestInterval": 30,
+        },
+    )["HealthCheck"]["Id"]
+    r53.change_resource_record_sets(
+        HostedZoneId=zone,
+        ChangeBatch={
+            "Changes": [
+                {
+                    "Action": "CREATE",
+                    "ResourceRecordSet": {
+                        "Name": HOSTNAME,
+                        "Type": "CNAME",
+                        "TTL": 60,
+                        "SetIdentifier": REGION,
+                        "Region": region,
+                        "HealthCheckId": hc,
+                        "ResourceRecords": [{"Value": LB}],
+                    },
+                }
+            ]
+        },
+    )
+    return zone
+
+
+def _outputs() -> str:
+    values = {
+        "region": REGION,
+        "aws_region": REGION,
+        "lb_dns_name": LB,
+        "mqtt_hostname": HOSTNAME,
+        "autoscaling_group_name": "fedgate-eu-west-1-gateway",
+        "amqp_endpoint": {"host": LB, "port": 5672, "tls": False},
+        "mqtt_endpoint": {"host": LB, "port": 1883, "tls_port": None},
+    }
+    return json.dumps({k: {"sensitive": False, "type": "string", "value": v} for k, v in values.items()})
+
+
+def _driver(
+    tmp_path: Path, zone_id: str, backend_url: str = "", confirm: bool = False, **kw: object
+) -> CloudDriver:
+    values: dict[str, object] = {"terraform_bin": str(write_fake_terraform(tmp_path / "terraform")), **kw}
+    settings = load_settings(
+        env={},
+        cloud_state_dir=tmp_path / "tf-state",
+        cache_dir=tmp_path / "cache",
+        cloud_domain="fleet.example.com",
+        cloud_zone_id=zone_id,
+        cloud_admin_cidrs="203.0.113.0/24",
+        cloud_backend_cidrs="198.51.100.10/32",
+        cloud_backend_amqp_host="backend.fleet.example.com",
+        cloud_backend_management_url=backend_url,
+        **values,
+    )
+    return CloudDriver(settings, progress=lambda m: None, confirm=lambda prompt: confirm)
+
+
+@pytest.fixture
+def fake_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_TF_OUTPUTS", _outputs())
+
+
+def _verbs(calls: list[list[str]]) -> list[str]:
+    return [c[0] for c in calls if c[0] != "version"]
+
+
+@mock_aws
+def test_add_applies_once_records_outputs_registers_the_region_and_a_rerun_changes_nothing(
+    tmp_path: Path, aws_env: None, fake_outputs: None
+) -> None:
+    zone = _dns()
+    with fake_management_api() as api:
+        driver = _driver(tmp_path, zone, api.url)
+        printed: list[str] = []
+        rec = driver.add(REGION, auto_approve=True, plan_out=printed.append)
+        region_dir = tmp_path / "tf-state" / REGION
+        assert _verbs(terraform_calls(region_dir)) == ["init", "plan", "apply", "output"]
+        assert "23 to add" in printed[0]
+        assert rec.registered and rec.state == "applied"
+        recorded = json.loads((region_dir / "outputs.json").read_text())
+        assert recorded["outputs"]["lb_dns_name"] == LB
+
+        # the backend now pulls from the region's load balancer and holds its downlink exchange
+        upstream = api.body("PUT", f"/api/parameters/federation-upstream/%2F/gw-{REGION}")
+        assert upstream["value"]["uri"].startswith("amqp://fedgate-backend:")
+        assert upstream["value"]["uri"].endswith(f"@{LB}:5672")
+        assert f"/api/exchanges/%2F/{quote('fedgate.downlink.' + REGION)}" in api.paths("PUT")
+        assert api.body("PUT", "/api/parameters/federation-upstream-set/%2F/fedgate-uplink")["value"] == [
+            {"upstream": f"gw-{REGION}", "exchange": "amq.topic"}
+        ]
+
+        # idempotent: the second run plans no changes and applies nothing
+        printed.clear()
+        driver.add(REGION, auto_approve=False, plan_out=printed.append)
+        assert _verbs(terraform_calls(region_dir)).count("apply") == 1
+        assert printed == []
+
+    # the root module carries the region's passwords: only its owner may read it
+    assert stat.S_IMODE((region_dir / "main.tf.json").stat().st_mode) == 0o600
+
+
+@mock_aws
+def test_a_plan_that_is_not_confirmed_is_not_applied(
+    tmp_path: Path, aws_env: None, fake_outputs: None
+) -> None:
+    driver = _driver(tmp_path, _dns(), confirm=False)
+    with pytest.raises(CloudError, match="plan not applied"):
+        driver.add(REGION)
+    assert "apply" not in _verbs(terraform_calls(tmp_path / "tf-state" / REGION))
+
+
+@mock_aws
+def test_a_confirmed_plan_is_applied(tmp_path: Path, aws_env: None, fake_outputs: None) -> None:
+    driver = _driver(tmp_path, _dns(), confirm=True)
+    rec = driver.add(REGION, plan_out=lambda s: None)
+    assert rec.state == "applied" and not rec.registered  # no backend configured
+    assert [r.region for r in driver.regions()] == [REGION]
+
+
+@mock_aws
+def test_a_latency_record_in_the_wrong_region_fails_the_add(
+    tmp_path: Path, aws_env: None, fake_outputs: None
+) -> None:
+    driver = _driver(tmp_path, _dns(region="us-east-1"))
+    with pytest.raises(CloudError, match="latency region is 'us-east-1', expected 'eu-west-1'"):
+        driver.add(REGION, auto_approve=True, plan_out=lambda s: None)
+
+
+@mock_aws
+def test_remove_deregisters_destroys_and_forgets_the_region(
+    tmp_path: Path, aws_env: None, fake_outputs: None
+) -> None:
+    zone = _dns()
+    with fake_management_api() as api:
+        driver = _driver(tmp_path, zone, api.url)
+        driver.add(REGION, auto_approve=True, plan_out=lambda s: None)
+        calls_before = len(terraform_calls(tmp_path / "tf-state" / REGION))
+        api.requests.clear()
+        destroy_calls: list[list[str]] = []
+
+        def keep_calls(msg: str) -> None:
+            destroy_calls.extend(terraform_calls(tmp_path / "tf-state" / REGION)[calls_before:])
+
+        driver.remove(REGION, auto_approve=True, plan_out=keep_calls)
+        assert f"/api/parameters/federation-upstream/%2F/gw-{REGION}" in api.paths("DELETE")
+        assert f"/api/users/gw-{REGION}" in api.paths("DELETE")
+        # it was the last cloud region: the upstream sets go too
+        assert "/api/parameters/federation-upstream-set/%2F/fedgate-uplink" in api.paths("DELETE")
+    assert any(c[0] == "plan" and "-destroy" in c for c in destroy_calls)
+    assert not (tmp_path / "tf-state" / REGION).exists()
+    assert driver.regions() == []
+    assert REGION not in driver.secrets().get("gateways", {})
+
+
+def test_an_unknown_aws_region_is_refused_with_the_closest_names(tmp_path: Path) -> None:
+    driver = _driver(tmp_path, "Z1")
+    with pytest.raises(CloudError, match=r"'eu-west-9' is not an AWS region; did you mean eu-west-\d"):
+        driver.add("eu-west-9")
+    assert not (tmp_path / "tf-state" / "eu-west-9").exists()
+
+
+def test_missing_terraform_is_named(tmp_path: Path, aws_env: None) -> None:
+    driver = _driver(tmp_path, "Z1", terraform_bin=str(tmp_path / "no-such-terraform"))
+    with pytest.raises(CloudError, match="terraform not installed"):
+        driver.add(REGION)
+
+
+def test_missing_credentials_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(CloudError, match="no AWS credentials"):
+        _driver(tmp_path, "Z1").add(REGION)
+
+
+def test_missing_cloud_settings_are_named(tmp_path: Path, aws_env: None) -> None:
+    driver = _driver(tmp_path, "")
+    with pytest.raises(CloudError, match="FEDGATE_CLOUD_ZONE_ID"):
+        driver.add(REGION)
+
+
+def test_the_root_module_points_every_aws_api_at_the_override_and_loads_the_gateway_definitions(
+    tmp_path: Path,
+) -> None:
+    driver = _driver(tmp_path, "Z1", aws_endpoint_url="http://127.0.0.1:5999")
+    root = driver.root_module(REGION)
+    provider = root["provider"]["aws"]
+    assert set(provider["endpoints"].values()) == {"http://127.0.0.1:5999"}
+    assert {"ec2", "elbv2", "autoscaling", "iam", "route53"} <= set(provider["endpoints"])
+    assert provider["skip_requesting_account_id"] is True
+    module = root["module"]["gateway"]
+    assert module["mqtt_hostname"] == HOSTNAME
+    definitions = json.loads(module["rabbitmq_definitions"])
+    upstream = next(p for p in definitions["parameters"] if p["component"] == "federation-upstream")
+    # the gateway's downlink link pulls only its own region's exchange from the backend
+    assert upstream["value"]["exchange"] == f"fedgate.downlink.{REGION}"
+    assert upstream["value"]["uri"].endswith("@backend.fleet.example.com:5672")
+    assert definitions["global_parameters"] == [{"name": "cluster_name", "value": REGION}]
+    assert set(root["output"]) >= {"lb_dns_name", "amqp_endpoint", "route53_health_check_id"}
+
+
+def test_cli_names_an_unknown_region_and_missing_terraform(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from infra.local.settings import PROJECT_ROOT
+
+    env = {
+        **os.environ,
+        "FEDGATE_CLOUD_STATE_DIR": str(tmp_path),
+        "FEDGATE_TERRAFORM_BIN": str(tmp_path / "missing"),
+        "PYTHONPATH": str(PROJECT_ROOT),
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fedgate.cli", *args],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    out = cli("gateway", "add", "us-east-7")
+    assert out.returncode == 1 and "'us-east-7' is not an AWS region" in out.stderr
+    out = cli("gateway", "add", "eu-west-1", "--auto-approve")
+    assert out.returncode == 1 and "terraform not installed" in out.stderr
