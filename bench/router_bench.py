@@ -376,7 +376,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
     fed = LocalFederation(
-        load_settings(env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=0),
+        load_settings(
+            env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=0, spark=0
+        ),
         progress=progress,
     )
     results: dict[str, Any] = {

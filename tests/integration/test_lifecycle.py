@@ -34,7 +34,8 @@ def test_status_json_gives_every_nodes_role_region_and_ports(federation):
     out = fedgate(federation.state_dir, TEST_PORT_BASE, "status", "--json")
     assert out.returncode == 0, out.stderr
     nodes = {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
-    assert {n["role"] for n in nodes.values()} == {"epmd", "backend", "gateway", "kafka", "router"}
+    assert {n["role"] for n in nodes.values()} == {"epmd", "backend", "gateway", "kafka", "router", "spark"}
+    assert nodes["spark"]["ports"] == {"driver": TEST_PORT_BASE + 40, "block_manager": TEST_PORT_BASE + 41}
     assert nodes["router-0"]["ports"]["metrics"] == TEST_PORT_BASE + 30
     for name, region in (("gw-local-eu", "local-eu"), ("gw-local-us", "local-us")):
         gw = nodes[name]

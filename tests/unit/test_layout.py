@@ -14,7 +14,16 @@ def _ports(specs):
 def test_every_node_gets_distinct_ports_clear_of_the_standard_ones():
     specs = port_layout(load_settings(env={}))
     names = [s.name for s in specs]
-    assert names == ["epmd", "backend", "gw-local-eu", "gw-local-us", "kafka", "router-0", "router-1", "spark"]
+    assert names == [
+        "epmd",
+        "backend",
+        "gw-local-eu",
+        "gw-local-us",
+        "kafka",
+        "router-0",
+        "router-1",
+        "spark",
+    ]
     ports = _ports(specs)
     assert len(ports) == len(set(ports))
     assert not set(ports) & STANDARD_PORTS
