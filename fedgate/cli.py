@@ -245,14 +245,12 @@ def cmd_query(fed: LocalFederation, args: argparse.Namespace) -> int:
         return 0 if args.list else 2
     settings = fed.spark_settings()
     _progress(f"starting Spark over {settings.warehouse} (takes ~10 s)")
-    spark = query.session(settings)
-    try:
-        columns, rows = query.run_sql(spark, args.sql, limit=args.limit)
-    except Exception as e:  # Spark's analysis errors: show the message, not a JVM trace
-        print(f"fedgate: query failed: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    finally:
-        spark.stop()
+    with query.session(settings) as spark:
+        try:
+            columns, rows = query.run_sql(spark, args.sql, limit=args.limit)
+        except Exception as e:  # Spark's analysis errors: show the message, not a JVM trace
+            print(f"fedgate: query failed: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 1
     print(query.to_json(columns, rows) if args.json else query.format_table(columns, rows))
     return 0
 
@@ -272,11 +270,8 @@ def cmd_recompute(fed: LocalFederation, args: argparse.Namespace) -> int:
         return 2
     settings = fed.spark_settings()
     _progress(f"recomputing the aggregates of {since}..{until} from telemetry_raw")
-    spark = query.session(settings)
-    try:
+    with query.session(settings) as spark:
         counts = query.recompute(spark, settings, since, until)
-    finally:
-        spark.stop()
     for table, n in counts.items():
         print(f"{table}: {n} rows for {since}..{until}")
     return 0

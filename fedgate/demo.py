@@ -88,13 +88,13 @@ def spark_tables(
     from spark import query
     from spark.tables import register_views
 
-    spark = query.session(fed.spark_settings())
-    try:
+    settings = fed.spark_settings()
+    with query.session(settings) as spark:
         count_sql = f"SELECT count(*) FROM telemetry_raw WHERE fields['run'] = '{run_id}'"
         deadline = time.monotonic() + timeout
         rows = 0
         while True:
-            register_views(spark, fed.spark_settings().warehouse)  # sees the files landed since
+            register_views(spark, settings.warehouse)  # sees the files landed since
             rows = spark.sql(count_sql).first()[0]  # type: ignore[index]
             if rows >= sent or time.monotonic() > deadline:
                 break
@@ -118,8 +118,6 @@ def spark_tables(
                 "spark: every device's readings counted in the query",
             ),
         ]
-    finally:
-        spark.stop()
 
 
 def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> int:

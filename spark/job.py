@@ -10,7 +10,7 @@ Kafka source, each with its own checkpoint:
   region_minute  the `late_after` watermark -> the minutes that closed,
                  every `aggregate_trigger_s`
 
-Each micro-batch lands through Warehouse.write_batch (exactly once, see
+Each micro-batch lands through Warehouse.land (exactly once, see
 spark/tables.py).  Stop it anywhere (SIGTERM, SIGKILL, a crash): the next
 start resumes from the checkpoints and the tables end up complete and free of
 duplicates.
@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,13 @@ from backend import contract as c
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings
-from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Warehouse
+from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Table, Warehouse
 
 log = logging.getLogger("fedgate.spark")
+
+#: What a micro-batch becomes: (table, frame) pairs, and the stats its commit marker keeps.
+Frames = tuple[list[tuple[Table, DataFrame]], dict[str, Any]]
+Build = Callable[[DataFrame, int], Frames]
 
 QUERY_RAW = "raw"
 QUERY_DEVICE_MINUTE = "device_minute"
@@ -91,7 +96,7 @@ class TelemetryJob:
         )
         self.queries.append(
             raw_in.writeStream.queryName(QUERY_RAW)
-            .foreachBatch(self._land_raw)
+            .foreachBatch(self._lander(QUERY_RAW, self._raw_frames))
             .option("checkpointLocation", self._checkpoint(QUERY_RAW))
             .trigger(processingTime=f"{s.raw_trigger_s} seconds")
             .start()
@@ -111,7 +116,7 @@ class TelemetryJob:
                 transform(accepted)
                 .writeStream.queryName(name)
                 .outputMode("append")
-                .foreachBatch(self._lander(name, table))
+                .foreachBatch(self._lander(name, self._aggregate_frames(table)))
                 .option("checkpointLocation", self._checkpoint(name))
                 .trigger(processingTime=f"{s.aggregate_trigger_s} seconds")
                 .start()
@@ -124,40 +129,37 @@ class TelemetryJob:
             s.checkpoint_dir,
         )
 
-    def _land_raw(self, batch: DataFrame, batch_id: int) -> None:
-        if self.warehouse.committed(QUERY_RAW, batch_id):
-            return
-        batch = batch.persist()
-        try:
-            counts = {
-                bool(r[0]): int(r[1])
-                for r in batch.groupBy(F.col("reject_reason").isNull()).count().collect()
-            }
-            frames = []
-            if counts.get(True):
-                frames.append(
-                    (RAW, tr.raw_rows(batch).withColumn("ingest_batch", F.lit(batch_id).cast("long")))
-                )
-            if counts.get(False):
-                frames.append((REJECTS, tr.reject_rows(batch)))
-            self.warehouse.write_batch(
-                QUERY_RAW, batch_id, frames, {"rows": counts.get(True, 0), "rejects": counts.get(False, 0)}
-            )
-        finally:
-            batch.unpersist()
+    def _lander(self, query: str, build: Build) -> Callable[[DataFrame, int], None]:
+        """foreachBatch function: the batch, built into frames, lands exactly once (Warehouse.land)."""
 
-    def _lander(self, name: str, table: Any) -> Any:
         def land(batch: DataFrame, batch_id: int) -> None:
-            if self.warehouse.committed(name, batch_id):
-                return
-            batch = batch.persist()
+            batch = batch.persist()  # lazy: a replayed batch that had landed is never computed
             try:
-                rows = batch.count()
-                self.warehouse.write_batch(name, batch_id, [(table, batch)] if rows else [], {"rows": rows})
+                self.warehouse.land(query, batch_id, lambda: build(batch, batch_id))
             finally:
                 batch.unpersist()
 
         return land
+
+    @staticmethod
+    def _raw_frames(batch: DataFrame, batch_id: int) -> Frames:
+        counts = {
+            bool(r[0]): int(r[1]) for r in batch.groupBy(F.col("reject_reason").isNull()).count().collect()
+        }
+        frames = []
+        if counts.get(True):
+            frames.append((RAW, tr.raw_rows(batch).withColumn("ingest_batch", F.lit(batch_id).cast("long"))))
+        if counts.get(False):
+            frames.append((REJECTS, tr.reject_rows(batch)))
+        return frames, {"rows": counts.get(True, 0), "rejects": counts.get(False, 0)}
+
+    @staticmethod
+    def _aggregate_frames(table: Table) -> Build:
+        def build(batch: DataFrame, batch_id: int) -> Frames:
+            rows = batch.count()
+            return ([(table, batch)] if rows else []), {"rows": rows}
+
+        return build
 
     # --- running ------------------------------------------------------------------------
 

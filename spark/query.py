@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -56,10 +57,15 @@ NAMED_QUERIES: dict[str, tuple[str, str]] = {
 }
 
 
-def session(settings: SparkSettings) -> SparkSession:
+@contextmanager
+def session(settings: SparkSettings) -> Iterator[SparkSession]:
+    """A Spark session with the tables registered as views; stopped on leaving."""
     spark = build_session(settings, "fedgate-query", kafka=False)
-    register_views(spark, settings.warehouse)
-    return spark
+    try:
+        register_views(spark, settings.warehouse)
+        yield spark
+    finally:
+        spark.stop()
 
 
 def run_sql(spark: SparkSession, sql: str, limit: int = 100) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,55 +128,26 @@ class Warehouse:
     def committed(self, query: str, batch_id: int) -> bool:
         return bool(self.fs.exists(self.marker_path(query, batch_id)))
 
-    def commits(self, query: str) -> list[dict[str, Any]]:
-        """The markers of `query`'s committed batches (newest KEEP_MARKERS)."""
-        out: list[dict[str, Any]] = []
-        if not self.exists("_commits", query):
-            return out
-        for status in self.fs.listStatus(self.path("_commits", query)):
-            stream = self.fs.open(status.getPath())
-            try:
-                data = bytes(self.spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))  # type: ignore[union-attr]
-            finally:
-                stream.close()
-            out.append(json.loads(data))
-        return sorted(out, key=lambda m: m["batch"])
-
-    def write_batch(
+    def land(
         self,
         query: str,
         batch_id: int,
-        frames: list[tuple[Table, DataFrame]],
-        stats: dict[str, Any] | None = None,
+        build: Callable[[], tuple[list[tuple[Table, DataFrame]], dict[str, Any]]],
     ) -> bool:
-        """Land one micro-batch's frames in their tables exactly once; False if it had landed already."""
+        """Land one micro-batch in its tables exactly once; False if it had landed already.
+
+        `build` returns the batch's (table, frame) pairs and its stats; it is
+        not called for a batch that has its marker (a replay after a crash).
+        """
         if self.committed(query, batch_id):
             return False
+        frames, stats = build()
         prefix = f"b{batch_id:012d}-{query}-"
         for table, df in frames:
-            staging = self.path("_staging", query, table.name)
-            self.fs.delete(staging, True)
             # a dead attempt of this batch may have moved some files in already
             self._delete_with_prefix(self.path(table.name), prefix)
-            df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
-            if not self.fs.exists(staging):
-                continue
-            base = staging.toUri().getPath().rstrip("/")
-            files = self.fs.listFiles(staging, True)
-            moves = []
-            while files.hasNext():
-                src = files.next().getPath()
-                if not src.getName().endswith(".parquet"):
-                    continue
-                rel_dir = src.getParent().toUri().getPath()[len(base) :].strip("/")
-                dest_dir = self.path(table.name, rel_dir) if rel_dir else self.path(table.name)
-                moves.append((src, dest_dir, self._Path(dest_dir, prefix + src.getName())))
-            for src, dest_dir, dest in moves:
-                self.fs.mkdirs(dest_dir)
-                if not self.fs.rename(src, dest):
-                    raise OSError(f"could not move {src} to {dest}")
-            self.fs.delete(staging, True)
-        marker = {"batch": batch_id, "query": query, "committed_ms": int(time.time() * 1000), **(stats or {})}
+            self._move_in(self._stage(query, table, df), table, prefix)
+        marker = {"batch": batch_id, "query": query, "committed_ms": int(time.time() * 1000), **stats}
         out = self.fs.create(self.marker_path(query, batch_id), True)
         try:
             out.write(json.dumps(marker).encode())
@@ -184,6 +156,33 @@ class Warehouse:
         if batch_id >= KEEP_MARKERS:
             self.fs.delete(self.marker_path(query, batch_id - KEEP_MARKERS), False)
         return True
+
+    def _stage(self, name: str, table: Table, df: DataFrame) -> Any:
+        """Write `df` as `table`'s partitions into a staging folder no reader looks at."""
+        staging = self.path("_staging", name, table.name)
+        self.fs.delete(staging, True)
+        df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
+        return staging
+
+    def _move_in(self, staging: Any, table: Table, prefix: str) -> None:
+        """Move the staged Parquet files into the table, partition folders kept, names prefixed."""
+        if not self.fs.exists(staging):
+            return  # an empty frame writes nothing
+        base = staging.toUri().getPath().rstrip("/")
+        files = self.fs.listFiles(staging, True)
+        moves = []
+        while files.hasNext():
+            src = files.next().getPath()
+            if not src.getName().endswith(".parquet"):
+                continue
+            rel_dir = src.getParent().toUri().getPath()[len(base) :].strip("/")
+            dest_dir = self.path(table.name, rel_dir) if rel_dir else self.path(table.name)
+            moves.append((src, dest_dir, self._Path(dest_dir, prefix + src.getName())))
+        for src, dest_dir, dest in moves:
+            self.fs.mkdirs(dest_dir)
+            if not self.fs.rename(src, dest):
+                raise OSError(f"could not move {src} to {dest}")
+        self.fs.delete(staging, True)
 
     def _delete_with_prefix(self, root: Any, prefix: str) -> None:
         if not self.fs.exists(root):
@@ -198,23 +197,11 @@ class Warehouse:
             self.fs.delete(p, False)
 
     def overwrite_dates(self, table: Table, df: DataFrame, dates: list[str], tag: str) -> None:
-        """Replace `table`'s partitions for `dates` with `df` (the batch recompute)."""
-        staging = self.path("_staging", "recompute", table.name)
-        self.fs.delete(staging, True)
-        df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
+        """Replace `table`'s partitions for `dates` with `df` (holding only those dates): the recompute."""
+        staging = self._stage("recompute", table, df)
         for date in dates:
             self.fs.delete(self.path(table.name, f"date={date}"), True)
-            src = self._Path(staging, f"date={date}")
-            if self.fs.exists(src):
-                self.fs.mkdirs(self.path(table.name))
-                files = self.fs.listFiles(src, True)
-                while files.hasNext():
-                    p = files.next().getPath()
-                    if p.getName().endswith(".parquet"):
-                        dest_dir = self.path(table.name, f"date={date}")
-                        self.fs.mkdirs(dest_dir)
-                        self.fs.rename(p, self._Path(dest_dir, f"{tag}-{p.getName()}"))
-        self.fs.delete(staging, True)
+        self._move_in(staging, table, f"{tag}-")
 
 
 def read_table(spark: SparkSession, warehouse: Warehouse, table: Table) -> DataFrame:

@@ -46,20 +46,6 @@ RAW_COLUMNS = [
     "region",
 ]
 
-REJECT_COLUMNS = [
-    "kafka_topic",
-    "kafka_partition",
-    "kafka_offset",
-    "kafka_ts",
-    "mqtt_topic",
-    "region",
-    "device",
-    "reason",
-    "payload_bytes",
-    "payload_preview",
-    "date",
-]
-
 
 def _header(name: str) -> Column:
     # get() is NULL when absent; a header Kafka repeats keeps its first value

@@ -37,16 +37,20 @@ def missing_runtime() -> str | None:
     return None
 
 
+def missing_java() -> str | None:
+    return None if shutil.which("java") else "no Java runtime for a local SparkSession (run `make setup`)"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = missing_runtime()
-    if reason is None:
-        return
-    if os.environ.get("FEDGATE_REQUIRE_RUNTIME"):
-        # `make test` ran `make setup` first: a missing runtime is a broken
-        # install step, not a machine that lacks something -- fail, don't skip.
-        raise pytest.UsageError(f"integration runtime missing after make setup: {reason}")
-    for item in items:
-        if "integration" in item.keywords:
+    for marker, reason in (("integration", missing_runtime()), ("spark", missing_java())):
+        needing = [item for item in items if marker in item.keywords]
+        if reason is None or not needing:
+            continue
+        if os.environ.get("FEDGATE_REQUIRE_RUNTIME"):
+            # `make test` ran `make setup` first: a missing runtime is a broken
+            # install step, not a machine that lacks something -- fail, don't skip.
+            raise pytest.UsageError(f"{marker} runtime missing after make setup: {reason}")
+        for item in needing:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 

@@ -28,9 +28,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 def spark(federation):
     from spark.query import session
 
-    s = session(federation.spark_settings())
-    yield s
-    s.stop()
+    with session(federation.spark_settings()) as s:
+        yield s
 
 
 def query(spark, federation, sql: str) -> list:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 
 import pytest
 
@@ -12,27 +11,11 @@ from backend import contract as c
 from spark import transforms as tr
 from spark.tables import KAFKA_SOURCE_SCHEMA
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime (run `make setup`)")
+pytestmark = pytest.mark.spark
 
 NOW = dt.datetime(2026, 11, 22, 10, 0, 30)
 NOW_MS = int(NOW.replace(tzinfo=dt.UTC).timestamp() * 1000)
 UNMATCHED, DEADLETTER = c.KAFKA_UNMATCHED_TOPIC, c.KAFKA_DEADLETTER_TOPIC
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    from spark.session import build_session
-    from spark.settings import SparkSettings
-
-    settings = SparkSettings(
-        kafka_bootstrap="-",
-        warehouse=str(tmp_path_factory.mktemp("wh")),
-        master="local[1]",
-        shuffle_partitions=1,
-    )
-    session = build_session(settings, "fedgate-unit", kafka=False)
-    yield session
-    session.stop()
 
 
 def bridge_headers(

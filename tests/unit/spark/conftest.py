@@ -1,0 +1,24 @@
+"""One local SparkSession (no Kafka) for the Spark unit tests; marked `spark`, they need Java."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    from spark.session import build_session
+    from spark.settings import SparkSettings
+
+    settings = SparkSettings(
+        kafka_bootstrap="-",
+        warehouse=str(tmp_path_factory.mktemp("wh")),
+        master="local[1]",
+        shuffle_partitions=1,
+    )
+    session = build_session(settings, "fedgate-unit", kafka=False)
+    yield session
+    session.stop()
