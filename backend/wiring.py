@@ -34,6 +34,9 @@ from backend.definitions import (
 
 UPLINK_UPSTREAM_SET = "fedgate-uplink"
 PRESENCE_UPSTREAM_SET = "fedgate-presence"
+#: The policies that point the backend's exchanges at those upstream sets.
+UPLINK_POLICY = "fedgate-uplink"
+PRESENCE_POLICY = "fedgate-presence"
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def backend_definitions(
         d.parameters.append(Parameter("federation-upstream-set", PRESENCE_UPSTREAM_SET, presence_set))
         d.policies.append(
             Policy(
-                "fedgate-uplink",
+                UPLINK_POLICY,
                 f"^{re.escape(c.TELEMETRY_EXCHANGE)}$",
                 "exchanges",
                 {"federation-upstream-set": UPLINK_UPSTREAM_SET},
@@ -164,7 +167,7 @@ def backend_definitions(
         )
         d.policies.append(
             Policy(
-                "fedgate-presence",
+                PRESENCE_POLICY,
                 f"^{re.escape(c.PRESENCE_EXCHANGE)}$",
                 "exchanges",
                 {"federation-upstream-set": PRESENCE_UPSTREAM_SET},

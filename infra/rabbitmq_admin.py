@@ -17,7 +17,16 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import quote
 
-from backend.definitions import NodeDefinitions
+from backend.definitions import (
+    Binding,
+    Exchange,
+    NodeDefinitions,
+    Parameter,
+    Permission,
+    Policy,
+    Queue,
+    User,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,69 @@ class AdminError(RuntimeError):
 
 def _q(name: str) -> str:
     return quote(name, safe="")
+
+
+# --- one body per object: the management API's PUTs and the definitions file share them ---
+
+
+def _user_body(u: User) -> dict[str, Any]:
+    return {"password": u.password, "tags": ",".join(u.tags)}
+
+
+def _permission_body(p: Permission) -> dict[str, Any]:
+    return {"configure": p.configure, "write": p.write, "read": p.read}
+
+
+def _exchange_body(x: Exchange) -> dict[str, Any]:
+    return {
+        "type": x.type,
+        "durable": x.durable,
+        "internal": x.internal,
+        "auto_delete": False,
+        "arguments": x.arguments,
+    }
+
+
+def _queue_body(q: Queue) -> dict[str, Any]:
+    return {"durable": q.durable, "auto_delete": False, "arguments": q.arguments}
+
+
+def _binding_body(b: Binding) -> dict[str, Any]:
+    return {"routing_key": b.routing_key, "arguments": {}}
+
+
+def _parameter_body(p: Parameter) -> dict[str, Any]:
+    return {"value": p.value, "component": p.component, "vhost": VHOST, "name": p.name}
+
+
+def _policy_body(p: Policy) -> dict[str, Any]:
+    return {"pattern": p.pattern, "apply-to": p.apply_to, "definition": p.definition, "priority": p.priority}
+
+
+def definitions_file(d: NodeDefinitions, rabbit_version: str = "3.10.8") -> dict[str, Any]:
+    """`d` in RabbitMQ's definitions-file format, for `load_definitions` at a cloud node's boot."""
+    vhost = {"vhost": VHOST}
+    return {
+        "rabbit_version": rabbit_version,
+        "global_parameters": [{"name": "cluster_name", "value": d.cluster_name}],
+        "vhosts": [{"name": VHOST}],
+        "users": [{"name": u.name, **_user_body(u)} for u in d.users],
+        "permissions": [{"user": p.user, **vhost, **_permission_body(p)} for p in d.permissions],
+        "exchanges": [{"name": x.name, **vhost, **_exchange_body(x)} for x in d.exchanges],
+        "queues": [{"name": q.name, **vhost, **_queue_body(q)} for q in d.queues],
+        "bindings": [
+            {
+                "source": b.source,
+                "destination": b.destination,
+                "destination_type": b.destination_type,
+                **vhost,
+                **_binding_body(b),
+            }
+            for b in d.bindings
+        ],
+        "parameters": [_parameter_body(p) for p in d.parameters],
+        "policies": [{"name": p.name, **vhost, **_policy_body(p)} for p in d.policies],
+    }
 
 
 class RabbitAdmin:
@@ -73,56 +145,23 @@ class RabbitAdmin:
         v = _q(VHOST)
         self.request("PUT", "cluster-name", {"name": d.cluster_name})
         for u in d.users:
-            self.request("PUT", f"users/{_q(u.name)}", {"password": u.password, "tags": ",".join(u.tags)})
+            self.request("PUT", f"users/{_q(u.name)}", _user_body(u))
         for p in d.permissions:
-            self.request(
-                "PUT",
-                f"permissions/{v}/{_q(p.user)}",
-                {"configure": p.configure, "write": p.write, "read": p.read},
-            )
+            self.request("PUT", f"permissions/{v}/{_q(p.user)}", _permission_body(p))
         for x in d.exchanges:
-            self.request(
-                "PUT",
-                f"exchanges/{v}/{_q(x.name)}",
-                {
-                    "type": x.type,
-                    "durable": x.durable,
-                    "internal": x.internal,
-                    "auto_delete": False,
-                    "arguments": x.arguments,
-                },
-            )
+            self.request("PUT", f"exchanges/{v}/{_q(x.name)}", _exchange_body(x))
         for q in d.queues:
-            self.request(
-                "PUT",
-                f"queues/{v}/{_q(q.name)}",
-                {"durable": q.durable, "auto_delete": False, "arguments": q.arguments},
-            )
+            self.request("PUT", f"queues/{v}/{_q(q.name)}", _queue_body(q))
         for b in d.bindings:
             kind = "q" if b.destination_type == "queue" else "e"
             self.request(
-                "POST",
-                f"bindings/{v}/e/{_q(b.source)}/{kind}/{_q(b.destination)}",
-                {"routing_key": b.routing_key, "arguments": {}},
+                "POST", f"bindings/{v}/e/{_q(b.source)}/{kind}/{_q(b.destination)}", _binding_body(b)
             )
         # Upstreams before the sets and policies that refer to them.
         for prm in sorted(d.parameters, key=lambda p: p.component != "federation-upstream"):
-            self.request(
-                "PUT",
-                f"parameters/{_q(prm.component)}/{v}/{_q(prm.name)}",
-                {"value": prm.value, "component": prm.component, "vhost": VHOST, "name": prm.name},
-            )
+            self.request("PUT", f"parameters/{_q(prm.component)}/{v}/{_q(prm.name)}", _parameter_body(prm))
         for pol in d.policies:
-            self.request(
-                "PUT",
-                f"policies/{v}/{_q(pol.name)}",
-                {
-                    "pattern": pol.pattern,
-                    "apply-to": pol.apply_to,
-                    "definition": pol.definition,
-                    "priority": pol.priority,
-                },
-            )
+            self.request("PUT", f"policies/{v}/{_q(pol.name)}", _policy_body(pol))
         log.debug("applied %s", json.dumps(asdict(d), default=str)[:200])
 
     def delete(self, path: str) -> bool:

@@ -45,7 +45,7 @@ from infra.cloud import registration, route53
 from infra.cloud.regions import UnknownRegionError, validate_aws_region
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, LocalSettings
-from infra.rabbitmq_admin import AdminError, RabbitAdmin
+from infra.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
 
 MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"
 PLAN_FILE = "tfplan"
@@ -236,7 +236,7 @@ class CloudDriver:
             "admin_password": sec["admin"],
             "erlang_cookie": sec["erlang_cookies"][region],
             "rabbitmq_definitions": json.dumps(
-                registration.rabbitmq_definitions(definitions), sort_keys=True, separators=(",", ":")
+                definitions_file(definitions), sort_keys=True, separators=(",", ":")
             ),
             "zone_id": s.cloud_zone_id,
             "mqtt_hostname": f"mqtt.{s.cloud_domain}",
