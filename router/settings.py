@@ -19,12 +19,11 @@ Validated at start: a wrong value fails at once with the field's name.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from backend import contract as c
+from backend.settings_layers import coerce, read_layers
 from router.topics import DEFAULT_RULES, Rule, RuleError, parse_rules
 
 
@@ -136,25 +135,15 @@ class RouterSettings:
 
 
 def load_router_settings(path: Path | None = None, env: dict[str, str] | None = None) -> RouterSettings:
-    env = dict(os.environ if env is None else env)
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError as e:
-            raise RouterSettingsError(f"config file {path} does not exist") from e
-        except tomllib.TOMLDecodeError as e:
-            raise RouterSettingsError(f"config file {path}: {e}") from e
-    known = {f.name: f for f in fields(RouterSettings)}
-    values: dict[str, Any] = {}
-    for key, raw in data.items():
-        if key not in known:
-            raise RouterSettingsError(f"unknown setting {key!r}")
-        values[key] = raw
-    for key in known:
-        raw = env.get("FEDGATE_ROUTER_" + key.upper())
-        if raw not in (None, "") and key not in ("gateways", "rules"):
-            values[key] = raw
+    known = {f.name: str(f.type) for f in fields(RouterSettings)}
+    values = read_layers(
+        known,
+        path=path,
+        env=os.environ if env is None else env,
+        env_prefix="FEDGATE_ROUTER_",
+        error=RouterSettingsError,
+        skip_env=("gateways", "rules"),  # tables: only a config file can hold them
+    )
     try:
         if "rules" in values:
             values["rules"] = parse_rules(values["rules"])
@@ -169,19 +158,9 @@ def load_router_settings(path: Path | None = None, env: dict[str, str] | None = 
             )
         except (KeyError, AttributeError, TypeError) as e:
             raise RouterSettingsError(f"gateways: each needs management_url ({e})") from e
-    for key, f in known.items():
-        if key in values and f.type in ("int", "float", "bool"):
-            try:
-                if f.type == "bool":
-                    values[key] = (
-                        values[key]
-                        if isinstance(values[key], bool)
-                        else str(values[key]).lower() in ("1", "true", "yes")
-                    )
-                else:
-                    values[key] = int(values[key]) if f.type == "int" else float(values[key])
-            except ValueError as e:
-                raise RouterSettingsError(f"{key}: cannot read {values[key]!r}") from e
+    for key, kind in known.items():
+        if key in values and kind in ("int", "float", "bool"):
+            values[key] = coerce(key, kind, values[key], RouterSettingsError)
     for required in ("amqp_url", "kafka_bootstrap"):
         if required not in values:
             raise RouterSettingsError(

@@ -41,7 +41,7 @@ from pyspark.sql.streaming import StreamingQuery
 from backend import contract as c
 from spark import transforms as tr
 from spark.session import build_session
-from spark.settings import SparkSettings
+from spark.settings import SparkSettings, SparkSettingsError
 from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Table, Warehouse
 
 log = logging.getLogger("fedgate.spark")
@@ -246,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback otherwise
-    settings = SparkSettings.load(args.config)
+    try:
+        settings = SparkSettings.load(args.config)
+    except SparkSettingsError as e:
+        print(f"spark job: settings: {e}", file=sys.stderr)
+        return 2
     job = TelemetryJob(settings)
     signal.signal(signal.SIGTERM, lambda *_: job.request_stop())
     signal.signal(signal.SIGINT, lambda *_: job.request_stop())

@@ -13,12 +13,12 @@ state/nodes/spark/spark.toml) and a job submitted to a cluster: point
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from backend import contract as c
+from backend.settings_layers import coerce, read_layers
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,34 +112,21 @@ class SparkSettings:
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> SparkSettings:
         """Settings from a TOML file, then FEDGATE_SPARK_<FIELD> variables, then `overrides`."""
-        values: dict[str, Any] = {}
-        if path is not None:
-            with open(path, "rb") as f:
-                values.update(tomllib.load(f))
-        known = {f.name: f for f in fields(cls)}
-        unknown = set(values) - set(known)
+        known = {f.name: str(f.type) for f in fields(cls)}
+        values = read_layers(
+            known, path=path, env=os.environ, env_prefix="FEDGATE_SPARK_", error=SparkSettingsError
+        )
+        unknown = set(overrides) - set(known)
         if unknown:
-            raise SparkSettingsError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
-        for name in known:
-            env = os.environ.get("FEDGATE_SPARK_" + name.upper())
-            if env is not None:
-                values[name] = env
+            raise SparkSettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
         values.update(overrides)
-        for name, value in list(values.items()):
-            kind = known[name].type
-            try:
-                if kind == "int":
-                    values[name] = int(value)
-                elif kind == "float":
-                    values[name] = float(value)
-                else:
-                    values[name] = str(value)
-            except ValueError as e:
-                raise SparkSettingsError(f"{name}: {e}") from e
-        try:
-            return cls(**values)
-        except TypeError as e:
-            raise SparkSettingsError(str(e)) from e
+        values = {name: coerce(name, known[name], raw, SparkSettingsError) for name, raw in values.items()}
+        for f in fields(cls):
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in values:
+                raise SparkSettingsError(
+                    f"{f.name}: required (config file or FEDGATE_SPARK_{f.name.upper()})"
+                )
+        return cls(**values)
 
 
 def describe() -> list[tuple[str, str, str]]:

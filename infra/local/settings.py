@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from backend.contract import InvalidRegionError, validate_region
+from backend.settings_layers import coerce, read_layers
 from spark.settings import SPARK_KAFKA_JARS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -274,56 +274,23 @@ class LocalSettings:
         return self
 
 
-def _coerce(name: str, kind: Any, raw: Any) -> Any:
-    """Convert a TOML or environment value to the field's type, naming the field on error."""
-    try:
-        if kind in ("Path", Path):
-            return Path(raw).expanduser().resolve()
-        if kind in ("int", int):
-            return int(raw)
-        if kind in ("float", float):
-            return float(raw)
-        if kind in ("tuple[str, ...]",):
-            items = raw.split(",") if isinstance(raw, str) else list(raw)
-            return tuple(s.strip() for s in items if s.strip())
-        if kind in ("dict[str, int]",):
-            if isinstance(raw, str):  # env: "gw-local-eu.mqtt=18830,kafka.bootstrap=19092"
-                raw = dict(item.split("=", 1) for item in raw.split(",") if item.strip())
-            return {str(k).strip(): int(v) for k, v in dict(raw).items()}
-        return str(raw)
-    except (TypeError, ValueError) as e:
-        raise SettingsError(f"{name}: cannot read {raw!r} ({e})") from e
-
-
 def load_settings(
     env: dict[str, str] | None = None, config_file: Path | None = None, **overrides: Any
 ) -> LocalSettings:
     """Settings from defaults, the TOML file, the environment and `overrides`, validated."""
     env = dict(os.environ if env is None else env)
-    values: dict[str, Any] = {}
     path = config_file or (Path(env["FEDGATE_CONFIG"]) if "FEDGATE_CONFIG" in env else None)
     if path is None and (PROJECT_ROOT / "fedgate.toml").exists():
         path = PROJECT_ROOT / "fedgate.toml"
-    known = {f.name: f for f in fields(LocalSettings)}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError as e:
-            raise SettingsError(f"config file {path} does not exist") from e
-        except tomllib.TOMLDecodeError as e:
-            raise SettingsError(f"config file {path}: {e}") from e
-        for key, raw in data.get("local", data).items():
-            if key not in known:
-                raise SettingsError(f"config file {path}: unknown setting {key!r}")
-            values[key] = _coerce(key, known[key].type, raw)
-    for key, f in known.items():
-        raw = env.get("FEDGATE_" + key.upper())
-        if raw is not None and raw != "":
-            values[key] = _coerce(key, f.type, raw)
+    known = {f.name: str(f.type) for f in fields(LocalSettings)}
+    values = read_layers(
+        known, path=path, env=env, env_prefix="FEDGATE_", error=SettingsError, section="local"
+    )
     for key, raw in overrides.items():
         if key not in known:
             raise SettingsError(f"unknown setting {key!r}")
-        values[key] = _coerce(key, known[key].type, raw)
+        values[key] = raw
+    values = {key: coerce(key, known[key], raw, SettingsError) for key, raw in values.items()}
     return LocalSettings(**values).validate()
 
 

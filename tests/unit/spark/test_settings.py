@@ -1,0 +1,35 @@
+"""The Spark job's settings: file, then FEDGATE_SPARK_* variables, then overrides; errors name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark.settings import SparkSettings, SparkSettingsError
+
+
+def test_file_then_environment_then_overrides(tmp_path, monkeypatch):
+    cfg = tmp_path / "spark.toml"
+    cfg.write_text(
+        'kafka_bootstrap = "127.0.0.1:1"\nwarehouse = "/wh"\nraw_trigger_s = 5\nmaster = "local[1]"\n'
+    )
+    monkeypatch.setenv("FEDGATE_SPARK_RAW_TRIGGER_S", "3.5")
+    s = SparkSettings.load(cfg, master="spark://cluster:7077")
+    assert (s.raw_trigger_s, s.master, s.warehouse) == (3.5, "spark://cluster:7077", "/wh")
+    assert s.checkpoint_dir == "/wh/_checkpoints"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('kafka_bootstrap = "k"\nwarehouse = "w"\nbogus = 1\n', "unknown setting 'bogus'"),
+        ('kafka_bootstrap = "k"\nwarehouse = "w"\nraw_trigger_s = "soon"\n', "^raw_trigger_s: cannot read"),
+        ('kafka_bootstrap = "k"\nwarehouse = "w"\nlate_after = "a minute"\n', "^late_after: an interval"),
+        ('warehouse = "w"\n', "^kafka_bootstrap: required"),
+        ("kafka_bootstrap = \n", "config file .*spark.toml"),
+    ],
+)
+def test_a_bad_setting_is_named(tmp_path, text, message):
+    cfg = tmp_path / "spark.toml"
+    cfg.write_text(text)
+    with pytest.raises(SparkSettingsError, match=message):
+        SparkSettings.load(cfg)
