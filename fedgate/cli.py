@@ -177,10 +177,12 @@ def cmd_gateway(fed: LocalFederation, args: argparse.Namespace) -> int:
     else:
         fed.remove_region(region)
         from infra.local import processes
+        from infra.local.driver import gateway_node_name
 
-        left = processes.marked_pids(processes.marker(fed.state_dir, f"gw-{region}"))
+        node = gateway_node_name(region)
+        left = processes.marked_pids(processes.marker(fed.state_dir, node))
         if left:
-            print(f"fedgate: processes of gw-{region} still running: {left}", file=sys.stderr)
+            print(f"fedgate: processes of {node} still running: {left}", file=sys.stderr)
             return 1
     return 0
 

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import re
-import secrets as pysecrets
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +45,7 @@ from infra.cloud.regions import UnknownRegionError, validate_aws_region
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
+from infra.secrets_file import SecretsFile, write_private_json
 
 MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"
 PLAN_FILE = "tfplan"
@@ -103,37 +103,13 @@ class CloudDriver:
 
     def secrets(self, region: str | None = None) -> dict[str, Any]:
         """Generated once per cloud state folder; a region gets its link password and cookie on first use."""
-        try:
-            data: dict[str, Any] = json.loads(self.secrets_file.read_text())
-        except FileNotFoundError:
-            data = {}
-        changed = False
-        for key in ("admin", "backend_link", "device"):
-            if key not in data:
-                data[key] = pysecrets.token_urlsafe(18)
-                changed = True
+        store = SecretsFile(self.secrets_file)
         if region is not None:
-            for group in ("gateways", "erlang_cookies"):
-                if region not in data.setdefault(group, {}):
-                    data[group][region] = pysecrets.token_urlsafe(24)
-                    changed = True
-        if changed:
-            self._write_private(self.secrets_file, data)
-        return data
+            store.ensure(per_region={"gateways": [region], "erlang_cookies": [region]}, nbytes=24)
+        return store.ensure(("admin", "backend_link", "device"))
 
     def _forget_secrets(self, region: str) -> None:
-        data = self.secrets()
-        for group in ("gateways", "erlang_cookies"):
-            data.get(group, {}).pop(region, None)
-        self._write_private(self.secrets_file, data)
-
-    @staticmethod
-    def _write_private(path: Path, data: Any) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.chmod(0o600)
-        tmp.replace(path)
+        SecretsFile(self.secrets_file).forget(region, ("gateways", "erlang_cookies"))
 
     def record(self, region: str) -> CloudRegion | None:
         try:
@@ -314,7 +290,7 @@ class CloudDriver:
         toolchain = self.check(region)
         d = self.region_dir(region)
         d.mkdir(parents=True, exist_ok=True)
-        self._write_private(d / "main.tf.json", self.root_module(region))
+        write_private_json(d / "main.tf.json", self.root_module(region))
         with self._terraform(region, toolchain) as tf:
             self.progress(f"{region}: terraform init ({toolchain.mirror or 'registry'})")
             self._init(tf)

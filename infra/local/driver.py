@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets as pysecrets
 import shutil
 import signal
 import time
@@ -52,6 +51,7 @@ from infra.local.nodes import (
 )
 from infra.local.settings import LocalSettings
 from infra.rabbitmq_admin import AdminError
+from infra.secrets_file import SecretsFile
 
 Progress = Callable[[str], None]
 
@@ -193,27 +193,10 @@ class LocalFederation:
 
     def secrets(self) -> dict[str, Any]:
         """Generated credentials, created once per state dir."""
-        try:
-            data: dict[str, Any] = json.loads(self.secrets_file.read_text())
-        except FileNotFoundError:
-            data = {}
-        changed = False
-        for key in ("admin", "backend_link", "device", "router", "erlang_cookie"):
-            if key not in data:
-                data[key] = pysecrets.token_urlsafe(18)
-                changed = True
-        gw = data.setdefault("gateways", {})
-        for region in self.settings.regions:
-            if region not in gw:
-                gw[region] = pysecrets.token_urlsafe(18)
-                changed = True
-        if changed:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.secrets_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=2))
-            tmp.chmod(0o600)
-            tmp.replace(self.secrets_file)
-        return data
+        return SecretsFile(self.secrets_file).ensure(
+            ("admin", "backend_link", "device", "router", "erlang_cookie"),
+            {"gateways": self.settings.regions},
+        )
 
     def _write_record(self, specs: list[NodeSpec]) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -582,12 +565,7 @@ class LocalFederation:
         self.settings = dataclasses.replace(
             self.settings, regions=tuple(r for r in self.settings.regions if r != region)
         )
-        sec = self.secrets()
-        if sec.get("gateways", {}).pop(region, None) is not None:
-            tmp = self.secrets_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(sec, indent=2))
-            tmp.chmod(0o600)
-            tmp.replace(self.secrets_file)
+        SecretsFile(self.secrets_file).forget(region, ("gateways",))
 
     def reload_routers(self, nodes: list[Node]) -> None:
         """Re-render every running router's config and make it re-read it (SIGHUP)."""
