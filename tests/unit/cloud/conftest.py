@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
-from infra.local.settings import PROJECT_ROOT
+from infra.local.settings import PROJECT_ROOT, load_settings
 
 TERRAFORM_DIR = PROJECT_ROOT / "infra" / "terraform"
 MODULES = sorted(p for p in (TERRAFORM_DIR / "modules").iterdir() if p.is_dir())
@@ -19,7 +19,13 @@ EXAMPLES = sorted(p for p in (TERRAFORM_DIR / "examples").iterdir() if p.is_dir(
 @pytest.fixture(scope="session")
 def toolchain() -> Toolchain:
     try:
-        return detect(mirror=Path("/opt/tf-plugins"), cache_dir=PROJECT_ROOT / ".cache", require_mirror=True)
+        settings = load_settings(env={})  # FEDGATE_TF_PLUGIN_MIRROR still wins, inside detect()
+        return detect(
+            terraform_bin=settings.terraform_bin,
+            mirror=settings.tf_plugin_mirror,
+            cache_dir=settings.cache_dir,
+            require_mirror=True,
+        )
     except ToolchainError as e:
         pytest.skip(str(e))
 
