@@ -2,22 +2,8 @@
 # Kafka (Amazon MSK) behind the router's bridge, and the analytics bucket
 # Spark writes its tables to.
 
-data "aws_region" "current" {}
-
 data "aws_availability_zones" "available" {
   state = "available"
-}
-
-data "aws_ami" "debian" {
-  count = var.ami_id == null ? 1 : 0
-
-  most_recent = true
-  owners      = ["136693071363"]
-
-  filter {
-    name   = "name"
-    values = ["debian-12-amd64-*"]
-  }
 }
 
 locals {
@@ -25,43 +11,6 @@ locals {
   azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
   templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../backend/templates")
   tags          = merge({ "fedgate:role" = "backend" }, var.tags)
-
-  rabbitmq_conf = join("\n", [
-    templatefile("${local.templates_dir}/rabbitmq.conf", {
-      cluster_name    = "fedgate-backend"
-      host            = "0.0.0.0"
-      amqp_port       = 5672
-      management_port = 15672
-      prometheus_port = 15692
-      memory_mb       = var.memory_mb
-      admin_user      = "fedgate-admin"
-      admin_password  = var.admin_password
-    }),
-    "# --- cloud: rendered by the backend Terraform module ---",
-    "cluster_formation.peer_discovery_backend = aws",
-    "cluster_formation.aws.region = ${data.aws_region.current.name}",
-    "cluster_formation.aws.use_autoscaling_group = true",
-    "cluster_formation.aws.use_private_ip = true",
-    "",
-  ])
-  enabled_plugins = replace(trimspace(file("${local.templates_dir}/enabled_plugins")), "].", ",rabbitmq_peer_discovery_aws].")
-
-  user_data = join("\n", ["#cloud-config", yamlencode({
-    package_update = true
-    packages       = ["rabbitmq-server"]
-    write_files = [
-      { path = "/etc/rabbitmq/rabbitmq.conf", permissions = "0640", content = local.rabbitmq_conf },
-      { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
-      { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
-    ]
-    runcmd = [
-      ["systemctl", "stop", "rabbitmq-server"],
-      ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
-      ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
-      ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
-      ["systemctl", "start", "rabbitmq-server"],
-    ]
-  })])
 }
 
 # --- network ----------------------------------------------------------------------
@@ -248,81 +197,29 @@ resource "aws_security_group" "kafka" {
 
 # --- backend RabbitMQ cluster ---------------------------------------------------------
 
-resource "aws_iam_role" "backend" {
+module "nodes" {
+  source = "../rabbitmq-nodes"
+
   name = "${local.name}-nodes"
   tags = local.tags
-  assume_role_policy = jsonencode({
-    Version = "2012-10-17"
-    Statement = [{
-      Effect    = "Allow"
-      Principal = { Service = "ec2.amazonaws.com" }
-      Action    = "sts:AssumeRole"
-    }]
+  rabbitmq_conf = templatefile("${local.templates_dir}/rabbitmq.conf", {
+    cluster_name    = "fedgate-backend"
+    host            = "0.0.0.0"
+    amqp_port       = 5672
+    management_port = 15672
+    prometheus_port = 15692
+    memory_mb       = var.memory_mb
+    admin_user      = "fedgate-admin"
+    admin_password  = var.admin_password
   })
-}
-
-resource "aws_iam_role_policy" "peer_discovery" {
-  name = "rabbitmq-peer-discovery"
-  role = aws_iam_role.backend.id
-  policy = jsonencode({
-    Version = "2012-10-17"
-    Statement = [{
-      Effect   = "Allow"
-      Action   = ["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"]
-      Resource = "*"
-    }]
-  })
-}
-
-resource "aws_iam_instance_profile" "backend" {
-  name = "${local.name}-nodes"
-  role = aws_iam_role.backend.name
-  tags = local.tags
-}
-
-resource "aws_launch_template" "this" {
-  name                   = "${local.name}-nodes"
-  image_id               = coalesce(var.ami_id, try(data.aws_ami.debian[0].id, null))
-  instance_type          = var.instance_type
-  user_data              = base64encode(local.user_data)
-  vpc_security_group_ids = [aws_security_group.backend.id]
-
-  iam_instance_profile {
-    arn = aws_iam_instance_profile.backend.arn
-  }
-
-  metadata_options {
-    http_tokens = "required"
-  }
-
-  tag_specifications {
-    resource_type = "instance"
-    tags          = merge(local.tags, { Name = "${local.name}-node" })
-  }
-}
-
-resource "aws_autoscaling_group" "this" {
-  name                = "${local.name}-nodes"
-  min_size            = var.node_count
-  max_size            = var.node_count
-  desired_capacity    = var.node_count
-  vpc_zone_identifier = aws_subnet.private[*].id
-  target_group_arns   = [aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn]
-  health_check_type   = "ELB"
-
-  launch_template {
-    id      = aws_launch_template.this.id
-    version = aws_launch_template.this.latest_version
-  }
-
-  dynamic "tag" {
-    for_each = merge(local.tags, { Name = "${local.name}-node" })
-    content {
-      key                 = tag.key
-      value               = tag.value
-      propagate_at_launch = true
-    }
-  }
+  enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
+  erlang_cookie      = var.erlang_cookie
+  ami_id             = var.ami_id
+  instance_type      = var.instance_type
+  node_count         = var.node_count
+  subnet_ids         = aws_subnet.private[*].id
+  security_group_ids = [aws_security_group.backend.id]
+  target_group_arns  = [aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn]
 }
 
 resource "aws_lb" "this" {

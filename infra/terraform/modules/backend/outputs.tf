@@ -20,7 +20,7 @@ output "egress_cidr_blocks" {
 
 output "autoscaling_group_name" {
   description = "Autoscaling group of the backend RabbitMQ nodes."
-  value       = aws_autoscaling_group.this.name
+  value       = module.nodes.autoscaling_group_name
 }
 
 output "kafka_bootstrap_brokers_tls" {

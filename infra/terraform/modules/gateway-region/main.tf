@@ -9,18 +9,6 @@ data "aws_availability_zones" "available" {
   state = "available"
 }
 
-data "aws_ami" "debian" {
-  count = var.ami_id == null ? 1 : 0
-
-  most_recent = true
-  owners      = ["136693071363"] # Debian's official AMIs
-
-  filter {
-    name   = "name"
-    values = ["debian-12-amd64-*"]
-  }
-}
-
 locals {
   name          = "${var.name_prefix}-${var.region}"
   azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
@@ -34,63 +22,6 @@ locals {
   amqps_port      = 5671
   management_port = 15672
   prometheus_port = 15692
-
-  # The same template the local driver renders (gateways/templates), plus
-  # what only a cloud cluster needs: peer discovery by autoscaling group and
-  # the definitions holding the federation link to the backend.
-  rabbitmq_conf = join("\n", [
-    templatefile("${local.templates_dir}/rabbitmq.conf", {
-      region          = var.region
-      cluster_name    = var.region
-      host            = "0.0.0.0"
-      amqp_port       = local.amqp_port
-      management_port = local.management_port
-      prometheus_port = local.prometheus_port
-      mqtt_port       = local.mqtt_port
-      mqtt_tcp_buffer = var.mqtt_tcp_buffer
-      memory_mb       = var.memory_mb
-      admin_user      = "fedgate-admin"
-      admin_password  = var.admin_password
-    }),
-    "# --- cloud: rendered by the gateway-region Terraform module ---",
-    "cluster_formation.peer_discovery_backend = aws",
-    "cluster_formation.aws.region = ${data.aws_region.current.name}",
-    "cluster_formation.aws.use_autoscaling_group = true",
-    "cluster_formation.aws.use_private_ip = true",
-    var.rabbitmq_definitions == "" ? "" : "load_definitions = /etc/rabbitmq/definitions.json",
-    "",
-  ])
-  enabled_plugins = replace(trimspace(file("${local.templates_dir}/enabled_plugins")), "].", ",rabbitmq_peer_discovery_aws].")
-
-  user_data = join("\n", ["#cloud-config", yamlencode({
-    package_update = true
-    packages       = ["rabbitmq-server"]
-    write_files = concat(
-      [
-        { path = "/etc/rabbitmq/rabbitmq.conf", permissions = "0640", content = local.rabbitmq_conf },
-        { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
-        { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
-        {
-          path        = "/etc/systemd/system/rabbitmq-server.service.d/fedgate.conf"
-          permissions = "0644"
-          content     = "[Service]\nLimitNOFILE=${var.max_fds}\n"
-        },
-      ],
-      var.rabbitmq_definitions == "" ? [] : [
-        { path = "/etc/rabbitmq/definitions.json", permissions = "0640", content = var.rabbitmq_definitions },
-      ],
-    )
-    # The package starts the broker with its defaults; restart it with the
-    # cluster's cookie and fedgate's config.
-    runcmd = [
-      ["systemctl", "stop", "rabbitmq-server"],
-      ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
-      ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
-      ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
-      ["systemctl", "daemon-reload"],
-      ["systemctl", "start", "rabbitmq-server"],
-    ]
-  })])
 }
 
 # --- network -------------------------------------------------------------------
@@ -277,86 +208,36 @@ resource "aws_security_group" "gateway" {
 
 # --- gateway nodes ----------------------------------------------------------------
 
-# Peer discovery: a node finds the others through its autoscaling group.
-resource "aws_iam_role" "gateway" {
+# The same templates the local driver renders (gateways/templates); the
+# definitions hold the gateway's side of the federation link to the backend.
+module "nodes" {
+  source = "../rabbitmq-nodes"
+
   name = "${local.name}-gateway"
   tags = local.tags
-  assume_role_policy = jsonencode({
-    Version = "2012-10-17"
-    Statement = [{
-      Effect    = "Allow"
-      Principal = { Service = "ec2.amazonaws.com" }
-      Action    = "sts:AssumeRole"
-    }]
+  rabbitmq_conf = templatefile("${local.templates_dir}/rabbitmq.conf", {
+    region          = var.region
+    cluster_name    = var.region
+    host            = "0.0.0.0"
+    amqp_port       = local.amqp_port
+    management_port = local.management_port
+    prometheus_port = local.prometheus_port
+    mqtt_port       = local.mqtt_port
+    mqtt_tcp_buffer = var.mqtt_tcp_buffer
+    memory_mb       = var.memory_mb
+    admin_user      = "fedgate-admin"
+    admin_password  = var.admin_password
   })
-}
-
-resource "aws_iam_role_policy" "peer_discovery" {
-  name = "rabbitmq-peer-discovery"
-  role = aws_iam_role.gateway.id
-  policy = jsonencode({
-    Version = "2012-10-17"
-    Statement = [{
-      Effect   = "Allow"
-      Action   = ["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"]
-      Resource = "*"
-    }]
-  })
-}
-
-resource "aws_iam_instance_profile" "gateway" {
-  name = "${local.name}-gateway"
-  role = aws_iam_role.gateway.name
-  tags = local.tags
-}
-
-resource "aws_launch_template" "this" {
-  name          = "${local.name}-gateway"
-  image_id      = coalesce(var.ami_id, try(data.aws_ami.debian[0].id, null))
-  instance_type = var.instance_type
-  user_data     = base64encode(local.user_data)
-  # No tags on the template itself: the instances get theirs from
-  # tag_specifications and the autoscaling group (moto echoes template tags
-  # back as an extra tag_specifications block, which would re-plan forever).
-
-  iam_instance_profile {
-    arn = aws_iam_instance_profile.gateway.arn
-  }
-
-  vpc_security_group_ids = [aws_security_group.gateway.id]
-
-  metadata_options {
-    http_tokens = "required"
-  }
-
-  tag_specifications {
-    resource_type = "instance"
-    tags          = merge(local.tags, { Name = "${local.name}-gateway" })
-  }
-}
-
-resource "aws_autoscaling_group" "this" {
-  name                = "${local.name}-gateway"
-  min_size            = var.node_count
-  max_size            = var.node_count
-  desired_capacity    = var.node_count
-  vpc_zone_identifier = aws_subnet.public[*].id
-  target_group_arns   = [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn]
-  health_check_type   = "ELB"
-
-  launch_template {
-    id      = aws_launch_template.this.id
-    version = aws_launch_template.this.latest_version
-  }
-
-  dynamic "tag" {
-    for_each = merge(local.tags, { Name = "${local.name}-gateway" })
-    content {
-      key                 = tag.key
-      value               = tag.value
-      propagate_at_launch = true
-    }
-  }
+  enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
+  erlang_cookie      = var.erlang_cookie
+  definitions        = var.rabbitmq_definitions
+  max_fds            = var.max_fds
+  ami_id             = var.ami_id
+  instance_type      = var.instance_type
+  node_count         = var.node_count
+  subnet_ids         = aws_subnet.public[*].id
+  security_group_ids = [aws_security_group.gateway.id]
+  target_group_arns  = [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn]
 }
 
 # --- load balancer ------------------------------------------------------------------

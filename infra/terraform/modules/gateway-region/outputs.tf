@@ -30,7 +30,7 @@ output "lb_security_group_id" {
 
 output "autoscaling_group_name" {
   description = "Autoscaling group of the gateway nodes."
-  value       = aws_autoscaling_group.this.name
+  value       = module.nodes.autoscaling_group_name
 }
 
 output "lb_dns_name" {

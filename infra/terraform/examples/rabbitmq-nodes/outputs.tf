@@ -1,0 +1,4 @@
+output "autoscaling_group_name" {
+  description = "The cluster's autoscaling group."
+  value       = module.nodes.autoscaling_group_name
+}

@@ -1,0 +1,77 @@
+variable "name" {
+  description = "Name of the IAM role, instance profile, launch template and autoscaling group, and the Name tag of the nodes."
+  type        = string
+}
+
+variable "tags" {
+  description = "Tags on every resource and every node."
+  type        = map(string)
+  default     = {}
+}
+
+variable "rabbitmq_conf" {
+  description = "The node's rabbitmq.conf as fedgate's template renders it; the module appends AWS peer discovery (and load_definitions)."
+  type        = string
+  sensitive   = true
+}
+
+variable "enabled_plugins" {
+  description = "The node's enabled_plugins file (an Erlang list); the module adds rabbitmq_peer_discovery_aws."
+  type        = string
+}
+
+variable "erlang_cookie" {
+  description = "Shared Erlang cookie of the cluster."
+  type        = string
+  sensitive   = true
+}
+
+variable "definitions" {
+  description = "RabbitMQ definitions (JSON) every node loads at boot; empty: none."
+  type        = string
+  default     = ""
+  sensitive   = true
+}
+
+variable "max_fds" {
+  description = "File descriptor limit of the RabbitMQ service (a systemd drop-in); null keeps the package's."
+  type        = number
+  default     = null
+}
+
+variable "ami_id" {
+  description = "AMI of the nodes: Debian 12 (bookworm), whose rabbitmq-server 3.10.8 fedgate is built against. Null: the newest official Debian 12 AMI."
+  type        = string
+  default     = null
+}
+
+variable "instance_type" {
+  description = "EC2 instance type of a node (cost knob)."
+  type        = string
+}
+
+variable "node_count" {
+  description = "Nodes in the autoscaling group; they form one RabbitMQ cluster (cost knob)."
+  type        = number
+
+  validation {
+    condition     = var.node_count >= 1
+    error_message = "node_count: at least 1."
+  }
+}
+
+variable "subnet_ids" {
+  description = "Subnets the nodes are spread over (one per availability zone)."
+  type        = list(string)
+}
+
+variable "security_group_ids" {
+  description = "Security groups of the nodes."
+  type        = list(string)
+}
+
+variable "target_group_arns" {
+  description = "Load balancer target groups the nodes register with (their health decides the nodes' health)."
+  type        = list(string)
+  default     = []
+}
