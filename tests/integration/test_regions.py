@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.request
 
@@ -10,7 +11,10 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import Tap, send_command
+from fedgate.devices import SimDevice
+from fedgate.resolver import Endpoint, NearestHealthyResolver, tcp_connect_probe
 from infra.local import processes
+from infra.local.driver import gateway_node_name
 from tests.helpers import device, kafka_records, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -60,3 +64,57 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
         assert region not in json.load(r)["per_region"], "the router forgot the region"
     time.sleep(0.5)
     assert sorted(s for _, s in federation.link_states()["backend"]) == ["running"] * 4
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_tcp_probe_measures_a_listening_gateway_and_fails_a_closed_port(endpoints):
+    probe = tcp_connect_probe(timeout=1.0)
+    latency = probe(Endpoint("local-eu", endpoints["host"], endpoints["gateways"]["local-eu"]["mqtt"]))
+    assert latency is not None and 0 < latency < 1.0
+    assert probe(Endpoint("local-us", "127.0.0.1", _closed_port())) is None
+
+
+def test_a_device_fails_over_to_the_next_gateway_when_its_gateway_dies_and_its_commands_follow(
+    federation, uid
+):
+    region = "local-fo"
+    federation.add_region(region)
+    try:
+        ep = federation.endpoints()
+        near = Endpoint(region, ep["host"], ep["gateways"][region]["mqtt"])
+        nxt = Endpoint("local-eu", ep["host"], ep["gateways"]["local-eu"]["mqtt"])
+        real = tcp_connect_probe(timeout=0.5)
+
+        def probe(e: Endpoint) -> float | None:
+            # health is real (the gateway answers or not); the new region is made to look nearer
+            lat = real(e)
+            return None if lat is None else lat + (0.0 if e == near else 0.05)
+
+        dev_id = f"fo-{uid}"
+        dev = SimDevice.nearest(
+            dev_id,
+            NearestHealthyResolver([nxt, near], probe),
+            ep["device"]["user"],
+            ep["device"]["password"],
+            keepalive=5,
+        )
+        with dev:
+            assert dev.region == region
+            wait_present(ep, dev_id, region)
+            federation.node(gateway_node_name(region)).stop()  # the gateway dies
+            deadline = time.monotonic() + 30
+            while not (dev.connected and dev.region == "local-eu") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert dev.region == "local-eu" and dev.connected, "device did not fail over to local-eu"
+            assert dev.failovers == [near]
+            dev.subscribe(c.device_command_topic(dev_id, "#"))
+            wait_present(ep, dev_id, "local-eu")
+            send_command(ep["backend"]["url"], dev_id, c.device_command_topic(dev_id, "hello"), b"hi")
+            assert [r.payload for r in dev.wait_for(1)] == [b"hi"], "its command followed it to local-eu"
+    finally:
+        federation.remove_region(region)
