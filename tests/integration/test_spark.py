@@ -75,6 +75,7 @@ def produce_bridge_records(bootstrap: str, records: list[tuple[str, bytes]], *, 
 
 def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, spark, uid):
     sent: dict[str, list[float]] = {}
+    started = time.time()
     for region in ("local-eu", "local-us"):
         dev_id = f"spark-{region}-{uid}"
         d = device(endpoints, region, dev_id)
@@ -99,7 +100,8 @@ def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, s
         assert r["mqtt_topic"] == c.device_telemetry_topic(r["device"])
         assert r["kafka_topic"] == "telemetry.telemetry" and r["kafka_offset"] >= 0
         assert r["parse_error"] is None
-        assert 0 <= r["latency_ms"] < 60_000, "device -> Kafka latency from the device's own timestamp"
+        # device -> Kafka from the device's own timestamp: it cannot exceed the time since the send
+        assert 0 <= r["latency_ms"] <= (time.time() - started) * 1000
         assert r["ingest_batch"] is not None
     assert len({r["message_id"] for r in rows}) == 20
 
