@@ -40,6 +40,11 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         "message.timeout.ms": 0,
         "linger.ms": 5,
         "compression.type": "lz4",
+        # A producer that cached partition leaders while the broker restarted
+        # can keep them stale until the next full refresh (5 min by default;
+        # librdkafka issue #4976): in one full test run router-1 held 851
+        # records for minutes after Kafka was back.  Refresh every 10 s.
+        "topic.metadata.refresh.interval.ms": 10_000,
         **extra,
     }
 
