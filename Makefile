@@ -53,8 +53,8 @@ test: setup ## unit and integration tests against real RabbitMQ and Kafka
 unit: setup ## unit tests only (no brokers)
 	@$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup ## benchmarks side by side with references -> bench/results/ (QUICK=1: under 3 min)
-	@QUICK=$(QUICK) $(VENV)/bin/python -m bench
+bench: setup ## benchmarks side by side with references -> bench/results/ (QUICK=1: shorter; BENCH=router,spark)
+	@QUICK=$(QUICK) BENCH=$(BENCH) $(VENV)/bin/python -m bench
 
 lint: setup ## ruff format --check, ruff check, mypy
 	@$(VENV)/bin/ruff format --check .

@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -469,22 +468,3 @@ def to_markdown(r: dict[str, Any]) -> str:
     for row in r.get("router_profile_top", []):
         lines.append(f"| `{row['function']}` | {row['calls']} | {row['self_s']} | {row['self_pct']} |")
     return "\n".join(lines) + "\n"
-
-
-def main() -> int:
-    quick = os.environ.get("QUICK") not in (None, "", "0")
-    results = run(quick=quick)
-    out_dir = PROJECT_ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (out_dir / f"router-{stamp}.json").write_text(json.dumps(results, indent=2))
-    md = to_markdown(results)
-    (out_dir / f"router-{stamp}.md").write_text(md)
-    print(md)
-    progress(f"results in {out_dir}/router-{stamp}.json and .md")
-    return 0
-
-
-if __name__ == "__main__":
-    threading.current_thread().name = "bench"
-    sys.exit(main())

@@ -75,6 +75,22 @@ def decoded_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
     )
 
 
+def offsets_read(progress: Any) -> int | None:
+    """Records read so far, summed over every topic partition (the batch's end offsets).
+
+    Compared with the topics' end offsets it is the query's lag.
+    """
+    total, seen = 0, False
+    for source in progress.get("sources") or []:
+        end = source["endOffset"]
+        if isinstance(end, str):
+            end = json.loads(end) if end.startswith("{") else {}
+        for partitions in (end or {}).values():
+            total += sum(int(o) for o in partitions.values())
+            seen = True
+    return total if seen else None
+
+
 class TelemetryJob:
     def __init__(self, settings: SparkSettings):
         self.settings = settings
@@ -175,6 +191,7 @@ class TelemetryJob:
                 "processed_rows_per_s": p.get("processedRowsPerSecond"),
                 "batch_ms": (p.get("durationMs") or {}).get("triggerExecution"),
                 "watermark": (p.get("eventTime") or {}).get("watermark"),
+                "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),
             }
         return out

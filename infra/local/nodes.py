@@ -339,7 +339,7 @@ class KafkaNode(Node):
             log_dir=self.dir / "logs",
         )
         if not (data / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = kraft_cluster_id()
             out = subprocess.run(
                 [
                     *self.java_prefix(),
@@ -498,6 +498,19 @@ class SparkNode(Node):
 
     def stop(self, grace: float = 60.0) -> None:
         super().stop(grace)
+
+
+def kraft_cluster_id() -> str:
+    """A random KRaft cluster id, as `kafka-storage random-uuid` makes them.
+
+    Base64 of a UUID starts with '-' one time in 64, and the storage tool
+    would read such an id as an option ("expected one argument"); Kafka's
+    own generator draws again in that case, and so does this.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _toml(value: Any) -> str:

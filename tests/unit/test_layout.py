@@ -61,3 +61,16 @@ def test_two_nodes_on_one_port_is_refused():
 def test_node_spec_round_trips_through_json():
     s = NodeSpec("gw-x", "gateway", "local-x", {"mqtt": 1})
     assert NodeSpec.from_json(s.to_json()) == s
+
+
+def test_kraft_cluster_ids_never_start_with_a_dash(monkeypatch):
+    """One UUID in 64 encodes to an id starting with '-', which kafka-storage read as an option."""
+    import uuid
+
+    from infra.local import nodes
+
+    dash_first = uuid.UUID(bytes=b"\xfb" + bytes(15))  # base64 of 0xfb... starts with '-'
+    draws = iter([dash_first, uuid.UUID(int=1)])
+    monkeypatch.setattr(nodes.uuid, "uuid4", lambda: next(draws))
+    cluster_id = nodes.kraft_cluster_id()
+    assert not cluster_id.startswith("-") and len(cluster_id) == 22

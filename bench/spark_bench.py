@@ -1,0 +1,416 @@
+"""Spark benchmark: rows/s the streaming job ingests, and freshness (device send -> row queryable).
+
+Measured side by side in one run, on a federation of its own (one gateway, one
+router, Kafka and the Spark job with the product's default settings; state in
+a temporary folder, ports from FEDGATE_BENCH_PORT_BASE, default 19000):
+
+freshness, at a steady input rate
+  MQTT devices publish QoS 1 readings at a fixed rate through the whole path
+  (gateway -> federation -> router -> Kafka -> job).  A row is queryable when
+  the commit marker of the micro-batch that landed it is written
+  (spark/tables.py); freshness = that marker's time - the device's send time
+  in the payload.  The split device -> Kafka is the row's own `latency_ms`.
+  The job's CPU and memory over the window are taken from /proc.
+
+ingest rate, draining a backlog
+  The job is stopped, N bridge records are produced into Kafka, the job is
+  started again, and the clock runs from its readiness until the last of
+  the N rows is committed to telemetry_raw (rows/s) and until all three
+  queries (raw, device_minute, region_minute) have read every record.
+  References on the same records, same run:
+    - "python consume": one confluent-kafka consumer reading them: the rate
+      Kafka hands records to one Python process here
+    - "spark batch": one Spark batch query doing the raw query's work (decode,
+      parse, write Parquet) without streaming state or exactly-once landing
+
+Every message is counted: the bench fails if a row is missing or doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from backend import contract as c
+from bench.router_bench import cpu_seconds, progress
+from fedgate.devices import SimDevice
+from infra.local import processes
+from infra.local.driver import LocalFederation
+from infra.local.settings import load_settings
+
+#: The Kafka topic the bridge maps device telemetry to (topic mapping "telemetry").
+TELEMETRY_TOPIC = "telemetry.telemetry"
+SPARK_NODE = "spark"
+FRESH_PREFIX = "fresh-"
+BACKLOG_PREFIX = "backlog-"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return round(total / 1024, 1)
+
+
+class CommitLog:
+    """The raw query's commit markers, read as they appear.
+
+    The job keeps only the last 50 markers, so the bench collects them while
+    it runs: batch id -> (committed_ms, rows).
+    """
+
+    def __init__(self, warehouse: Path):
+        self.folder = warehouse / "_commits" / "raw"
+        self.batches: dict[int, tuple[int, int]] = {}
+
+    def poll(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for f in self.folder.iterdir():
+            if not f.name.isdigit() or int(f.name) in self.batches:
+                continue
+            try:
+                m = json.loads(f.read_text())
+            except (FileNotFoundError, ValueError):
+                continue  # being written: next poll
+            self.batches[int(f.name)] = (int(m["committed_ms"]), int(m.get("rows", 0)))
+
+    def rows_since(self, since_ms: int) -> int:
+        return sum(rows for at, rows in self.batches.values() if at >= since_ms)
+
+    def last_commit_ms(self) -> int:
+        return max((at for at, rows in self.batches.values() if rows), default=0)
+
+
+# --- freshness at a steady rate ------------------------------------------------------
+
+
+def steady_publish(
+    fed: LocalFederation, log: CommitLog, rate: float, seconds: float, devices: int
+) -> dict[str, Any]:
+    """Publish readings at `rate`/s for `seconds` from MQTT devices; wait until all landed."""
+    ep = fed.endpoints()
+    gw = ep["gateways"]["local-eu"]
+    fleet = [
+        SimDevice(
+            f"{FRESH_PREFIX}{i}", ep["host"], gw["mqtt"], ep["device"]["user"], ep["device"]["password"]
+        ).connect()
+        for i in range(devices)
+    ]
+    job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
+    log.poll()
+    since_ms = int(time.time() * 1000)
+    cpu0, t0 = cpu_seconds(job_pids), time.perf_counter()
+    rss_peak = 0.0
+    infos = []
+    n = int(rate * seconds)
+    try:
+        for i in range(n):
+            d = fleet[i % devices]
+            body = json.dumps({"ts": int(time.time() * 1000), "seq": i, "temp_c": 20 + i % 10}).encode()
+            infos.append(d.publish_async(c.device_telemetry_topic(d.device_id), body))
+            if i % int(rate) == 0:
+                log.poll()
+                rss_peak = max(rss_peak, rss_mb(job_pids))
+                progress(f"freshness: {i}/{n} sent, {log.rows_since(since_ms)} rows committed")
+            delay = t0 + (i + 1) / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        for info in infos:
+            info.wait_for_publish(30)
+        unacked = sum(1 for info in infos if not info.is_published())
+        if unacked:
+            raise RuntimeError(f"freshness: {unacked} of {n} readings got no PUBACK from the gateway")
+        publish_s = time.perf_counter() - t0
+        cpu = cpu_seconds(job_pids) - cpu0
+        deadline = time.monotonic() + 180
+        while log.rows_since(since_ms) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"freshness: {log.rows_since(since_ms)} of {n} rows committed after 180 s")
+            time.sleep(0.2)
+            log.poll()
+    finally:
+        for d in fleet:
+            d.close()
+    return {
+        "sent": n,
+        "rate_per_s": rate,
+        "devices": devices,
+        "publish_s": round(publish_s, 1),
+        "job_cpu_cores": round(cpu / publish_s, 2),
+        "job_rss_mb_peak": rss_peak,
+    }
+
+
+def freshness_figures(spark: Any, warehouse: Path, log: CommitLog, sent: int) -> dict[str, Any]:
+    rows = (
+        spark.read.parquet(str(warehouse / "telemetry_raw"))
+        .where(f"device LIKE '{FRESH_PREFIX}%'")
+        .selectExpr("message_id", "unix_millis(device_ts) AS ts_ms", "ingest_batch", "latency_ms")
+        .collect()
+    )
+    ids = {r["message_id"] for r in rows}
+    if len(rows) != sent or len(ids) != sent:
+        raise AssertionError(f"freshness: {sent} readings sent, {len(rows)} rows ({len(ids)} distinct)")
+    missing = {r["ingest_batch"] for r in rows} - set(log.batches)
+    if missing:
+        raise AssertionError(f"freshness: no commit marker seen for batches {sorted(missing)}")
+    fresh = [log.batches[r["ingest_batch"]][0] - r["ts_ms"] for r in rows]
+    to_kafka = [float(r["latency_ms"]) for r in rows if r["latency_ms"] is not None]
+    return {
+        "rows": len(rows),
+        "freshness_p50_ms": percentile(fresh, 0.50),
+        "freshness_p95_ms": percentile(fresh, 0.95),
+        "freshness_max_ms": percentile(fresh, 1.0),
+        "device_to_kafka_p50_ms": percentile(to_kafka, 0.50),
+        "device_to_kafka_p95_ms": percentile(to_kafka, 0.95),
+    }
+
+
+# --- ingest rate on a backlog --------------------------------------------------------
+
+
+def produce_backlog(bootstrap: str, n: int, devices: int = 1000) -> None:
+    """n records as the bridge writes them (headers and message id), device time now."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    received_at = str(int(time.time() * 1000)).encode()
+    for i in range(n):
+        dev = f"{BACKLOG_PREFIX}{i % devices}"
+        topic = c.device_telemetry_topic(dev)
+        payload = json.dumps({"ts": int(time.time() * 1000), "seq": i, "temp_c": 20 + i % 10}).encode()
+        headers = [
+            (c.KAFKA_REGION_HEADER, b"local-eu"),
+            (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
+            (c.KAFKA_DEVICE_HEADER, dev.encode()),
+            (c.KAFKA_RECEIVED_AT_HEADER, received_at),
+            (c.KAFKA_MESSAGE_ID_HEADER, c.message_id(topic, payload).encode()),
+        ]
+        while True:
+            try:
+                p.produce(TELEMETRY_TOPIC, payload, dev.encode(), headers=headers)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 1000 == 0:
+            p.poll(0)
+    if p.flush(60) != 0:
+        raise RuntimeError("backlog: Kafka did not confirm every record")
+
+
+def topic_end(bootstrap: str, topic: str) -> int:
+    """Sum of the topic's end offsets (records ever written to it)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fedgate-bench-offsets"})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions
+        )
+    finally:
+        consumer.close()
+
+
+def python_consume(bootstrap: str, total: int) -> float:
+    """Records/s one confluent-kafka consumer reads the topic's `total` records at."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fedgate-bench-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([TELEMETRY_TOPIC])
+    got = 0
+    t0 = None
+    deadline = time.monotonic() + 300
+    try:
+        while got < total:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"python consume: {got} of {total} records in 300 s")
+            batch = consumer.consume(1000, 1.0)
+            if batch and t0 is None:
+                t0 = time.perf_counter()  # from the first record: the group join is not reading
+            got += sum(1 for m in batch if m.error() is None)
+        return got / (time.perf_counter() - (t0 or 0))
+    finally:
+        consumer.close()
+
+
+def spark_batch(spark: Any, settings: Any, out: Path) -> float:
+    """Records/s of one Spark batch query doing the raw query's work on the same topic."""
+    from spark import transforms as tr
+
+    t0 = time.perf_counter()
+    records = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+        .option("subscribe", TELEMETRY_TOPIC)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .option("includeHeaders", "true")
+        .load()
+    )
+    decoded = tr.decode_kafka(
+        records, c.KAFKA_UNMATCHED_TOPIC, c.KAFKA_DEADLETTER_TOPIC, settings.max_payload_bytes
+    )
+    tr.raw_rows(decoded).write.mode("overwrite").partitionBy("date", "region").parquet(str(out))
+    elapsed = time.perf_counter() - t0
+    n = spark.read.parquet(str(out)).count()
+    return n / elapsed
+
+
+def drain(fed: LocalFederation, log: CommitLog, n: int, target_offsets: int) -> dict[str, Any]:
+    """Start the stopped job on a backlog of n records; time until it has landed them all."""
+    spark_node = fed.node(SPARK_NODE)
+    t_start = time.time()
+    fed.start_node(SPARK_NODE)
+    t_ready = time.time()
+    ready_ms = int(t_ready * 1000)
+    caught_up: dict[str, float] = {}
+    deadline = time.monotonic() + 900
+    while True:
+        log.poll()
+        queries = spark_node.progress().get("queries", {})  # type: ignore[attr-defined]
+        for name, q in queries.items():
+            if name not in caught_up and (q.get("offsets_read") or 0) >= target_offsets:
+                caught_up[name] = time.time()
+        landed = log.rows_since(ready_ms)
+        if landed >= n and len(caught_up) == len(queries) and queries:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"drain: {landed} of {n} rows landed, caught up: {sorted(caught_up)}, after 900 s"
+            )
+        progress(f"ingest: {landed}/{n} rows in telemetry_raw; queries caught up: {sorted(caught_up) or '-'}")
+        time.sleep(0.5)
+    raw_s = log.last_commit_ms() / 1000 - t_ready
+    all_s = max(caught_up.values()) - t_ready
+    return {
+        "records": n,
+        "job_start_s": round(t_ready - t_start, 1),
+        "raw_rows_per_s": round(n / raw_s),
+        "raw_s": round(raw_s, 1),
+        "all_queries_records_per_s": round(n / all_s),
+        "all_queries_s": round(all_s, 1),
+        "caught_up_s": {k: round(v - t_ready, 1) for k, v in caught_up.items()},
+    }
+
+
+def check_backlog_rows(spark: Any, warehouse: Path, n: int) -> None:
+    counts = (
+        spark.read.parquet(str(warehouse / "telemetry_raw"))
+        .where(f"device LIKE '{BACKLOG_PREFIX}%'")
+        .selectExpr("count(*) AS rows", "count(DISTINCT message_id) AS ids")
+        .collect()[0]
+    )
+    if counts["rows"] != n or counts["ids"] != n:
+        raise AssertionError(
+            f"ingest: {n} records produced, {counts['rows']} rows ({counts['ids']} distinct)"
+        )
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    rate, seconds, devices = (100.0, 20.0, 10) if quick else (300.0, 60.0, 30)
+    n_backlog = 40_000 if quick else 300_000
+    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
+    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-spark-"))
+    fed = LocalFederation(
+        load_settings(
+            env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=1, spark=1
+        ),
+        progress=progress,
+    )
+    results: dict[str, Any] = {"quick": quick, "machine": {"cpus": os.cpu_count()}}
+    try:
+        fed.up()
+        warehouse = fed.warehouse
+        log = CommitLog(warehouse)
+        bootstrap = fed.endpoints()["kafka"]["bootstrap"]
+
+        progress(f"freshness: {rate:g} readings/s for {seconds:g} s from {devices} MQTT devices")
+        results["steady"] = steady_publish(fed, log, rate, seconds, devices)
+
+        progress(f"ingest: job stopped, {n_backlog} records produced into Kafka")
+        fed.stop_node(SPARK_NODE)
+        produce_backlog(bootstrap, n_backlog)
+        total = topic_end(bootstrap, TELEMETRY_TOPIC)
+        progress(f"reference: one Python consumer reading the topic's {total} records")
+        results["python_consume_per_s"] = round(python_consume(bootstrap, total))
+
+        from spark.session import build_session
+
+        settings = fed.spark_settings()
+        spark = build_session(settings, "fedgate-bench")
+        try:
+            progress("reference: one Spark batch query doing the raw query's work")
+            results["spark_batch_per_s"] = round(spark_batch(spark, settings, workdir / "spark-batch-ref"))
+            progress("ingest: job started on the backlog")
+            results["ingest"] = drain(fed, log, n_backlog, total)
+            check_backlog_rows(spark, warehouse, n_backlog)
+            results["steady"].update(freshness_figures(spark, warehouse, log, results["steady"]["sent"]))
+        finally:
+            spark.stop()
+        ing = results["ingest"]
+        results["raw_vs_spark_batch"] = round(ing["raw_rows_per_s"] / results["spark_batch_per_s"], 3)
+        results["raw_vs_python_consume"] = round(ing["raw_rows_per_s"] / results["python_consume_per_s"], 3)
+        results["all_queries_vs_spark_batch"] = round(
+            ing["all_queries_records_per_s"] / results["spark_batch_per_s"], 3
+        )
+    finally:
+        fed.down()
+    return results
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    s, ing = r["steady"], r["ingest"]
+    return "\n".join(
+        [
+            f"# Spark benchmark ({'quick' if r['quick'] else 'full'}, {r['machine']['cpus']} cores)",
+            "",
+            f"Freshness at a steady {s['rate_per_s']:g} readings/s from {s['devices']} MQTT devices "
+            f"({s['sent']} readings, every one landed once):",
+            "",
+            "| device send -> | p50 ms | p95 ms | max ms |",
+            "|---|---:|---:|---:|",
+            f"| Kafka (the row's latency_ms) | {s['device_to_kafka_p50_ms']} | "
+            f"{s['device_to_kafka_p95_ms']} | |",
+            f"| **row queryable** (batch committed) | **{s['freshness_p50_ms']}** | "
+            f"**{s['freshness_p95_ms']}** | {s['freshness_max_ms']} |",
+            "",
+            f"The job meanwhile: {s['job_cpu_cores']} cores, peak RSS {s['job_rss_mb_peak']} MB.",
+            "",
+            f"Ingest of a {ing['records']:,}-record backlog (job ready {ing['job_start_s']} s after start):",
+            "",
+            "| | records/s | job / this |",
+            "|---|---:|---:|",
+            "| reference: one Python consumer (confluent-kafka), read only | "
+            f"{r['python_consume_per_s']:,} | "
+            f"{r['raw_vs_python_consume']} |",
+            f"| reference: one Spark batch query, the raw query's work | {r['spark_batch_per_s']:,} | "
+            f"{r['raw_vs_spark_batch']} |",
+            f"| **job: rows landed in telemetry_raw** | **{ing['raw_rows_per_s']:,}** | 1 |",
+            f"| job: all three queries caught up | {ing['all_queries_records_per_s']:,} | |",
+            "",
+        ]
+    )
