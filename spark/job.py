@@ -159,15 +159,16 @@ class TelemetryJob:
 
     @staticmethod
     def _raw_frames(batch: DataFrame, batch_id: int) -> Frames:
-        counts = {
-            bool(r[0]): int(r[1]) for r in batch.groupBy(F.col("reject_reason").isNull()).count().collect()
-        }
+        # one global aggregate, no shuffle: this action also fills the batch's cache
+        accepted, rejected = batch.select(
+            F.count_if(F.col("reject_reason").isNull()), F.count_if(F.col("reject_reason").isNotNull())
+        ).first()  # type: ignore[misc]
         frames = []
-        if counts.get(True):
+        if accepted:
             frames.append((RAW, tr.raw_rows(batch).withColumn("ingest_batch", F.lit(batch_id).cast("long"))))
-        if counts.get(False):
+        if rejected:
             frames.append((REJECTS, tr.reject_rows(batch)))
-        return frames, {"rows": counts.get(True, 0), "rejects": counts.get(False, 0)}
+        return frames, {"rows": int(accepted), "rejects": int(rejected)}
 
     @staticmethod
     def _aggregate_frames(table: Table) -> Build:

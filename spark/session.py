@@ -54,6 +54,9 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
+        # a commit writes the batch's changes, not a snapshot of the store (snapshots are made in
+        # the background); works on checkpoints written without it
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.compression.codec", "zstd")

@@ -62,7 +62,7 @@ class SparkSettings:
         default=2.0, metadata={"doc": "How often new records become rows of telemetry_raw."}
     )
     aggregate_trigger_s: float = field(
-        default=10.0, metadata={"doc": "How often closed minutes are appended to the aggregates."}
+        default=60.0, metadata={"doc": "How often closed minutes are appended to the aggregates."}
     )
     dedupe_window: str = field(
         default="10 minutes",
@@ -78,7 +78,7 @@ class SparkSettings:
     max_payload_bytes: int = field(
         default=256 * 1024, metadata={"doc": "Records over this size go to rejects."}
     )
-    shuffle_partitions: int = field(default=4, metadata={"doc": "spark.sql.shuffle.partitions."})
+    shuffle_partitions: int = field(default=2, metadata={"doc": "spark.sql.shuffle.partitions."})
     driver_memory: str = field(default="1g", metadata={"doc": "spark.driver.memory."})
     bind_host: str = field(default="127.0.0.1", metadata={"doc": "Address the Spark driver binds."})
     driver_port: int = field(default=0, metadata={"doc": "spark.driver.port (0: any free port)."})

@@ -12,9 +12,11 @@ once, and how queries see the tables as views.
 Exactly once: Structured Streaming replays a micro-batch whose commit it did
 not record, with the same records.  A batch is written to _staging first and
 then moved into the table file by file (a rename, atomic per file); the
-marker in _commits says the move finished.  A replay of a batch that has its
-marker writes nothing; a replay of one that died half-way first deletes the
-files the dead attempt had moved in (their names carry the batch id).  Readers
+marker in _commits says the move finished.  Before the first file moves, the
+list of files about to move in is written next to where the marker will be
+(`<batch>.moving`).  A replay of a batch that has its marker writes nothing; a
+replay of one that died half-way first deletes the files that list names, so
+landing never has to list the table itself, however many files it holds.  Readers
 never see a half-written file, and the folders are plain Hive-style Parquet
 that pandas, DuckDB or any Spark can read.
 """
@@ -141,18 +143,20 @@ class Warehouse:
         """
         if self.committed(query, batch_id):
             return False
+        moving = self.path("_commits", query, f"{batch_id:012d}.moving")
+        if self.fs.exists(moving):
+            self._undo_moves(moving)
         frames, stats = build()
         prefix = f"b{batch_id:012d}-{query}-"
-        for table, df in frames:
-            # a dead attempt of this batch may have moved some files in already
-            self._delete_with_prefix(self.path(table.name), prefix)
-            self._move_in(self._stage(query, table, df), table, prefix)
+        staged = [(table, self._stage(query, table, df)) for table, df in frames]
+        moves = [m for table, staging in staged for m in self._plan_moves(staging, table, prefix)]
+        self._write_json(moving, {"files": [dest.toString() for _, _, dest in moves]})
+        self._move(moves)
+        for _, staging in staged:
+            self.fs.delete(staging, True)
         marker = {"batch": batch_id, "query": query, "committed_ms": int(time.time() * 1000), **stats}
-        out = self.fs.create(self.marker_path(query, batch_id), True)
-        try:
-            out.write(json.dumps(marker).encode())
-        finally:
-            out.close()
+        self._write_json(self.marker_path(query, batch_id), marker)
+        self.fs.delete(moving, False)
         if batch_id >= KEEP_MARKERS:
             self.fs.delete(self.marker_path(query, batch_id - KEEP_MARKERS), False)
         return True
@@ -164,10 +168,37 @@ class Warehouse:
         df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
         return staging
 
+    def _write_json(self, path: Any, value: dict[str, Any]) -> None:
+        out = self.fs.create(path, True)
+        try:
+            out.write(json.dumps(value).encode())
+        finally:
+            out.close()
+
+    def _undo_moves(self, moving: Any) -> None:
+        """Take out the files a dead attempt of a batch had moved into its tables."""
+        stream = self.fs.open(moving)
+        try:
+            raw = bytes(stream.readAllBytes())
+        finally:
+            stream.close()
+        try:
+            files = json.loads(raw)["files"]
+        except (ValueError, KeyError):
+            files = []  # the attempt died writing the list: nothing had moved yet
+        for f in files:
+            self.fs.delete(self._Path(f), False)
+        self.fs.delete(moving, False)
+
     def _move_in(self, staging: Any, table: Table, prefix: str) -> None:
         """Move the staged Parquet files into the table, partition folders kept, names prefixed."""
+        self._move(self._plan_moves(staging, table, prefix))
+        self.fs.delete(staging, True)
+
+    def _plan_moves(self, staging: Any, table: Table, prefix: str) -> list[tuple[Any, Any, Any]]:
+        """(staged file, table folder, table file) for each Parquet file staged for `table`."""
         if not self.fs.exists(staging):
-            return  # an empty frame writes nothing
+            return []  # an empty frame writes nothing
         base = staging.toUri().getPath().rstrip("/")
         files = self.fs.listFiles(staging, True)
         moves = []
@@ -178,23 +209,16 @@ class Warehouse:
             rel_dir = src.getParent().toUri().getPath()[len(base) :].strip("/")
             dest_dir = self.path(table.name, rel_dir) if rel_dir else self.path(table.name)
             moves.append((src, dest_dir, self._Path(dest_dir, prefix + src.getName())))
+        return moves
+
+    def _move(self, moves: list[tuple[Any, Any, Any]]) -> None:
+        made: set[str] = set()
         for src, dest_dir, dest in moves:
-            self.fs.mkdirs(dest_dir)
+            if dest_dir.toString() not in made:
+                self.fs.mkdirs(dest_dir)
+                made.add(dest_dir.toString())
             if not self.fs.rename(src, dest):
                 raise OSError(f"could not move {src} to {dest}")
-        self.fs.delete(staging, True)
-
-    def _delete_with_prefix(self, root: Any, prefix: str) -> None:
-        if not self.fs.exists(root):
-            return
-        files = self.fs.listFiles(root, True)
-        doomed = []
-        while files.hasNext():
-            p = files.next().getPath()
-            if p.getName().startswith(prefix):
-                doomed.append(p)
-        for p in doomed:
-            self.fs.delete(p, False)
 
     def overwrite_dates(self, table: Table, df: DataFrame, dates: list[str], tag: str) -> None:
         """Replace `table`'s partitions for `dates` with `df` (holding only those dates): the recompute."""

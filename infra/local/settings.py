@@ -134,7 +134,7 @@ class LocalSettings:
         metadata={"doc": "Spark watermark: a minute's aggregates are final this long after it ends."},
     )
     spark_aggregate_trigger_s: float = field(
-        default=10.0,
+        default=60.0,
         metadata={"doc": "Spark: how often closed minutes are appended to the aggregate tables."},
     )
     boot_timeout: float = field(

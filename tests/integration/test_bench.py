@@ -1,4 +1,4 @@
-"""`make bench QUICK=1` runs end to end, so the benchmark cannot rot."""
+"""`make bench QUICK=1` runs end to end, so the benchmarks cannot rot."""
 
 from __future__ import annotations
 
@@ -21,3 +21,18 @@ def test_quick_router_benchmark_produces_figures_and_ratios(monkeypatch):
     assert r["router_profile_top"], "the profiled run says where the time goes"
     md = to_markdown(r)
     assert "fedgate router" in md and "| direct |" in md
+
+
+def test_quick_spark_benchmark_lands_every_row_and_reports_freshness(monkeypatch):
+    from bench.spark_bench import run as run_spark
+    from bench.spark_bench import to_markdown as spark_markdown
+
+    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")
+    r = run_spark(quick=True)  # raises if a reading or a burst record is missing or doubled
+    s = r["steady"]
+    assert s["rows"] == s["sent"] > 0, "every reading sent at the steady rate is a row, once"
+    assert 0 < s["freshness_p50_ms"] <= s["freshness_p95_ms"] <= s["freshness_max_ms"]
+    assert s["device_to_kafka_p50_ms"] < s["freshness_p50_ms"], "a row is queryable only after Kafka had it"
+    assert r["ingest"]["raw_rows_per_s"] > 0 and r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
+    assert r["raw_vs_spark_batch"] > 0
+    assert "row queryable" in spark_markdown(r)

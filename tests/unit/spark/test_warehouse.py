@@ -40,14 +40,38 @@ def test_a_replayed_batch_lands_once_and_is_not_even_built(spark, tmp_path):
     assert messages(spark, wh) == [(DAY1, "local-eu", 5)]
 
 
-def test_a_batch_that_died_half_way_is_redone_without_its_partial_files(spark, tmp_path):
+def test_a_batch_that_died_half_way_is_redone_without_its_partial_files(spark, tmp_path, monkeypatch):
     wh = Warehouse(spark, str(tmp_path))
     frame = region_rows(spark, [(DAY1, "local-eu", 5), (DAY2, "local-us", 7)])
-    # the dead attempt: its files were moved in, its marker never written
-    wh._move_in(wh._stage("q", REGION_MINUTE, frame), REGION_MINUTE, "b000000000003-q-")
+    batch = lambda: ([(REGION_MINUTE, frame)], {"rows": 2})  # noqa: E731
+    move_all = wh._move
+
+    def killed_after_one_file(moves):
+        move_all(moves[:1])
+        raise RuntimeError("killed mid-move")
+
+    # the dead attempt: one of its two files moved in, its marker never written
+    monkeypatch.setattr(wh, "_move", killed_after_one_file)
+    with pytest.raises(RuntimeError):
+        wh.land("q", 3, batch)
+    assert len(messages(spark, wh)) == 1, "the dead attempt left half a batch in the table"
     assert not wh.committed("q", 3)
-    assert wh.land("q", 3, lambda: ([(REGION_MINUTE, frame)], {"rows": 2})) is True
+
+    monkeypatch.setattr(wh, "_move", move_all)
+    assert wh.land("q", 3, batch) is True
     assert messages(spark, wh) == [(DAY1, "local-eu", 5), (DAY2, "local-us", 7)], "no row twice"
+    assert sorted(f.name for f in (tmp_path / "_commits" / "q").iterdir() if not f.name.startswith(".")) == [
+        "000000000003"
+    ], "the list of files in flight is gone once the batch committed"
+
+
+def test_a_batch_that_died_writing_its_move_list_is_redone(spark, tmp_path):
+    wh = Warehouse(spark, str(tmp_path))
+    (tmp_path / "_commits" / "q").mkdir(parents=True)
+    (tmp_path / "_commits" / "q" / "000000000004.moving").write_text('{"files": ["')  # cut short
+    frame = region_rows(spark, [(DAY1, "local-eu", 5)])
+    assert wh.land("q", 4, lambda: ([(REGION_MINUTE, frame)], {"rows": 1})) is True
+    assert messages(spark, wh) == [(DAY1, "local-eu", 5)]
 
 
 def test_overwrite_dates_replaces_those_dates_and_keeps_the_others(spark, tmp_path):
