@@ -14,9 +14,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class User:
+    """A user; with `password_hash` (RabbitMQ's salted SHA-256 form) the password is never sent."""
+
     name: str
     password: str
     tags: tuple[str, ...] = ()
+    password_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,17 @@ class Permission:
 
     user: str
     configure: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True)
+class TopicPermission:
+    """Regexes over routing keys a user may publish (write) and bind/subscribe (read) on an
+    exchange; RabbitMQ expands {username} in them."""
+
+    user: str
+    exchange: str
     write: str
     read: str
 
@@ -78,6 +92,7 @@ class NodeDefinitions:
     cluster_name: str
     users: list[User] = field(default_factory=list)
     permissions: list[Permission] = field(default_factory=list)
+    topic_permissions: list[TopicPermission] = field(default_factory=list)
     exchanges: list[Exchange] = field(default_factory=list)
     queues: list[Queue] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)

@@ -287,12 +287,9 @@ def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, p
     config = workdir / "router-downlink.toml"
     write_router_config(fed, config, port, downlink=True)
     proc = start_router(config, workdir / "router.log")
+    secret = fed.add_devices(["bench-dev"], rotate=True)["bench-dev"]
     dev = SimDevice(
-        "bench-dev",
-        ep["host"],
-        ep["gateways"]["local-eu"]["mqtt"],
-        ep["device"]["user"],
-        ep["device"]["password"],
+        "bench-dev", ep["host"], ep["gateways"]["local-eu"]["mqtt"], "bench-dev", secret
     ).connect()
     topic = c.device_command_topic("bench-dev", "ping")
     try:

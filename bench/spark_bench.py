@@ -121,12 +121,8 @@ def steady_publish(
     """Publish readings at `rate`/s for `seconds` from MQTT devices; wait until all landed."""
     ep = fed.endpoints()
     gw = ep["gateways"]["local-eu"]
-    fleet = [
-        SimDevice(
-            f"{prefix}{i}", ep["host"], gw["mqtt"], ep["device"]["user"], ep["device"]["password"]
-        ).connect()
-        for i in range(devices)
-    ]
+    secrets = fed.add_devices([f"{prefix}{i}" for i in range(devices)], rotate=True)
+    fleet = [SimDevice(d, ep["host"], gw["mqtt"], d, secret).connect() for d, secret in secrets.items()]
     job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
     log.poll()
     since_ms = int(time.time() * 1000)

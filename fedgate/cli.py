@@ -10,6 +10,9 @@
                                a region joins or leaves: local-NAME runs here,
                                an AWS region (eu-west-1) is stamped out by Terraform
     fedgate regions            the regions (local and cloud) and their gateways
+    fedgate devices add ID... [--rotate] [--json]   issue each device its secret (shown once)
+    fedgate devices revoke ID...   the device can no longer connect; its connections close
+    fedgate devices list       the registered devices
     fedgate query SQL|NAME     Spark SQL over the analysts' tables (--list: named queries)
     fedgate recompute --since D --until D   rebuild the aggregates from telemetry_raw
 
@@ -27,6 +30,7 @@ import sys
 import time
 from typing import Any
 
+from backend.devices import DeviceRegistryError
 from infra.cloud.driver import CloudDriver, CloudError
 from infra.local.driver import FederationError, LocalFederation, NodeStatus
 from infra.local.settings import SettingsError, describe_settings, load_settings
@@ -238,6 +242,40 @@ def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
+    try:
+        if args.action == "add":
+            issued = fed.add_devices(args.ids, rotate=args.rotate)
+            if args.json:
+                print(json.dumps({"devices": [{"id": d, "secret": s} for d, s in issued.items()]}, indent=2))
+            else:
+                print("DEVICE  SECRET (shown once: fedgate keeps only its hash)")
+                for d, secret in issued.items():
+                    print(f"{d}  {secret}")
+            return 0
+        if args.action == "revoke":
+            closed = fed.revoke_devices(args.ids)
+            for d in args.ids:
+                if d in closed:
+                    print(f"{d}: revoked, {closed[d]} connection(s) closed")
+                else:
+                    print(f"{d}: not registered", file=sys.stderr)
+            return 0 if len(closed) == len(args.ids) else 1
+        devices = fed.device_registry.devices()
+        if args.json:
+            print(json.dumps({"devices": [{"id": d, "added_ms": e["added_ms"]} for d, e in devices.items()]}))
+        else:
+            for d, e in devices.items():
+                print(
+                    f"{d}  added {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['added_ms'] / 1000))} UTC"
+                )
+            print(f"{len(devices)} device(s)", file=sys.stderr)
+        return 0
+    except DeviceRegistryError as e:
+        print(f"fedgate: devices: {e}", file=sys.stderr)
+        return 2
+
+
 def cmd_query(fed: LocalFederation, args: argparse.Namespace) -> int:
     from spark import query
 
@@ -318,6 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--json", action="store_true")
     rg.set_defaults(fn=cmd_regions)
     sub.add_parser("settings", help="list settings and their env vars").set_defaults(fn=cmd_settings)
+    dv = sub.add_parser("devices", help="issue and revoke device credentials")
+    dv_sub = dv.add_subparsers(dest="action", required=True)
+    dv_add = dv_sub.add_parser("add", help="register devices; prints each one's secret once")
+    dv_add.add_argument("ids", nargs="+", metavar="ID")
+    dv_add.add_argument("--rotate", action="store_true", help="issue a new secret to a registered device")
+    dv_add.add_argument("--json", action="store_true")
+    dv_rev = dv_sub.add_parser("revoke", help="remove devices from every gateway and close their connections")
+    dv_rev.add_argument("ids", nargs="+", metavar="ID")
+    dv_list = dv_sub.add_parser("list", help="the registered devices")
+    dv_list.add_argument("--json", action="store_true")
+    dv.set_defaults(fn=cmd_devices)
     q = sub.add_parser("query", help="Spark SQL over telemetry_raw, device_minute, region_minute, rejects")
     q.add_argument("sql", nargs="?", help="a SQL statement or a named query (see --list)")
     q.add_argument("--list", action="store_true", help="list the named queries")

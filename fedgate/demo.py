@@ -124,8 +124,10 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     fed.up()
     ep = fed.endpoints()
     host, url = ep["host"], ep["backend"]["url"]
-    dev_user, dev_pass = ep["device"]["user"], ep["device"]["password"]
+    admin_user, admin_pass = ep["admin"]["user"], ep["admin"]["password"]
     regions = sorted(ep["gateways"])
+    # each device logs in as itself; re-running the demo issues its devices new secrets
+    secrets = fed.add_devices([d for r in regions for d in _device_ids(r)], rotate=True)
     checks: list[tuple[bool, str]] = []
 
     def say(text: str = "") -> None:
@@ -144,10 +146,11 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             for region in regions:
                 port = ep["gateways"][region]["mqtt"]
                 for dev_id in _device_ids(region):
-                    d = SimDevice(dev_id, host, port, dev_user, dev_pass).connect()
+                    d = SimDevice(dev_id, host, port, dev_id, secrets[dev_id]).connect()
                     d.subscribe(c.device_command_topic(dev_id, "#"))
                     devices[dev_id] = d
-                mon = SimDevice(f"monitor-{region}", host, port, dev_user, dev_pass).connect()
+                # the operator's view of every command: a device may only see its own
+                mon = SimDevice(f"monitor-{region}", host, port, admin_user, admin_pass).connect()
                 mon.subscribe("devices/+/commands/#")
                 monitors[region] = mon
             say(f"\n1. {len(devices)} devices connected over MQTT 3.1.1:")
@@ -264,7 +267,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
         f"   http://{host}:{backend_mgmt}/   backend management UI, user {ep['admin']['user']}, "
         f"password in {fed.secrets_file}"
     )
-    say(f"   MQTT: any gateway port above, user {dev_user}, password in {fed.secrets_file}")
+    say("   fedgate devices add my-sensor  a device of your own: its MQTT user and secret (shown once)")
     say(f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  (topics telemetry.*, fedgate.deadletter, ...)")
     say("   fedgate presence               which device is where (make presence)")
     say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is")

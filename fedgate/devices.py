@@ -157,14 +157,19 @@ class SimDevice:
 
     def subscribe(self, topic_filter: str, qos: int = 1, timeout: float = 10.0) -> None:
         done = threading.Event()
+        refused: list[Any] = []
 
         def on_subscribe(client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
+            # MQTT 3.1.1 SUBACK: 0x80 is a refusal (e.g. not authorised for that filter)
+            refused.extend(rc for rc in reason_codes if getattr(rc, "is_failure", False))
             done.set()
 
         self.client.on_subscribe = on_subscribe
         result, _ = self.client.subscribe(topic_filter, qos)
         if result != mqtt.MQTT_ERR_SUCCESS or not done.wait(timeout):
             raise DeviceError(f"{self.device_id}: SUBSCRIBE {topic_filter} not acknowledged")
+        if refused:
+            raise DeviceError(f"{self.device_id}: SUBSCRIBE {topic_filter} refused by the gateway")
 
     def publish(
         self, topic: str, payload: bytes | str | dict[str, Any], qos: int = 1, timeout: float = 10.0

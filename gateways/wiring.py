@@ -8,7 +8,8 @@ A gateway holds device connections and nothing else of value.  It declares:
 - the downlink: exchange GATEWAY_DOWNLINK_EXCHANGE, federated from the
   backend's exchange for this region only, bound to the MQTT exchange with a
   single "#" binding.  No per-device binding ever reaches the backend;
-- the MQTT user devices connect with on the local default.
+- no device users: each device has its own, added from the registry
+  (backend/devices.py) to every gateway, so that a device can roam.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ def gateway_definitions(
     admin_password: str,
     backend_link_password: str,
     gateway_password: str,
-    device_password: str,
 ) -> NodeDefinitions:
     """Everything a region's gateway node holds."""
     region = c.validate_region(region)
@@ -54,19 +54,6 @@ def gateway_definitions(
             configure=f"^{fed}$",
             write=f"^{fed}$",
             read=f"^({sources}|{fed})$",
-        )
-    )
-
-    # Devices: publish to and subscribe on the MQTT exchange; the plugin
-    # names subscription queues mqtt-subscription-<client id>qos<n>.
-    mqtt_x = re.escape(c.MQTT_EXCHANGE)
-    d.users.append(User(c.DEVICE_USER, device_password))
-    d.permissions.append(
-        Permission(
-            c.DEVICE_USER,
-            configure="^mqtt-subscription-.*$",
-            write=f"^({mqtt_x}|mqtt-subscription-.*)$",
-            read=f"^({mqtt_x}|mqtt-subscription-.*)$",
         )
     )
 

@@ -25,6 +25,7 @@ from backend.definitions import (
     Permission,
     Policy,
     Queue,
+    TopicPermission,
     User,
 )
 
@@ -49,12 +50,26 @@ def _q(name: str) -> str:
 # --- one body per object: the management API's PUTs and the definitions file share them ---
 
 
+#: How fedgate hashes device secrets (backend/devices.py): RabbitMQ's default.
+HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
+
+
 def _user_body(u: User) -> dict[str, Any]:
+    if u.password_hash:
+        return {
+            "password_hash": u.password_hash,
+            "hashing_algorithm": HASHING_ALGORITHM,
+            "tags": ",".join(u.tags),
+        }
     return {"password": u.password, "tags": ",".join(u.tags)}
 
 
 def _permission_body(p: Permission) -> dict[str, Any]:
     return {"configure": p.configure, "write": p.write, "read": p.read}
+
+
+def _topic_permission_body(p: TopicPermission) -> dict[str, Any]:
+    return {"exchange": p.exchange, "write": p.write, "read": p.read}
 
 
 def _exchange_body(x: Exchange) -> dict[str, Any]:
@@ -92,6 +107,9 @@ def definitions_file(d: NodeDefinitions, rabbit_version: str = "3.10.8") -> dict
         "vhosts": [{"name": VHOST}],
         "users": [{"name": u.name, **_user_body(u)} for u in d.users],
         "permissions": [{"user": p.user, **vhost, **_permission_body(p)} for p in d.permissions],
+        "topic_permissions": [
+            {"user": p.user, **vhost, **_topic_permission_body(p)} for p in d.topic_permissions
+        ],
         "exchanges": [{"name": x.name, **vhost, **_exchange_body(x)} for x in d.exchanges],
         "queues": [{"name": q.name, **vhost, **_queue_body(q)} for q in d.queues],
         "bindings": [
@@ -117,10 +135,15 @@ class RabbitAdmin:
         self._auth = f"Basic {token}"
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
+        return self.request_with_headers(method, path, {}, body)
+
+    def request_with_headers(self, method: str, path: str, headers: dict[str, str], body: Any = None) -> Any:
         url = self.base_url + "/api/" + path.lstrip("/")
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", self._auth)
+        for k, v in headers.items():
+            req.add_header(k, v)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -148,6 +171,8 @@ class RabbitAdmin:
             self.request("PUT", f"users/{_q(u.name)}", _user_body(u))
         for p in d.permissions:
             self.request("PUT", f"permissions/{v}/{_q(p.user)}", _permission_body(p))
+        for tp in d.topic_permissions:
+            self.request("PUT", f"topic-permissions/{v}/{_q(tp.user)}", _topic_permission_body(tp))
         for x in d.exchanges:
             self.request("PUT", f"exchanges/{v}/{_q(x.name)}", _exchange_body(x))
         for q in d.queues:
@@ -163,6 +188,33 @@ class RabbitAdmin:
         for pol in d.policies:
             self.request("PUT", f"policies/{v}/{_q(pol.name)}", _policy_body(pol))
         log.debug("applied %s", json.dumps(asdict(d), default=str)[:200])
+
+    def import_users(self, d: NodeDefinitions) -> None:
+        """Add or update `d`'s users and their permissions in one request (thousands of devices)."""
+        body = definitions_file(d)
+        self.request(
+            "POST",
+            "definitions",
+            {k: body[k] for k in ("users", "permissions", "topic_permissions")},
+        )
+
+    def remove_user(self, name: str, reason: str) -> int:
+        """Delete a user and close its connections; returns how many the node listed as open.
+
+        RabbitMQ closes a deleted user's connections itself; closing the listed
+        ones as well does not depend on that.  The listing lags new connections
+        by up to the statistics interval (5 s), so the count may miss one
+        opened just before.
+        """
+        listed = [c["name"] for c in self.get("connections?columns=name,user") or [] if c.get("user") == name]
+        self.delete(f"users/{_q(name)}")
+        for conn in listed:
+            try:
+                self.request_with_headers("DELETE", f"connections/{_q(conn)}", {"X-Reason": reason})
+            except AdminError as e:
+                if e.status != 404:  # already closed with the user
+                    raise
+        return len(listed)
 
     def delete(self, path: str) -> bool:
         """DELETE; False if it was not there (idempotent removal)."""

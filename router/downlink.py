@@ -312,6 +312,9 @@ class Downlink:
                 await self._on_binding(headers)
                 return
             change = self.presence.apply_event(key, headers)
+            if change.refused:
+                log.warning("presence: %s (region %s)", change.ignored, c.region_from_headers(headers))
+                self.metrics.inc("fedgate_router_presence_refused_total")
             await self._save_presence(key, change)
             for ended in (change.session if key == "connection.closed" else None, change.displaced):
                 if ended is not None:

@@ -44,6 +44,8 @@ class Change:
     session: Session | None
     displaced: Session | None = None
     ignored: str = ""
+    #: the event was a device posing as another one (ignored says how)
+    refused: bool = False
 
 
 def _text(v: Any) -> str:
@@ -131,11 +133,27 @@ class PresenceTable:
             cid = client_id_from_event(headers)
             if cid is None:
                 return Change(None, ignored="not an MQTT connection")
+            refused = impersonation(cid, _text(headers.get("user", "")))
+            if refused:
+                return Change(None, ignored=refused, refused=True)
             at = headers.get("connected_at") or headers.get("timestamp_in_ms") or int(time.time() * 1000)
             return self.connected(Session(cid, region, node, name, int(at)))
         if routing_key == "connection.closed":
             return self.closed(node, name)
         return Change(None, ignored=f"event {routing_key} is not about presence")
+
+
+def impersonation(client_id: str, user: str) -> str:
+    """Why a connection may not stand for device `client_id` ("" if it may).
+
+    Each device logs in as itself (backend/devices.py), so a connection is
+    device X only if it authenticated as X: a device that takes another's
+    client id must not draw that device's commands to its own gateway.
+    fedgate's administrator (operators' tools) may use any client id.
+    """
+    if not user or user in (client_id, c.ADMIN_USER):
+        return ""
+    return f"client id {client_id!r} used by user {user!r}: a device connects only as itself"
 
 
 def sessions_from_management(region: str, connections: list[dict[str, Any]]) -> list[Session]:
@@ -146,7 +164,7 @@ def sessions_from_management(region: str, connections: list[dict[str, Any]]) -> 
             continue
         props = conn.get("client_properties") or {}
         cid = props.get("client_id") or (conn.get("variable_map") or {}).get("client_id")
-        if not cid:
+        if not cid or impersonation(str(cid), str(conn.get("user") or "")):
             continue
         out.append(Session(str(cid), region, conn["node"], conn["name"], int(conn.get("connected_at") or 0)))
     return out

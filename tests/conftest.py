@@ -81,7 +81,10 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
 
 @pytest.fixture
 def endpoints(federation: LocalFederation) -> dict:
-    return federation.endpoints()
+    """The federation's endpoints, and `credentials(device_id)` -> (user, secret) for test devices."""
+    from tests.helpers import DeviceCredentials
+
+    return {**federation.endpoints(), "credentials": DeviceCredentials(federation)}
 
 
 @pytest.fixture

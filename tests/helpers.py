@@ -11,18 +11,36 @@ from confluent_kafka import Message
 
 from backend.kafka_read import Match, read_records
 from fedgate.devices import SimDevice
+from infra.local.driver import LocalFederation
+
+
+class DeviceCredentials:
+    """Secrets of the devices the tests use, registered on first use (`fedgate devices add`)."""
+
+    def __init__(self, federation: LocalFederation):
+        self.federation = federation
+        self._issued: dict[str, str] = {}
+
+    def __call__(self, device_id: str) -> tuple[str, str]:
+        if device_id not in self._issued:
+            self._issued.update(self.federation.add_devices([device_id], rotate=True))
+        return device_id, self._issued[device_id]
 
 
 def device(endpoints: dict[str, Any], region: str, client_id: str, **kw: Any) -> SimDevice:
-    """A connected paho-mqtt device on `region`'s gateway, with the local device credentials."""
+    """A connected paho-mqtt device on `region`'s gateway, logged in with its own secret."""
     ep = endpoints
+    user, secret = ep["credentials"](client_id)
+    return SimDevice(client_id, ep["host"], ep["gateways"][region]["mqtt"], user, secret, **kw).connect()
+
+
+def operator_client(endpoints: dict[str, Any], region: str, client_id: str, **kw: Any) -> SimDevice:
+    """An MQTT client with the administrator's login: not bound to one device's topics
+    (publishing outside devices/<id>/..., as a line controller or a test of the bridge does)."""
+    ep = endpoints
+    admin = ep["admin"]
     return SimDevice(
-        client_id,
-        ep["host"],
-        ep["gateways"][region]["mqtt"],
-        ep["device"]["user"],
-        ep["device"]["password"],
-        **kw,
+        client_id, ep["host"], ep["gateways"][region]["mqtt"], admin["user"], admin["password"], **kw
     ).connect()
 
 

@@ -38,6 +38,7 @@ import boto3
 from python_terraform import IsFlagged, Terraform
 
 from backend import contract as c
+from backend.devices import DeviceRegistry, device_users
 from backend.wiring import AmqpEndpoint
 from gateways.wiring import gateway_definitions
 from infra.cloud import registration, route53
@@ -106,7 +107,7 @@ class CloudDriver:
         store = SecretsFile(self.secrets_file)
         if region is not None:
             store.ensure(per_region={"gateways": [region], "erlang_cookies": [region]}, nbytes=24)
-        return store.ensure(("admin", "backend_link", "device"))
+        return store.ensure(("admin", "backend_link"))
 
     def _forget_secrets(self, region: str) -> None:
         SecretsFile(self.secrets_file).forget(region, ("gateways", "erlang_cookies"))
@@ -191,8 +192,12 @@ class CloudDriver:
             admin_password=sec["admin"],
             backend_link_password=sec["backend_link"],
             gateway_password=sec["gateways"][region],
-            device_password=sec["device"],
         )
+        # the fleet's devices (hashes only) are users of the new gateway from its first boot
+        fleet = device_users(DeviceRegistry(self.state_dir / "devices.json").hashes())
+        definitions.users += fleet.users
+        definitions.permissions += fleet.permissions
+        definitions.topic_permissions += fleet.topic_permissions
         provider: dict[str, Any] = {"region": region}
         if s.aws_endpoint_url:
             # moto (or another stand-in) answers every API: no account lookups, no metadata service.

@@ -23,13 +23,14 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backend import contract as c
+from backend.devices import DeviceRegistry, device_users
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.local import processes
@@ -194,7 +195,7 @@ class LocalFederation:
     def secrets(self) -> dict[str, Any]:
         """Generated credentials, created once per state dir."""
         return SecretsFile(self.secrets_file).ensure(
-            ("admin", "backend_link", "device", "router", "erlang_cookie"),
+            ("admin", "backend_link", "router", "erlang_cookie"),
             {"gateways": self.settings.regions},
         )
 
@@ -357,9 +358,11 @@ class LocalFederation:
                     admin_password=sec["admin"],
                     backend_link_password=sec["backend_link"],
                     gateway_password=sec["gateways"][gw.spec.region],
-                    device_password=sec["device"],
                 )
             )
+            fleet = self.device_registry.hashes()
+            if fleet:
+                gw.admin().import_users(device_users(fleet))
         links = [
             GatewayLink(
                 gw.spec.region or "",
@@ -478,6 +481,37 @@ class LocalFederation:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"federation links not running after {timeout:.0f}s: {missing}")
             time.sleep(0.25)
+
+    # --- devices ----------------------------------------------------------------------
+
+    @property
+    def device_registry(self) -> DeviceRegistry:
+        return DeviceRegistry(self.state_dir / "devices.json")
+
+    def add_devices(self, ids: Iterable[str], *, rotate: bool = False) -> dict[str, str]:
+        """Register devices and make them users of every running gateway; returns their secrets.
+
+        A gateway started later gets them when it is wired.
+        """
+        issued = self.device_registry.add(ids, rotate=rotate)
+        hashes = self.device_registry.hashes()
+        fleet = device_users({d: hashes[d] for d in issued})
+        for gw in self.gateways():
+            if gw.is_running():
+                gw.admin().import_users(fleet)
+        return issued
+
+    def revoke_devices(self, ids: Iterable[str]) -> dict[str, int]:
+        """Forget devices, delete their users on every running gateway and close their
+        connections; returns the connections closed per device."""
+        gone = self.device_registry.revoke(list(ids))
+        closed = dict.fromkeys(gone, 0)
+        for gw in self.gateways():
+            if gw.is_running():
+                admin = gw.admin()
+                for d in gone:
+                    closed[d] += admin.remove_user(d, "device revoked")
+        return closed
 
     # --- single nodes (chaos, tests) -------------------------------------------------
 
@@ -697,5 +731,4 @@ class LocalFederation:
             "kafka": {"bootstrap": kafka.bootstrap},
             "router": {"metrics": router.metrics_url if router else None},
             "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
-            "device": {"user": c.DEVICE_USER, "password": sec["device"]},
         }

@@ -12,7 +12,7 @@ import pytest
 from backend import contract as c
 from backend.amqp import Tap, connect, publish_downlink
 from fedgate.devices import SimDevice
-from tests.helpers import device
+from tests.helpers import device, operator_client
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +42,9 @@ def test_downlink_reaches_only_the_target_regions_gateway(endpoints, federation,
     url = endpoints["backend"]["url"]
     target = f"dev-{uid}"
     topic = c.device_command_topic(target, "reboot")
-    eu = device(endpoints, "local-eu", f"eu-{uid}")
-    us = device(endpoints, "local-us", f"us-{uid}")
+    # operators' clients: a device may only subscribe to its own commands
+    eu = operator_client(endpoints, "local-eu", f"eu-{uid}")
+    us = operator_client(endpoints, "local-us", f"us-{uid}")
     try:
         eu.subscribe(f"devices/{target}/commands/#")
         us.subscribe(f"devices/{target}/commands/#")

@@ -99,8 +99,8 @@ def test_a_device_fails_over_to_the_next_gateway_when_its_gateway_dies_and_its_c
         dev = SimDevice.nearest(
             dev_id,
             NearestHealthyResolver([nxt, near], probe),
-            ep["device"]["user"],
-            ep["device"]["password"],
+            dev_id,
+            federation.add_devices([dev_id])[dev_id],
             keepalive=5,
         )
         with dev:

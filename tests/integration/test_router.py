@@ -10,7 +10,7 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
-from tests.helpers import device, kafka_records, router_metrics, wait_present
+from tests.helpers import device, kafka_records, operator_client, router_metrics, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -24,7 +24,7 @@ def send(endpoints, dev_id, name, payload, retain=False):
 def test_a_command_reaches_exactly_the_gateway_that_holds_the_device(endpoints, uid):
     dev_id = f"routed-{uid}"
     d = device(endpoints, "local-us", dev_id)
-    spy = device(endpoints, "local-eu", f"spy-{uid}")
+    spy = operator_client(endpoints, "local-eu", f"spy-{uid}")  # may see any device's commands
     try:
         d.subscribe(c.device_command_topic(dev_id, "#"))
         spy.subscribe(c.device_command_topic(dev_id, "#"))
@@ -124,7 +124,8 @@ def test_telemetry_is_bridged_into_kafka_with_key_and_headers(endpoints, uid):
 
 
 def test_unmatched_topics_go_to_the_catch_all_with_their_topic(endpoints, uid):
-    with device(endpoints, "local-us", f"odd-{uid}") as d:
+    # devices publish only under devices/<id>/...; a line controller with wider rights does not
+    with operator_client(endpoints, "local-us", f"odd-{uid}") as d:
         d.publish(f"factory/{uid}/line-1", b"hello")
     recs = kafka_records(
         endpoints,
@@ -141,8 +142,9 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_the_router_keeps_run
     with device(endpoints, "local-eu", dev_id) as d:
         d.publish(f"devices/{dev_id}/telemetry", b"x" * (300 * 1024))  # over the 256 KiB limit
         d.publish(f"devices/{dev_id}/telemetry", b"\xff\xfe\x00binary")  # not UTF-8
-        d.publish(f"devices//telemetry/{uid}", b"{}")  # no device
         d.publish(f"devices/{dev_id}/telemetry", b'{"after": "poison"}')
+    with operator_client(endpoints, "local-eu", f"op-{uid}") as op:  # a device may not publish there
+        op.publish(f"devices//telemetry/{uid}", b"{}")  # no device
     dead = kafka_records(
         endpoints,
         c.KAFKA_DEADLETTER_TOPIC,
@@ -298,7 +300,7 @@ def test_a_restarted_router_routes_correctly_from_its_first_message(federation, 
 def test_a_command_for_a_device_never_seen_is_broadcast_to_every_region(endpoints, uid):
     """unknown_device = "broadcast" (the default): when in doubt, every region's gateway gets it."""
     ghost = f"ghost-{uid}"
-    spies = [device(endpoints, r, f"spy-{r}-{uid}") for r in ("local-eu", "local-us")]
+    spies = [operator_client(endpoints, r, f"spy-{r}-{uid}") for r in ("local-eu", "local-us")]
     try:
         for s in spies:
             s.subscribe(c.device_command_topic(ghost, "#"))

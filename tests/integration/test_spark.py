@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from backend import contract as c
 from infra.local import processes
 from spark.tables import register_views
-from tests.helpers import device
+from tests.helpers import device, operator_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 
@@ -166,10 +166,11 @@ def test_bad_input_lands_with_reasons_and_the_job_keeps_running(federation, endp
         d.publish(c.device_telemetry_topic(dev_id), b"[1, 2]")  # not an object
         d.publish(c.device_telemetry_topic(dev_id), {"temp_c": 1})  # no timestamp
         d.publish(c.device_telemetry_topic(dev_id), {"ts": "soon", "temp_c": "hot"})  # wrong types
-        d.publish(f"elsewhere/{uid}/x", b"unmapped")  # no mapping rule: fedgate.unmatched
         d.publish(c.device_telemetry_topic(dev_id), b"\xff\xfe not utf-8")  # dead-lettered by the bridge
     finally:
         d.close()
+    with operator_client(endpoints, "local-eu", f"op-{uid}") as op:  # devices may only use devices/<id>/
+        op.publish(f"elsewhere/{uid}/x", b"unmapped")  # no mapping rule: fedgate.unmatched
     p = Producer({"bootstrap.servers": endpoints["kafka"]["bootstrap"]})
     p.produce("telemetry.telemetry", f"headerless-{uid}".encode())  # not from the bridge
     assert p.flush(10) == 0

@@ -19,7 +19,6 @@ def _gateway(region="local-eu"):
         admin_password="adm",
         backend_link_password="bl",
         gateway_password="gwpw",
-        device_password="dev",
     )
 
 

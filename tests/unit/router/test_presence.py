@@ -97,3 +97,42 @@ def test_rebuild_from_management_api_listing():
     t = PresenceTable()
     t.replace_all(sessions)
     assert t.get("d1").region == "local-eu"
+
+
+def test_a_device_posing_as_another_does_not_move_it():
+    t = PresenceTable()
+    t.apply_event("connection.created", {**created("pump-1", "local-eu", "c1", 100), "user": "pump-1"})
+    # pump-2 logs in with its own secret but takes pump-1's client id on another gateway
+    ch = t.apply_event("connection.created", {**created("pump-1", "local-us", "c2", 200), "user": "pump-2"})
+    assert ch.refused and "pump-2" in ch.ignored
+    assert t.get("pump-1").region == "local-eu", "pump-1's commands still go where pump-1 is"
+
+
+def test_the_administrator_may_use_any_client_id():
+    t = PresenceTable()
+    ch = t.apply_event(
+        "connection.created", {**created("monitor", "local-eu", "c1", 1), "user": "fedgate-admin"}
+    )
+    assert not ch.refused and t.get("monitor") is not None
+
+
+def test_rebuild_skips_connections_posing_as_another_device():
+    listing = [
+        {
+            "protocol": "MQTT 3.1.1",
+            "client_properties": {"client_id": "d1"},
+            "user": "d1",
+            "node": "n",
+            "name": "c1",
+            "connected_at": 5,
+        },
+        {
+            "protocol": "MQTT 3.1.1",
+            "client_properties": {"client_id": "d2"},
+            "user": "d3",
+            "node": "n",
+            "name": "c2",
+            "connected_at": 6,
+        },
+    ]
+    assert [s.client_id for s in sessions_from_management("local-eu", listing)] == ["d1"]

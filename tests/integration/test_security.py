@@ -1,0 +1,140 @@
+"""Devices prove who they are, and each is confined to its own topics, on the real gateways.
+
+Tried: no login, a wrong secret, a revoked device, device A publishing as B,
+A subscribing to B's commands, and A taking B's client id on another gateway.
+Each is refused, nothing of A's reaches B's topics or Kafka, B's own traffic
+is untouched, and the refusal is visible (the gateway's log, a router metric).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from backend import contract as c
+from backend.amqp import send_command
+from fedgate.devices import DeviceError, SimDevice
+from tests.helpers import device, kafka_records, router_metrics, wait_present
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+
+def mqtt(endpoints, region: str, client_id: str, user: str | None, secret: str | None, **kw) -> SimDevice:
+    ep = endpoints
+    d = SimDevice(client_id, ep["host"], ep["gateways"][region]["mqtt"], user or "", secret or "", **kw)
+    if user is None:
+        d.client.username_pw_set(None)  # no user name at all: anonymous
+    return d
+
+
+def gateway_log(federation, region: str) -> str:
+    return federation.node(f"gw-{region}").log_file.read_text(errors="replace")
+
+
+@pytest.mark.parametrize(
+    "user, secret",
+    [(None, None), ("nobody", "guess"), ("guest", "guest"), (c.ADMIN_USER, "wrong")],
+    ids=["anonymous", "unknown-user", "guest", "wrong-admin-secret"],
+)
+def test_a_client_without_valid_credentials_is_refused(endpoints, uid, user, secret):
+    d = mqtt(endpoints, "local-eu", f"anon-{uid}", user, secret, auto_reconnect=False)
+    with pytest.raises(DeviceError, match="refused|no CONNACK"):
+        d.connect(timeout=5)
+
+
+def test_a_device_with_a_wrong_or_rotated_secret_is_refused(endpoints, federation, uid):
+    dev_id = f"rot-{uid}"
+    old = federation.add_devices([dev_id])[dev_id]
+    with pytest.raises(DeviceError):
+        mqtt(endpoints, "local-eu", dev_id, dev_id, old + "x", auto_reconnect=False).connect(timeout=5)
+    new = federation.add_devices([dev_id], rotate=True)[dev_id]
+    with pytest.raises(DeviceError):
+        mqtt(endpoints, "local-us", dev_id, dev_id, old, auto_reconnect=False).connect(timeout=5)
+    with mqtt(endpoints, "local-us", dev_id, dev_id, new).connect():
+        pass  # the new secret works on every gateway
+
+
+def test_a_revoked_device_is_disconnected_and_cannot_reconnect(endpoints, federation, uid):
+    dev_id = f"rev-{uid}"
+    secret = federation.add_devices([dev_id])[dev_id]
+    d = mqtt(endpoints, "local-eu", dev_id, dev_id, secret, auto_reconnect=False).connect()
+    try:
+        assert set(federation.revoke_devices([dev_id])) == {dev_id}
+        assert d.dropped.wait(10), "the revoked device was disconnected"
+    finally:
+        d.close()
+    for region in ("local-eu", "local-us"):
+        with pytest.raises(DeviceError):
+            mqtt(endpoints, region, dev_id, dev_id, secret, auto_reconnect=False).connect(timeout=5)
+    assert dev_id not in federation.device_registry.devices()
+
+
+def test_a_device_cannot_publish_as_another(endpoints, federation, uid):
+    a_id, b_id = f"a-{uid}", f"b-{uid}"
+    a = device(endpoints, "local-eu", a_id, auto_reconnect=False)
+    try:
+        with pytest.raises(DeviceError):
+            # the gateway closes the connection instead of acking: no PUBACK
+            a.publish(c.device_telemetry_topic(b_id), b'{"forged": true}', timeout=5)
+        assert a.dropped.wait(10), "the gateway disconnected the device that tried"
+    finally:
+        a.close()
+    with device(endpoints, "local-eu", b_id) as b:
+        b.publish(c.device_telemetry_topic(b_id), b'{"genuine": true}')
+    recs = kafka_records(
+        endpoints,
+        "telemetry.telemetry",
+        lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == b_id,
+        expect=2,
+        timeout=10,
+    )
+    assert [m.value() for m, _ in recs] == [b'{"genuine": true}'], "only B's own reading is in Kafka"
+    assert "access to topic" in gateway_log(federation, "local-eu") and a_id in gateway_log(
+        federation, "local-eu"
+    )
+
+
+def test_a_device_cannot_read_another_devices_commands(endpoints, federation, uid):
+    a_id, b_id = f"a-{uid}", f"b-{uid}"
+    b = device(endpoints, "local-eu", b_id)
+    a = device(endpoints, "local-eu", a_id, auto_reconnect=False)
+    try:
+        b.subscribe(c.device_command_topic(b_id, "#"))
+        for stolen in (c.device_command_topic(b_id, "#"), "devices/+/commands/#", "#"):
+            with pytest.raises(DeviceError, match="refused|not acknowledged"):
+                a.subscribe(stolen, timeout=5)
+            if not a.connected:
+                a.close()
+                a = device(endpoints, "local-eu", a_id, auto_reconnect=False)
+        wait_present(endpoints, b_id, "local-eu")
+        send_command(
+            endpoints["backend"]["url"], b_id, c.device_command_topic(b_id, "unlock"), b"secret-code"
+        )
+        assert [r.payload for r in b.wait_for(1)] == [b"secret-code"]
+        time.sleep(1.0)
+        assert a.received == [], "A received nothing of B's"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_device_taking_anothers_client_id_does_not_draw_its_commands(endpoints, federation, uid):
+    a_id, b_id = f"a-{uid}", f"b-{uid}"
+    before = router_metrics(endpoints).get("fedgate_router_presence_refused_total", 0)
+    b = device(endpoints, "local-eu", b_id)
+    try:
+        b.subscribe(c.device_command_topic(b_id, "#"))
+        wait_present(endpoints, b_id, "local-eu")
+        _, a_secret = endpoints["credentials"](a_id)
+        # A logs in as itself but claims B's client id, on the other gateway
+        with mqtt(endpoints, "local-us", b_id, a_id, a_secret).connect():
+            deadline = time.monotonic() + 10
+            while router_metrics(endpoints).get("fedgate_router_presence_refused_total", 0) <= before:
+                assert time.monotonic() < deadline, "the router counted the refused claim"
+                time.sleep(0.1)
+            wait_present(endpoints, b_id, "local-eu")  # B is still where it is
+            send_command(endpoints["backend"]["url"], b_id, c.device_command_topic(b_id, "x"), b"for-b")
+            assert [r.payload for r in b.wait_for(1)] == [b"for-b"]
+    finally:
+        b.close()
