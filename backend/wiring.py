@@ -46,10 +46,23 @@ class AmqpEndpoint:
     host: str
     port: int
     tls: bool = False
+    #: with tls: the CA file (on the node that opens the link) the peer's certificate must chain to
+    ca_file: str = ""
+    #: with tls: the name the peer's certificate must carry (default: host)
+    server_name: str = ""
 
     def uri(self, user: str, password: str) -> str:
         scheme = "amqps" if self.tls else "amqp"
-        return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}"
+        base = f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}"
+        if not (self.tls and self.ca_file):
+            return base
+        # RabbitMQ's AMQP URI options: check the peer's certificate and its name
+        query = {
+            "cacertfile": self.ca_file,
+            "verify": "verify_peer",
+            "server_name_indication": self.server_name or self.host,
+        }
+        return base + "?" + "&".join(f"{k}={quote(v, safe='/')}" for k, v in query.items())
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,16 @@ def progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def bench_federation(workdir: Path, *, routers: int, spark: int) -> LocalFederation:
+    """A federation of the benchmark's own: one gateway, state in `workdir`, ports from
+    FEDGATE_BENCH_PORT_BASE (default 19000), clear of `make up`'s and the tests'."""
+    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
+    settings = load_settings(
+        env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=routers, spark=spark
+    )
+    return LocalFederation(settings, progress=progress)
+
+
 # --- references -------------------------------------------------------------------
 
 
@@ -369,14 +379,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     n = 20_000 if quick else 100_000
     n_profile = 10_000 if quick else 30_000
     n_cmd, rate = (200, 100.0) if quick else (2000, 200.0)
-    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
-    fed = LocalFederation(
-        load_settings(
-            env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=0, spark=0
-        ),
-        progress=progress,
-    )
+    fed = bench_federation(workdir, routers=0, spark=0)
+    base = fed.settings.port_base
     results: dict[str, Any] = {
         "quick": quick,
         "messages": n,

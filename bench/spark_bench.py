@@ -41,11 +41,10 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from backend import contract as c
-from bench.router_bench import cpu_seconds, progress
+from bench.router_bench import bench_federation, cpu_seconds, progress
 from fedgate.devices import SimDevice
 from infra.local import processes
 from infra.local.driver import LocalFederation
-from infra.local.settings import load_settings
 from router.kafka import ensure_topics
 
 #: The Kafka topic the bridge maps device telemetry to (topic mapping "telemetry").
@@ -369,14 +368,8 @@ def check_backlog_rows(spark: Any, warehouse: Path, n: int) -> None:
 def run(quick: bool = False) -> dict[str, Any]:
     rate, seconds, devices = (100.0, 20.0, 10) if quick else (300.0, 60.0, 30)
     n_backlog = 40_000 if quick else 300_000
-    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-spark-"))
-    fed = LocalFederation(
-        load_settings(
-            env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=1, spark=1
-        ),
-        progress=progress,
-    )
+    fed = bench_federation(workdir, routers=1, spark=1)
     results: dict[str, Any] = {"quick": quick, "machine": {"cpus": os.cpu_count()}}
     try:
         fed.up()

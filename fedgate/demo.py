@@ -268,6 +268,12 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
         f"password in {fed.secrets_file}"
     )
     say("   fedgate devices add my-sensor  a device of your own: its MQTT user and secret (shown once)")
+    if ep.get("tls"):
+        first = ep["gateways"][regions[0]]
+        say(
+            f"   MQTT over TLS: {host}:{first['mqtts']} ({regions[0]}), CA {ep['tls']['ca']}, "
+            f"e.g. mosquitto_pub --cafile <CA> -p {first['mqtts']} -u my-sensor -P <secret> ..."
+        )
     say(f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  (topics telemetry.*, fedgate.deadletter, ...)")
     say("   fedgate presence               which device is where (make presence)")
     say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is")

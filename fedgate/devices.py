@@ -48,6 +48,7 @@ class SimDevice:
         keepalive: int = 30,
         auto_reconnect: bool = True,
         resolver: NearestHealthyResolver | None = None,
+        tls_ca: str | None = None,
     ):
         self.device_id = device_id
         self.host, self.port = host, port
@@ -64,6 +65,9 @@ class SimDevice:
             protocol=mqtt.MQTTv311,
         )
         self.client.username_pw_set(username, password)
+        if tls_ca:
+            # MQTT over TLS: the gateway's certificate must chain to this CA and name the host
+            self.client.tls_set(ca_certs=tls_ca)
         self.keepalive = keepalive
         self.auto_reconnect = auto_reconnect
         #: set when the server closed the connection (e.g. a newer session took over)

@@ -315,6 +315,9 @@ class Downlink:
             if change.refused:
                 log.warning("presence: %s (region %s)", change.ignored, c.region_from_headers(headers))
                 self.metrics.inc("fedgate_router_presence_refused_total")
+            elif change.malformed:
+                log.warning("presence: %s: %s; acked and dropped", key, change.ignored)
+                self.metrics.inc("fedgate_router_presence_malformed_total")
             await self._save_presence(key, change)
             for ended in (change.session if key == "connection.closed" else None, change.displaced):
                 if ended is not None:

@@ -46,6 +46,8 @@ class Change:
     ignored: str = ""
     #: the event was a device posing as another one (ignored says how)
     refused: bool = False
+    #: the event lacked what every gateway event carries (ignored says what)
+    malformed: bool = False
 
 
 def _text(v: Any) -> str:
@@ -128,7 +130,7 @@ class PresenceTable:
         node = _text(headers.get("node", ""))
         name = _text(headers.get("name", ""))
         if region is None or not node or not name:
-            return Change(None, ignored="event without region, node or connection name")
+            return Change(None, ignored="event without region, node or connection name", malformed=True)
         if routing_key == "connection.created":
             cid = client_id_from_event(headers)
             if cid is None:

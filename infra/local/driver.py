@@ -51,6 +51,7 @@ from infra.local.nodes import (
     SparkNode,
 )
 from infra.local.settings import LocalSettings
+from infra.local.tls import LocalCA, tls_server_name
 from infra.rabbitmq_admin import AdminError
 from infra.secrets_file import SecretsFile
 
@@ -59,10 +60,10 @@ Progress = Callable[[str], None]
 #: Offsets of each node's ports from port_base.
 EPMD_OFFSET = 0
 KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11}
-BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23}
+BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23, "amqps": 24}
 GATEWAY_BASE_OFFSET = 100
 GATEWAY_STRIDE = 10
-GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4}
+GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4, "mqtts": 5, "amqps": 6}
 
 ROUTER_OFFSETS = {"metrics": 30}
 SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
@@ -93,10 +94,10 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     base = settings.port_base
 
     def spec(name: str, role: str, region: str | None, offsets: dict[str, int], start: int) -> NodeSpec:
+        # a port kind added since the node was recorded (an upgrade) gets its layout place
+        ports = {k: start + off for k, off in offsets.items()}
         if name in recorded:
-            ports = dict(recorded[name].ports)
-        else:
-            ports = {k: start + off for k, off in offsets.items()}
+            ports.update(recorded[name].ports)
         for k in ports:
             pinned = settings.ports.get(f"{name}.{k}")
             if pinned:
@@ -121,7 +122,7 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     for region in [*settings.regions, *(r for r in extra if r)]:
         name = gateway_node_name(region)
         if name in recorded:
-            slot = 0
+            slot = (recorded[name].ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
         else:
             while next_slot in used_slots:
                 next_slot += 1
@@ -347,8 +348,7 @@ class LocalFederation:
         backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
         gateways = [n for n in nodes if n.spec.role == ROLE_GATEWAY]
         assert isinstance(backend, RabbitNode)
-        host = self.settings.host
-        backend_ep = AmqpEndpoint(host, backend.spec.ports["amqp"])
+        backend_ep = self.link_endpoint(backend)
         for gw in gateways:
             assert isinstance(gw, RabbitNode) and gw.spec.region
             gw.admin().apply(
@@ -366,7 +366,7 @@ class LocalFederation:
         links = [
             GatewayLink(
                 gw.spec.region or "",
-                AmqpEndpoint(host, gw.spec.ports["amqp"]),
+                self.link_endpoint(gw),
                 sec["gateways"][gw.spec.region],
             )
             for gw in gateways
@@ -387,6 +387,23 @@ class LocalFederation:
     def warehouse(self) -> Path:
         """Where the Spark job keeps the analysts' tables (and its checkpoints)."""
         return self.state_dir / "warehouse"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.state_dir / "tls"
+
+    def link_endpoint(self, node: Node) -> AmqpEndpoint:
+        """Where a federation link reaches `node`: AMQPS checked against the local CA (TLS on)."""
+        host = self.settings.host
+        if not self.settings.tls:
+            return AmqpEndpoint(host, node.spec.ports["amqp"])
+        return AmqpEndpoint(
+            host,
+            node.spec.ports["amqps"],
+            tls=True,
+            ca_file=str(LocalCA(self.tls_dir).ensure_ca()),
+            server_name=tls_server_name(host),
+        )
 
     def spark_settings(self) -> Any:
         """Settings for a Spark session next to the job (queries, the demo, tests):
@@ -724,6 +741,7 @@ class LocalFederation:
                     "mqtt": g.spec.ports["mqtt"],
                     "amqp": g.spec.ports["amqp"],
                     "management": g.spec.ports["management"],
+                    **({"mqtts": g.spec.ports["mqtts"]} if self.settings.tls else {}),
                 }
                 for g in nodes
                 if g.spec.role == ROLE_GATEWAY
@@ -731,4 +749,8 @@ class LocalFederation:
             "kafka": {"bootstrap": kafka.bootstrap},
             "router": {"metrics": router.metrics_url if router else None},
             "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
+            # devices check the gateways' certificates against this CA (MQTT over TLS)
+            "tls": {"ca": str(LocalCA(self.tls_dir).ca_cert), "server_name": tls_server_name(host)}
+            if self.settings.tls
+            else None,
         }

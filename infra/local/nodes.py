@@ -35,6 +35,7 @@ from typing import Any
 from backend.contract import ADMIN_USER, gateway_cluster_name
 from infra.local import processes
 from infra.local.settings import PROJECT_ROOT, LocalSettings
+from infra.local.tls import LocalCA, tls_listeners_conf
 from infra.rabbitmq_admin import AdminError, RabbitAdmin
 
 ROLE_EPMD = "epmd"
@@ -266,6 +267,10 @@ class RabbitNode(Node):
             admin_password=self.secrets["admin"],
         )
         render(self.template_dir / "rabbitmq.conf", self.dir / "rabbitmq.conf", **values)
+        if self.settings.tls:
+            cert = LocalCA(self.settings.state_dir / "tls").node_cert(self.name, self.host)
+            with open(self.dir / "rabbitmq.conf", "a") as conf:
+                conf.write(tls_listeners_conf(self.host, cert, p["amqps"], p.get("mqtts")))
         (self.dir / "rabbitmq.conf").chmod(0o600)
         shutil.copyfile(self.template_dir / "enabled_plugins", self.dir / "enabled_plugins")
 

@@ -117,6 +117,13 @@ class LocalSettings:
         default=3600.0,
         metadata={"doc": "Router: how long a parked command waits for its device (seconds)."},
     )
+    tls: bool = field(
+        default=True,
+        metadata={
+            "doc": "TLS listeners (MQTT over TLS for devices, AMQPS) with certificates from a local CA "
+            "(state/tls); the federation links then use AMQPS and check the peer's certificate."
+        },
+    )
     spark: int = field(
         default=1,
         metadata={"doc": "Run the Spark job that keeps the analysts' tables (1) or not (0)."},

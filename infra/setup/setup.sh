@@ -32,6 +32,7 @@ need_pkgs=()
 [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || need_pkgs+=(rabbitmq-server)
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
+command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federation's CA (TLS)
 if ((${#need_pkgs[@]})); then
     step "installing Debian packages: ${need_pkgs[*]}"
     [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"

@@ -20,7 +20,7 @@ from tests.helpers import device, kafka_records, wait_present
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 
-def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(federation, uid):
+def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(federation, endpoints, uid):
     region = "local-ap"
     others = {n.name: n.pid() for n in federation.nodes()}
     federation.add_region(region)
@@ -28,7 +28,7 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
         assert {n.name: n.pid() for n in federation.nodes() if n.name in others} == others, (
             "nothing restarted"
         )
-        ep = federation.endpoints()
+        ep = {**endpoints, **federation.endpoints()}  # now with the new region's gateway
         dev_id = f"ap-{uid}"
         with Tap(ep["backend"]["url"], c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap:
             d = device(ep, region, dev_id)

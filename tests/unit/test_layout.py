@@ -28,7 +28,7 @@ def test_every_node_gets_distinct_ports_clear_of_the_standard_ones():
     assert len(ports) == len(set(ports))
     assert not set(ports) & STANDARD_PORTS
     gw = {s.region: s.ports for s in specs if s.role == "gateway"}
-    assert set(gw["local-eu"]) == {"mqtt", "amqp", "management", "dist", "prometheus"}
+    assert set(gw["local-eu"]) == {"mqtt", "mqtts", "amqp", "amqps", "management", "dist", "prometheus"}
 
 
 def test_port_base_moves_the_whole_block():
@@ -74,3 +74,18 @@ def test_kraft_cluster_ids_never_start_with_a_dash(monkeypatch):
     monkeypatch.setattr(nodes.uuid, "uuid4", lambda: next(draws))
     cluster_id = nodes.kraft_cluster_id()
     assert not cluster_id.startswith("-") and len(cluster_id) == 22
+
+
+def test_a_node_recorded_before_a_port_kind_existed_gets_it_at_its_layout_place():
+    """An upgrade adds mqtts/amqps: recorded gateways keep their ports and gain the new ones in their slot."""
+    s = load_settings(env={}, port_base=20000, regions="local-eu,local-us")
+    fresh = {x.name: x for x in port_layout(s)}
+    old = {
+        name: NodeSpec(
+            x.name, x.role, x.region, {k: v for k, v in x.ports.items() if k not in ("mqtts", "amqps")}
+        )
+        for name, x in fresh.items()
+    }
+    upgraded = {x.name: x for x in port_layout(s, old)}
+    assert upgraded["gw-local-us"].ports == fresh["gw-local-us"].ports
+    assert upgraded["backend"].ports["amqps"] == fresh["backend"].ports["amqps"]

@@ -114,3 +114,11 @@ def test_backend_link_user_on_a_gateway_reads_only_the_mqtt_and_event_exchanges(
 def test_passwords_are_url_encoded_in_upstream_uris():
     ep = AmqpEndpoint("h", 1)
     assert ep.uri("u", "p@ss/w:rd") == "amqp://u:p%40ss%2Fw%3Ard@h:1"
+
+
+def test_a_tls_link_checks_the_peers_certificate_and_name():
+    ep = AmqpEndpoint("127.0.0.1", 5671, tls=True, ca_file="/state/tls/ca.pem", server_name="localhost")
+    uri = ep.uri("u", "p")
+    assert uri.startswith("amqps://u:p@127.0.0.1:5671?")
+    assert "cacertfile=/state/tls/ca.pem" in uri and "verify=verify_peer" in uri
+    assert "server_name_indication=localhost" in uri

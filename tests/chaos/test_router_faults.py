@@ -23,7 +23,13 @@ from fedgate.devices import DeviceError, SimDevice
 from infra.local import processes
 from tests.helpers import device
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kafka,
+    pytest.mark.slow,
+    pytest.mark.chaos,
+    pytest.mark.spark,
+]
 
 TOPIC = "telemetry.telemetry"
 
@@ -149,6 +155,34 @@ def test_a_router_killed_mid_stream_loses_nothing(federation, endpoints, uid):
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
     # duplicates only from the killed router's in-flight window (its prefetch)
     check(fleet, got, max_duplicates=2000)
+    # the analysts' table has each message once, duplicates in Kafka or not
+    in_kafka = {(dev, seq) for dev, seqs in got.items() for seq in seqs}
+    rows = spark_rows(federation, f"kill-{uid}-", expect=len(in_kafka))
+    print(f"telemetry_raw: rows={len(rows)} distinct={len(set(rows))} in_kafka_distinct={len(in_kafka)}")
+    assert len(rows) == len(set(rows)) == len(in_kafka) and set(rows) == in_kafka
+
+
+def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120.0) -> list[tuple[str, int]]:
+    """(device, seq) of every telemetry_raw row of these devices, once `expect` rows landed (or timeout)."""
+    from spark.query import session
+    from spark.tables import register_views
+
+    settings = federation.spark_settings()
+    sql = (
+        "SELECT device, CAST(fields['seq'] AS INT) AS seq FROM telemetry_raw "
+        f"WHERE device LIKE '{device_prefix}%'"
+    )
+    with session(settings) as spark:
+
+        def read() -> list[tuple[str, int]]:
+            register_views(spark, settings.warehouse)  # sees the files landed since
+            return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]
+
+        deadline = time.monotonic() + timeout
+        while len(read()) < expect and time.monotonic() < deadline:
+            time.sleep(2)
+        time.sleep(3)  # a duplicate would land in a later micro-batch
+        return read()
 
 
 def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endpoints, uid):
