@@ -65,7 +65,7 @@ def test_every_federation_link_runs_over_amqps_and_verifies_its_peer(federation)
         assert link["status"] == "running" and link["uri"].startswith("amqps://"), link
     # the status hides the URI's options; the upstreams the links come from carry them
     upstreams = [u for n in nodes for u in n.admin().get("parameters/federation-upstream")]
-    assert len(upstreams) == 1 + len(federation.gateways()), (
+    assert len(upstreams) == 2 * len(federation.gateways()), (
         "one per gateway on the backend, one on each gateway"
     )
     for u in upstreams:
