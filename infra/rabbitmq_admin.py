@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict
@@ -134,8 +135,20 @@ class RabbitAdmin:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._auth = f"Basic {token}"
 
+    #: A 5xx from the management API is retried this often, a second apart: RabbitMQ
+    #: 3.10 fails a federation parameter update while one of its links is restarting.
+    RETRIES = 3
+
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        return self.request_with_headers(method, path, {}, body)
+        for attempt in range(self.RETRIES + 1):
+            try:
+                return self.request_with_headers(method, path, {}, body)
+            except AdminError as e:
+                if e.status is None or e.status < 500 or attempt == self.RETRIES:
+                    raise
+                log.warning("%s %s: %s; retrying", method, path, e)
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
 
     def request_with_headers(self, method: str, path: str, headers: dict[str, str], body: Any = None) -> Any:
         url = self.base_url + "/api/" + path.lstrip("/")

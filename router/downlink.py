@@ -21,12 +21,14 @@ Every step that moves a message is confirmed before the input is acked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
 from urllib.parse import quote
 
 import aio_pika
+import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
 from backend import contract as c
@@ -44,6 +46,10 @@ SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"
 #: How long the gateways' management API may take to list a new connection.
 LISTING_LAG_S = 10.0
 PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
+
+
+class RegionMissing(Exception):
+    """A region this router was told about has no downlink exchange (it was removed)."""
 
 
 class BadCommand(ValueError):
@@ -226,8 +232,21 @@ class Downlink:
         return self._exchanges[region]
 
     async def _send(self, region: str, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        """Publish to a region's downlink and wait for the backend's confirm."""
-        ex = await self._exchange(region)
+        """Publish to a region's downlink and wait for the backend's confirm.
+
+        Raises RegionMissing when the region's downlink exchange does not exist
+        (a region removed while this router still knew it): retrying could
+        never succeed, and requeueing would block the command queue.
+        """
+        if region not in self.settings.regions:
+            raise RegionMissing(region)
+        try:
+            ex = await self._exchange(region)
+        except aiormq.exceptions.ChannelNotFoundEntity as e:
+            self._exchanges.pop(region, None)
+            log.error("region %s: no downlink exchange on the backend (%s)", region, e)
+            self.metrics.inc("fedgate_router_region_missing_total", region=region)
+            raise RegionMissing(region) from e
         await ex.publish(
             aio_pika.Message(
                 payload,
@@ -285,11 +304,15 @@ class Downlink:
             self.known.add(device)
         session = self.presence.get(device)
         if session is not None:
-            await self._send(session.region, topic, payload, retain=retain)
-            if retain:
-                self._replayed.setdefault(session.connection, set()).add(topic)
-            self.metrics.inc("fedgate_router_routed_total", region=session.region)
-            return f"routed:{session.region}"
+            try:
+                await self._send(session.region, topic, payload, retain=retain)
+            except RegionMissing:
+                session = None  # its region is gone: as if the device were offline
+            else:
+                if retain:
+                    self._replayed.setdefault(session.connection, set()).add(topic)
+                self.metrics.inc("fedgate_router_routed_total", region=session.region)
+                return f"routed:{session.region}"
         if retain:
             # desired state is replayed when the device connects: parking it too would deliver twice
             return "desired"
@@ -298,7 +321,8 @@ class Downlink:
             self.metrics.inc("fedgate_router_parked_total")
             return "parked"
         for region in self.settings.regions:
-            await self._send(region, topic, payload)
+            with contextlib.suppress(RegionMissing):  # logged and counted; the others still get it
+                await self._send(region, topic, payload)
         self.metrics.inc("fedgate_router_broadcast_total")
         return "broadcast"
 

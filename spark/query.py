@@ -11,6 +11,7 @@ import datetime as dt
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -60,7 +61,10 @@ NAMED_QUERIES: dict[str, tuple[str, str]] = {
 @contextmanager
 def session(settings: SparkSettings) -> Iterator[SparkSession]:
     """A Spark session with the tables registered as views; stopped on leaving."""
-    spark = build_session(settings, "fedgate-query", kafka=False)
+    # One Python process has one JVM, and jars join it only with its first session: a later
+    # session in the same process that reads Kafka (the bench, the tests) needs them now.
+    has_kafka_jars = any(Path(settings.jars_dir).glob("spark-sql-kafka*.jar"))
+    spark = build_session(settings, "fedgate-query", kafka=has_kafka_jars)
     try:
         register_views(spark, settings.warehouse)
         yield spark

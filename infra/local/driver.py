@@ -599,14 +599,17 @@ class LocalFederation:
         node = self.node(name)
         self.progress(f"stopping {name}")
         node.stop()
-        backend = self.backend()
-        if backend.is_running():
-            backend.admin().remove_gateway(region, c.gateway_upstream_name(region))
         self._forget_region(region)
         shutil.rmtree(node.dir, ignore_errors=True)
+        backend = self.backend()
         if backend.is_running():
-            self._wire(self.nodes())  # the upstream sets now list the remaining gateways
+            # The reverse of joining: the upstream sets drop the region first (RabbitMQ
+            # stops its links), the routers stop sending there, and only then do its
+            # upstream and exchange go.  Deleting the upstream while a set still named
+            # it made RabbitMQ 3.10 fail the next set update (HTTP 500, link not_found).
+            self._wire(self.nodes())
             self.reload_routers(self.nodes())
+            backend.admin().remove_gateway(region, c.gateway_upstream_name(region))
         self.progress(f"region {region} removed")
 
     def _forget_region(self, region: str) -> None:
