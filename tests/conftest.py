@@ -91,3 +91,14 @@ def endpoints(federation: LocalFederation) -> dict:
 def uid() -> str:
     """A short random id for per-test device, queue and topic names."""
     return uuid.uuid4().hex[:8]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault scenarios' counts (tests/chaos): what was sent, what arrived, what was lost."""
+    from tests.helpers import CHAOS_COUNTS
+
+    if not CHAOS_COUNTS:
+        return
+    terminalreporter.section("chaos: sent, received, lost, duplicated")
+    for test, counts in CHAOS_COUNTS:
+        terminalreporter.write_line(f"{test}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))

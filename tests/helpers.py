@@ -74,3 +74,15 @@ def kafka_records(
 ) -> list[tuple[Message, dict[str, str]]]:
     """Records of `topic` (from the start) that `match`, until `expect` of them or `timeout`."""
     return read_records(endpoints["kafka"]["bootstrap"], topic, match, expect, timeout)
+
+
+#: (test, counts) of every fault scenario run in this session; the root conftest prints them at the end
+CHAOS_COUNTS: list[tuple[str, dict[str, Any]]] = []
+
+
+def record_counts(**counts: Any) -> None:
+    """Keep what a fault scenario sent, received, lost and duplicated, for the run's summary."""
+    import os
+
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    CHAOS_COUNTS.append((test, counts))

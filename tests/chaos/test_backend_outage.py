@@ -19,7 +19,7 @@ import pytest
 from backend import contract as c
 from backend.amqp import Tap
 from fedgate.devices import DeviceError, SimDevice
-from tests.helpers import device, kafka_records
+from tests.helpers import device, kafka_records, record_counts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
 
@@ -87,7 +87,13 @@ def test_stopping_and_restarting_the_backend_loses_no_qos1_message(federation, e
     received = [(m.device, json.loads(m.payload)["seq"]) for m in got]
     missing = acked - set(received)
     duplicates = len(received) - len(set(received))
-    print(f"acked={len(acked)} received={len(received)} missing={len(missing)} duplicates={duplicates}")
+    record_counts(
+        acked=len(acked),
+        acked_while_down=published_while_down,
+        received=len(received),
+        lost=len(missing),
+        duplicated=duplicates,
+    )
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
     for m in got:
         assert m.region == next(r for r, d in devs.items() if d == m.device)

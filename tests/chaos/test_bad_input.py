@@ -22,7 +22,7 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import publish_confirmed, send_command
-from tests.helpers import device, kafka_records, router_metrics, wait_present
+from tests.helpers import device, kafka_records, record_counts, router_metrics, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos]
 
@@ -111,6 +111,13 @@ def test_hostile_bytes_at_the_mqtt_port_are_refused_and_the_gateway_keeps_servin
         endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == good_id, expect=sent
     )
     seqs = sorted(json.loads(m.value())["seq"] for m, _ in got)
+    record_counts(
+        hostile_connections=len(outcomes),
+        closed=sum(outcomes.values()),
+        readings_sent=sent,
+        readings_in_kafka=len(seqs),
+        lost=len(set(range(sent)) - set(seqs)),
+    )
     assert seqs == list(range(sent)), f"sent {sent} readings, Kafka has {seqs}: none lost, none doubled"
 
     with open(gateway.log_file, errors="replace") as f:

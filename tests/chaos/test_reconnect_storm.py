@@ -21,7 +21,7 @@ import pytest
 from backend import contract as c
 from backend.amqp import send_command
 from fedgate.devices import SimDevice
-from tests.helpers import kafka_records
+from tests.helpers import kafka_records, record_counts
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos, pytest.mark.slow]
 
@@ -99,10 +99,15 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
 
     lost_commands = [d for d in ids if commands[d] == 0]
     lost_readings = [d for d in ids if per_device[d] == 0]
-    print(
-        f"storm: {DEVICES} devices reconnected in {took[-1]:.1f} s (p50 {took[len(took) // 2]:.2f} s); "
-        f"readings sent {DEVICES}, in Kafka {sum(per_device.values())}, lost {len(lost_readings)}; "
-        f"commands sent {DEVICES}, received {sum(commands.values())}, lost {len(lost_commands)}"
+    record_counts(
+        devices=DEVICES,
+        reconnect_s_max=round(took[-1], 1),
+        readings_sent=DEVICES,
+        readings_in_kafka=sum(per_device.values()),
+        readings_lost=len(lost_readings),
+        commands_sent=DEVICES,
+        commands_received=sum(commands.values()),
+        commands_lost=len(lost_commands),
     )
     assert lost_readings == [] and lost_commands == []
     assert max(commands.values()) == 1, "each command arrived once"

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from fedgate.devices import DeviceError, SimDevice
 from infra.local import processes
-from tests.helpers import device
+from tests.helpers import device, record_counts
 
 pytestmark = [
     pytest.mark.integration,
@@ -116,7 +116,12 @@ def check(fleet: Fleet, got: dict[str, list[int]], max_duplicates: int) -> tuple
         duplicates += len(seen) - len(set(seen))
         first_seen = list(dict.fromkeys(seen))  # order of first appearance
         assert first_seen == sorted(first_seen), f"{dev}: out of order in Kafka"
-    print(f"acked={fleet.total_acked} missing={missing} duplicates={duplicates}")
+    record_counts(
+        acked=fleet.total_acked,
+        in_kafka=sum(len(v) for v in got.values()),
+        lost=missing,
+        duplicated=duplicates,
+    )
     assert missing == 0, f"{missing} acknowledged messages never reached Kafka"
     assert duplicates <= max_duplicates
     return missing, duplicates
@@ -158,7 +163,11 @@ def test_a_router_killed_mid_stream_loses_nothing(federation, endpoints, uid):
     # the analysts' table has each message once, duplicates in Kafka or not
     in_kafka = {(dev, seq) for dev, seqs in got.items() for seq in seqs}
     rows = spark_rows(federation, f"kill-{uid}-", expect=len(in_kafka))
-    print(f"telemetry_raw: rows={len(rows)} distinct={len(set(rows))} in_kafka_distinct={len(in_kafka)}")
+    record_counts(
+        in_kafka_distinct=len(in_kafka),
+        telemetry_raw_rows=len(rows),
+        telemetry_raw_duplicated=len(rows) - len(set(rows)),
+    )
     assert len(rows) == len(set(rows)) == len(in_kafka) and set(rows) == in_kafka
 
 
@@ -194,7 +203,9 @@ def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endp
         time.sleep(30)
         published_while_down = fleet.total_acked - acked_at_stop
         federation.start_node("kafka")
-        print(f"Kafka was down {time.monotonic() - stopped_at:.0f}s; {published_while_down} acked meanwhile")
+        record_counts(
+            kafka_down_s=round(time.monotonic() - stopped_at), acked_while_down=published_while_down
+        )
         time.sleep(2.0)
     assert published_while_down > 0, "devices kept publishing while Kafka was down"
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
