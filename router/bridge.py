@@ -48,6 +48,9 @@ class UplinkBridge:
         self.metrics = metrics
         self.mapper = TopicMapper(settings.rules, settings.unmatched_topic)
         self.inflight = 0
+        #: deliveries that came after stop_intake, left unacked for RabbitMQ to requeue
+        self.held = 0
+        self._holding = False
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         # delivery tags in arrival order, and those whose Kafka record is settled
         self._outstanding: collections.deque[int] = collections.deque()
@@ -69,12 +72,16 @@ class UplinkBridge:
         log.info("bridging uplink shards %s", shards)
 
     async def stop_intake(self) -> None:
-        for queue, tag in self._consumers:
-            try:
-                await queue.cancel(tag)
-            except aio_pika.exceptions.AMQPError as e:
-                log.debug("cancel consumer: %s", e)
-        self._consumers.clear()
+        """Take no new message into Kafka; what is in flight still drains.
+
+        The consumers stay registered until the connection closes.  Cancelling
+        them would hand each shard (single active consumer) to another router
+        at once, while this one still has records on their way to Kafka: two
+        producers on one partition, and a device's messages out of order.
+        Deliveries that arrive meanwhile are held unacked, and RabbitMQ
+        requeues them, in order, ahead of the rest when the connection closes.
+        """
+        self._holding = True
 
     # --- per message -------------------------------------------------------------
 
@@ -111,6 +118,9 @@ class UplinkBridge:
         return m.kafka_topic, m.key, headers
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
+        if self._holding:
+            self.held += 1
+            return
         try:
             topic, key, headers = self.route(message)
             counter = BRIDGED

@@ -199,7 +199,11 @@ class Router:
         left = await self.producer.flush(10)
         await asyncio.sleep(0.1)  # let the last delivery reports reach the loop
         await self.bridge.drain_acks()
-        log.info("stopping: producer flushed (%d left), closing AMQP", left)
+        log.info(
+            "stopping: producer flushed (%d left), closing AMQP (%d held deliveries go back to their shards)",
+            left,
+            self.bridge.held,
+        )
         if self.connection is not None:
             await self.connection.close()
         self.producer.close()
