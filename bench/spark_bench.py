@@ -31,10 +31,12 @@ Every message is counted: the bench fails if a row is missing or doubled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +67,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except FileNotFoundError:
-            pass
-    return round(total / 1024, 1)
+    return round(processes.rss_bytes(pids) / 2**20, 1)
 
 
 class CommitLog:
@@ -222,40 +216,41 @@ def produce_records(bootstrap: str, topic: str, n: int, devices: int = 1000) -> 
         raise RuntimeError("backlog: Kafka did not confirm every record")
 
 
-def topic_partitions(bootstrap: str, topic: str) -> int:
+@contextlib.contextmanager
+def metadata_consumer(bootstrap: str) -> Iterator[Consumer]:
+    """A consumer for metadata and offsets only (it joins no group)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fedgate-bench-offsets"})
     try:
-        return len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        yield consumer
     finally:
         consumer.close()
 
 
+def topic_partitions(bootstrap: str, topic: str) -> int:
+    with metadata_consumer(bootstrap) as consumer:
+        return len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+
+
 def wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
     """A topic just created is unknown to a producer until its partitions have leaders."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fedgate-bench-offsets"})
     deadline = time.monotonic() + timeout
-    try:
+    with metadata_consumer(bootstrap) as consumer:
         while time.monotonic() < deadline:
             meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
             ready = meta and not meta.error and len(meta.partitions) == partitions
             if ready and all(pm.leader >= 0 for pm in meta.partitions.values()):
                 return
             time.sleep(0.2)
-        raise TimeoutError(f"{topic}: partitions without a leader after {timeout} s")
-    finally:
-        consumer.close()
+    raise TimeoutError(f"{topic}: partitions without a leader after {timeout} s")
 
 
 def topic_end(bootstrap: str, topic: str) -> int:
     """Sum of the topic's end offsets (records ever written to it)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fedgate-bench-offsets"})
-    try:
+    with metadata_consumer(bootstrap) as consumer:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
         return sum(
             consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions
         )
-    finally:
-        consumer.close()
 
 
 def python_consume(bootstrap: str, topic: str, total: int) -> float:
