@@ -12,23 +12,17 @@ which RabbitMQ's topic authorisation enforces on the MQTT exchange, with
 {username} expanded per connection.  A refused publish or subscribe closes
 the device's connection and is logged by the gateway ("access refused").
 
-    registry = DeviceRegistry(state_dir / "devices.json")
-    secrets = registry.add(["pump-1", "pump-2"])   # {id: secret}, shown once
-    definitions = device_users(registry.hashes())  # for every gateway
+The registry of a fleet's devices (a file) is infra/device_registry.py.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import re
 import secrets
-import time
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
 from backend import contract as c
 from backend.definitions import NodeDefinitions, Permission, TopicPermission, User
@@ -94,63 +88,3 @@ def device_users(hashes: Mapping[str, str], cluster_name: str = "") -> NodeDefin
             TopicPermission(device, c.MQTT_EXCHANGE, write=PUBLISH_PATTERN, read=SUBSCRIBE_PATTERN)
         )
     return d
-
-
-class DeviceRegistry:
-    """The fleet's devices and their secrets' hashes, in a file only its owner can read."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def _read(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except ValueError as e:
-            raise DeviceRegistryError(f"{self.path}: not valid JSON ({e})") from e
-        return dict(data.get("devices", {}))
-
-    def _write(self, devices: Mapping[str, dict[str, Any]]) -> None:
-        # owner-only, replaced in one step: a reader never sees half a registry
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"devices": dict(sorted(devices.items()))}, indent=1))
-        tmp.chmod(0o600)
-        tmp.replace(self.path)
-
-    def devices(self) -> dict[str, dict[str, Any]]:
-        """id -> {"password_hash", "added_ms"}."""
-        return self._read()
-
-    def hashes(self) -> dict[str, str]:
-        return {d: e["password_hash"] for d, e in self._read().items()}
-
-    def add(self, ids: Iterable[str], *, rotate: bool = False) -> dict[str, str]:
-        """Issue a secret to each new device (to each listed one with `rotate`); returns them.
-
-        The secrets are returned once and never stored.
-        """
-        ids = [validate_device_id(d) for d in ids]
-        devices = self._read()
-        if not rotate:
-            known = sorted(d for d in ids if d in devices)
-            if known:
-                raise DeviceRegistryError(
-                    f"already registered: {', '.join(known[:5])}{' ...' if len(known) > 5 else ''} "
-                    "(use --rotate to issue a new secret)"
-                )
-        issued = {}
-        now = int(time.time() * 1000)
-        for d in ids:
-            issued[d] = new_secret()
-            devices[d] = {"password_hash": password_hash(issued[d]), "added_ms": now}
-        self._write(devices)
-        return issued
-
-    def revoke(self, ids: Iterable[str]) -> list[str]:
-        """Forget these devices; returns those that were registered."""
-        devices = self._read()
-        gone = [d for d in ids if devices.pop(d, None) is not None]
-        self._write(devices)
-        return gone

@@ -38,12 +38,13 @@ import boto3
 from python_terraform import IsFlagged, Terraform
 
 from backend import contract as c
-from backend.devices import DeviceRegistry, device_users
+from backend.devices import device_users
 from backend.wiring import AmqpEndpoint
 from gateways.wiring import gateway_definitions
 from infra.cloud import registration, route53
 from infra.cloud.regions import UnknownRegionError, validate_aws_region
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
+from infra.device_registry import DeviceRegistry
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
 from infra.secrets_file import SecretsFile, write_private_json

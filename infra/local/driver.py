@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
-from backend.devices import DeviceRegistry, device_users
+from backend.devices import device_users
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
+from infra.device_registry import DeviceRegistry
 from infra.local import processes
 from infra.local.nodes import (
     NODE_CLASSES,

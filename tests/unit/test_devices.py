@@ -13,12 +13,12 @@ from backend import contract as c
 from backend.devices import (
     PUBLISH_PATTERN,
     SUBSCRIBE_PATTERN,
-    DeviceRegistry,
     DeviceRegistryError,
     device_users,
     password_hash,
     verify,
 )
+from infra.device_registry import DeviceRegistry
 from infra.rabbitmq_admin import definitions_file
 
 

@@ -1,0 +1,74 @@
+"""The fleet's devices and their secrets' hashes, in a file only its owner can read.
+
+    registry = DeviceRegistry(state_dir / "devices.json")
+    secrets = registry.add(["pump-1", "pump-2"])   # {id: secret}, shown once
+    definitions = device_users(registry.hashes())  # for every gateway
+
+What a device id may be and what each device may do: backend/devices.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from backend.devices import DeviceRegistryError, new_secret, password_hash, validate_device_id
+from infra.secrets_file import write_private_json
+
+
+class DeviceRegistry:
+    """The fleet's devices and their secrets' hashes, in a file only its owner can read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except ValueError as e:
+            raise DeviceRegistryError(f"{self.path}: not valid JSON ({e})") from e
+        return dict(data.get("devices", {}))
+
+    def _write(self, devices: Mapping[str, dict[str, Any]]) -> None:
+        write_private_json(self.path, {"devices": dict(sorted(devices.items()))})
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """id -> {"password_hash", "added_ms"}."""
+        return self._read()
+
+    def hashes(self) -> dict[str, str]:
+        return {d: e["password_hash"] for d, e in self._read().items()}
+
+    def add(self, ids: Iterable[str], *, rotate: bool = False) -> dict[str, str]:
+        """Issue a secret to each new device (to each listed one with `rotate`); returns them.
+
+        The secrets are returned once and never stored.
+        """
+        ids = [validate_device_id(d) for d in ids]
+        devices = self._read()
+        if not rotate:
+            known = sorted(d for d in ids if d in devices)
+            if known:
+                raise DeviceRegistryError(
+                    f"already registered: {', '.join(known[:5])}{' ...' if len(known) > 5 else ''} "
+                    "(use --rotate to issue a new secret)"
+                )
+        issued = {}
+        now = int(time.time() * 1000)
+        for d in ids:
+            issued[d] = new_secret()
+            devices[d] = {"password_hash": password_hash(issued[d]), "added_ms": now}
+        self._write(devices)
+        return issued
+
+    def revoke(self, ids: Iterable[str]) -> list[str]:
+        """Forget these devices; returns those that were registered."""
+        devices = self._read()
+        gone = [d for d in ids if devices.pop(d, None) is not None]
+        self._write(devices)
+        return gone
