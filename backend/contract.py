@@ -205,6 +205,28 @@ COMMANDS_QUEUE = "fedgate.router.commands"
 DEVICE_HEADER = "x-fedgate-device"
 TOPIC_HEADER = "x-fedgate-topic"
 RETAIN_HEADER = "x-fedgate-retain"
+#: Set on the copies of a broadcast (a command for a device never seen).
+BROADCAST_HEADER = "x-fedgate-broadcast"
+
+#: A command that waits this long in a region's downlink queue on the backend
+#: (the gateway's federation link is not taking it: the gateway is down or
+#: cut off) comes back to COMMANDS_QUEUE, dead-lettered by RabbitMQ, and the
+#: router routes it again: to the region the device has moved to, or parked
+#: until it reconnects.  Without it, a command sent while a gateway is dead
+#: would wait there for the gateway and then be dropped, its device gone.
+DOWNLINK_RETURN_AFTER_MS = 10_000
+#: The backend's queues that a gateway's downlink link reads (declared by the link).
+DOWNLINK_LINK_QUEUE_PREFIX = "federation: " + DOWNLINK_EXCHANGE_PREFIX
+
+
+def region_of_returned(headers: dict[str, Any]) -> str | None:
+    """The region whose downlink queue a command expired from (RabbitMQ's x-death), or None."""
+    for death in headers.get("x-death") or []:
+        queue = death.get("queue", b"")
+        queue = queue.decode() if isinstance(queue, bytes) else str(queue)
+        if queue.startswith(DOWNLINK_LINK_QUEUE_PREFIX):
+            return queue[len(DOWNLINK_LINK_QUEUE_PREFIX) :].split(" ", 1)[0] or None
+    return None
 
 #: Headers the bridge puts on every Kafka record.
 KAFKA_REGION_HEADER = "fedgate.region"

@@ -37,6 +37,8 @@ PRESENCE_UPSTREAM_SET = "fedgate-presence"
 #: The policies that point the backend's exchanges at those upstream sets.
 UPLINK_POLICY = "fedgate-uplink"
 PRESENCE_POLICY = "fedgate-presence"
+#: The policy that returns commands a dead gateway's link does not take (see contract).
+DOWNLINK_RETURN_POLICY = "fedgate-downlink-return"
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def backend_definitions(
     backend_link_password: str,
     router_password: str | None = None,
     uplink_shards: int = c.UPLINK_SHARDS,
+    downlink_return_after_ms: int = c.DOWNLINK_RETURN_AFTER_MS,
 ) -> NodeDefinitions:
     """Everything the backend node holds for the given set of gateways."""
     d = NodeDefinitions(cluster_name=c.BACKEND_CLUSTER_NAME)
@@ -135,6 +138,18 @@ def backend_definitions(
         d.bindings.append(Binding(c.UPLINK_EXCHANGE, q, "queue", "1"))  # weight 1 each
     # Fanout: the device id travels in a header (routing key = device id by convention).
     d.bindings.append(Binding(c.COMMANDS_EXCHANGE, c.COMMANDS_QUEUE, "queue", ""))
+    # A command its region's gateway does not take within the time comes back to
+    # the router (RabbitMQ dead-letters it with x-death naming the queue), which
+    # routes it again: moved on with its device, or parked.  The queues are the
+    # ones each gateway's downlink link declares here.
+    d.policies.append(
+        Policy(
+            DOWNLINK_RETURN_POLICY,
+            f"^{re.escape(c.DOWNLINK_LINK_QUEUE_PREFIX)}",
+            "queues",
+            {"message-ttl": downlink_return_after_ms, "dead-letter-exchange": c.COMMANDS_EXCHANGE},
+        )
+    )
 
     uplink_set = []
     presence_set = []

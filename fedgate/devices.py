@@ -58,6 +58,8 @@ class SimDevice:
         #: gateways this device lost, oldest first (failover tests read it)
         self.failovers: list[Endpoint] = []
         self._failing_over = threading.Lock()
+        #: filters this device subscribed to: a clean session loses them, so a failover renews them
+        self.subscriptions: dict[str, int] = {}
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=device_id,
@@ -118,6 +120,8 @@ class SimDevice:
             while time.monotonic() < deadline:
                 try:
                     self.connect(exclude=[lost] if lost else [])
+                    for topic_filter, qos in list(self.subscriptions.items()):
+                        self.subscribe(topic_filter, qos)
                     return
                 except (DeviceError, ConnectionError):
                     time.sleep(0.5)
@@ -174,6 +178,7 @@ class SimDevice:
             raise DeviceError(f"{self.device_id}: SUBSCRIBE {topic_filter} not acknowledged")
         if refused:
             raise DeviceError(f"{self.device_id}: SUBSCRIBE {topic_filter} refused by the gateway")
+        self.subscriptions[topic_filter] = qos
 
     def publish(
         self, topic: str, payload: bytes | str | dict[str, Any], qos: int = 1, timeout: float = 10.0

@@ -13,7 +13,10 @@ router:
 - for a device never seen: broadcasts to every region or parks (setting);
 - keeps a message marked retained as the device's desired state for that
   topic and replays it whenever the device subscribes, in any region;
-- closes the older session when a device connects at a second gateway.
+- closes the older session when a device connects at a second gateway;
+- routes again a command that came back from a region whose gateway did
+  not take it (contract.DOWNLINK_RETURN_AFTER_MS): the gateway died, and
+  the command follows its device or is parked until it reconnects.
 
 Every step that moves a message is confirmed before the input is acked.
 """
@@ -231,7 +234,16 @@ class Downlink:
             )
         return self._exchanges[region]
 
-    async def _send(self, region: str, topic: str, payload: bytes, *, retain: bool = False) -> None:
+    async def _send(
+        self,
+        region: str,
+        device: str,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        broadcast: bool = False,
+    ) -> None:
         """Publish to a region's downlink and wait for the backend's confirm.
 
         Raises RegionMissing when the region's downlink exchange does not exist
@@ -247,12 +259,15 @@ class Downlink:
             log.error("region %s: no downlink exchange on the backend (%s)", region, e)
             self.metrics.inc("fedgate_router_region_missing_total", region=region)
             raise RegionMissing(region) from e
+        # Device and topic travel along (MQTT does not pass them on) so that a
+        # command the region does not take can come back and be routed again.
+        headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
+        if retain:
+            headers[c.RETAIN_HEADER] = True
+        if broadcast:
+            headers[c.BROADCAST_HEADER] = True
         await ex.publish(
-            aio_pika.Message(
-                payload,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                headers={c.RETAIN_HEADER: retain} if retain else {},
-            ),
+            aio_pika.Message(payload, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=headers),
             routing_key=c.mqtt_topic_to_routing_key(topic),
             mandatory=True,
         )
@@ -286,7 +301,18 @@ class Downlink:
                 await self._deadletter(str(e), device, topic, message.body)
                 self.metrics.inc("fedgate_router_deadlettered_total", topic=self.settings.deadletter_topic)
                 return
-            await self.route(device, topic, message.body, retain=retain)
+            returned_from = c.region_of_returned(headers)
+            if returned_from is not None:
+                await self.route_returned(
+                    returned_from,
+                    device,
+                    topic,
+                    message.body,
+                    retain=retain,
+                    broadcast=bool(headers.get(c.BROADCAST_HEADER, False)),
+                )
+            else:
+                await self.route(device, topic, message.body, retain=retain)
 
     @staticmethod
     def _validate(device: str, topic: str) -> None:
@@ -305,7 +331,7 @@ class Downlink:
         session = self.presence.get(device)
         if session is not None:
             try:
-                await self._send(session.region, topic, payload, retain=retain)
+                await self._send(session.region, device, topic, payload, retain=retain)
             except RegionMissing:
                 session = None  # its region is gone: as if the device were offline
             else:
@@ -322,9 +348,64 @@ class Downlink:
             return "parked"
         for region in self.settings.regions:
             with contextlib.suppress(RegionMissing):  # logged and counted; the others still get it
-                await self._send(region, topic, payload)
+                await self._send(region, device, topic, payload, broadcast=True)
         self.metrics.inc("fedgate_router_broadcast_total")
         return "broadcast"
+
+    async def route_returned(
+        self, region: str, device: str, topic: str, payload: bytes, *, retain: bool, broadcast: bool
+    ) -> str:
+        """A command `region`'s gateway did not take in time: route it again; returns what was done.
+
+        If presence still has the device there and the gateway does not
+        answer either, the session died with the gateway (a killed gateway
+        reports no disconnect): it is closed, so the command is parked and
+        follows the device wherever it reconnects.  A gateway that answers is
+        only slow: the command goes back to it.
+        """
+        self.metrics.inc("fedgate_router_returned_total", region=region)
+        session = self.presence.get(device)
+        if session is not None and session.region == region and not await self._gateway_answers(region):
+            log.warning(
+                "a command for %s came back from %s, whose gateway does not answer: "
+                "the session ended with it, the command waits for the device",
+                device,
+                region,
+            )
+            self.presence.closed(session.node, session.connection)
+            self._replayed.pop(session.connection, None)
+            if self.presence_store is not None:
+                await self.presence_store.delete(device)
+            session = None
+        if broadcast and session is None:
+            # the other regions had their copies; a device nobody has seen gets no second round
+            await self._deadletter(
+                f"broadcast copy not taken by region {region} within "
+                f"{c.DOWNLINK_RETURN_AFTER_MS // 1000}s (its gateway is down)",
+                device,
+                topic,
+                payload,
+            )
+            self.metrics.inc("fedgate_router_deadlettered_total", topic=self.settings.deadletter_topic)
+            return "deadlettered"
+        if retain:
+            if session is not None and session.region == region:
+                await self._send(region, device, topic, payload, retain=True)
+                return f"routed:{region}"
+            # desired state is kept, and replayed on the device's next subscription anywhere
+            return "desired"
+        return await self.route(device, topic, payload)
+
+    async def _gateway_answers(self, region: str) -> bool:
+        admin = self.admins.get(region)
+        if admin is None:
+            return False
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, admin.get, "overview")
+        except AdminError:
+            return False
+        return True
 
     # --- presence events ------------------------------------------------------------------
 
@@ -401,14 +482,14 @@ class Downlink:
             if p.expires_at < now:
                 await self._expire(p)
                 continue
-            await self._send(session.region, p.topic, p.payload)
+            await self._send(session.region, device, p.topic, p.payload)
             await self.parking.remove(p)
             self.metrics.inc("fedgate_router_unparked_total", region=session.region)
         for topic, payload in self.desired.for_device(device):
             if topic in self._replayed.get(session.connection, ()):
                 continue
             if any(topic_matches(f, topic) for f in filters):
-                await self._send(session.region, topic, payload, retain=True)
+                await self._send(session.region, device, topic, payload, retain=True)
                 self._replayed.setdefault(session.connection, set()).add(topic)
                 self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
 

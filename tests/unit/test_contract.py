@@ -53,3 +53,10 @@ def test_region_of_a_message_with_bytes_cluster_name():
 @pytest.mark.parametrize("headers", [None, {}, {"x-received-from": []}, {"x-received-from": [{}]}])
 def test_message_that_did_not_cross_a_gateway_link_has_no_region(headers):
     assert c.region_from_headers(headers) is None
+
+
+def test_a_command_returned_from_a_downlink_queue_names_its_region():
+    death = {"queue": b"federation: fedgate.downlink.local-eu -> rabbit@gw-local-eu", "reason": b"expired"}
+    assert c.region_of_returned({"x-death": [death]}) == "local-eu"
+    assert c.region_of_returned({"x-death": [{"queue": b"some-other-queue", "reason": b"expired"}]}) is None
+    assert c.region_of_returned({}) is None

@@ -60,6 +60,20 @@ def test_router_input_is_a_quorum_queue_with_a_single_active_consumer():
     assert (c.COMMANDS_EXCHANGE, c.COMMANDS_QUEUE) in {(b.source, b.destination) for b in d.bindings}
 
 
+def test_a_command_a_gateway_does_not_take_in_time_returns_to_the_router():
+    d = _backend()
+    policy = next(p for p in d.policies if p.name == "fedgate-downlink-return")
+    assert policy.apply_to == "queues"
+    assert policy.definition == {
+        "message-ttl": c.DOWNLINK_RETURN_AFTER_MS,
+        "dead-letter-exchange": c.COMMANDS_EXCHANGE,
+    }
+    # the queue a gateway's downlink link declares on the backend, and nothing else
+    assert re.match(policy.pattern, "federation: fedgate.downlink.local-eu -> rabbit@gw-local-eu")
+    assert not re.match(policy.pattern, c.COMMANDS_QUEUE)
+    assert not re.match(policy.pattern, c.uplink_shard_queue(0))
+
+
 def test_router_user_may_publish_only_to_downlinks_and_read_only_its_inputs():
     links = [GatewayLink("local-eu", AmqpEndpoint("h", 1), "p")]
     d = backend_definitions(links, admin_password="a", backend_link_password="b", router_password="r")

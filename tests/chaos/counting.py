@@ -1,0 +1,175 @@
+"""What every fault scenario shares: devices publishing numbered readings, and the count afterwards.
+
+A `Fleet` publishes numbered QoS 1 readings from background threads and
+keeps, per device, the sequence numbers the gateway acknowledged (PUBACK):
+those are the promise.  After the fault, `read_back` reads the telemetry
+topic from the start, `spark_rows` reads the analysts' `telemetry_raw` table,
+and `check` counts sent, arrived, lost and duplicated, records the counts
+for the run's summary, and fails on any loss.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from fedgate.devices import DeviceError, SimDevice
+from tests.helpers import device, record_counts
+
+TOPIC = "telemetry.telemetry"
+
+
+class Fleet:
+    """Devices publishing numbered messages from background threads, one thread each."""
+
+    def __init__(self, devices: Iterable[SimDevice], interval: float = 0.01):
+        self.devices = list(devices)
+        self.acked: dict[str, list[int]] = {d.device_id: [] for d in self.devices}
+        self.stop = threading.Event()
+        self.interval = interval
+        self.threads = [threading.Thread(target=self._run, args=(d,), daemon=True) for d in self.devices]
+
+    @classmethod
+    def on_both_gateways(
+        cls, endpoints: dict[str, Any], prefix: str, per_region: int, interval: float = 0.01
+    ) -> Fleet:
+        return cls(
+            (
+                device(endpoints, region, f"{prefix}-{region}-{i}")
+                for region in ("local-eu", "local-us")
+                for i in range(per_region)
+            ),
+            interval,
+        )
+
+    def _run(self, d: SimDevice) -> None:
+        seq = 0
+        while not self.stop.is_set():
+            try:
+                d.publish(f"devices/{d.device_id}/telemetry", {"seq": seq}, qos=1, timeout=60)
+                self.acked[d.device_id].append(seq)
+            except DeviceError:
+                pass  # never acknowledged, so never promised
+            seq += 1
+            time.sleep(self.interval)
+
+    def __enter__(self) -> Fleet:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+        for d in self.devices:
+            d.close()
+
+    @property
+    def total_acked(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+
+def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 90.0) -> dict[str, list[int]]:
+    """Every seq of these devices in Kafka in partition order, once `expect` arrived and 3 s were quiet."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    md = consumer.list_topics(TOPIC, timeout=10)
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in md.topics[TOPIC].partitions])
+    got: dict[str, list[int]] = {d: [] for d in devices}
+    n = 0
+    deadline = time.monotonic() + timeout
+    idle_since = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                if n >= expect and time.monotonic() - idle_since > 3:
+                    break
+                continue
+            key = (msg.key() or b"").decode()
+            if key in got:
+                got[key].append(json.loads(msg.value())["seq"])
+                n += 1
+                idle_since = time.monotonic()
+    finally:
+        consumer.close()
+    return got
+
+
+def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120.0) -> list[tuple[str, int]]:
+    """(device, seq) of every telemetry_raw row of these devices, once `expect` rows landed (or timeout)."""
+    from spark.query import session
+    from spark.tables import register_views
+
+    settings = federation.spark_settings()
+    sql = (
+        "SELECT device, CAST(fields['seq'] AS INT) AS seq FROM telemetry_raw "
+        f"WHERE device LIKE '{device_prefix}%'"
+    )
+    with session(settings) as spark:
+
+        def read() -> list[tuple[str, int]]:
+            register_views(spark, settings.warehouse)  # sees the files landed since
+            return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]
+
+        deadline = time.monotonic() + timeout
+        while len(read()) < expect and time.monotonic() < deadline:
+            time.sleep(2)
+        time.sleep(3)  # a duplicate would land in a later micro-batch
+        return read()
+
+
+def check(
+    fleet: Fleet,
+    got: dict[str, list[int]],
+    max_duplicates: int,
+    *,
+    spark_federation: Any = None,
+    device_prefix: str = "",
+    **extra_counts: Any,
+) -> None:
+    """Count and record; fail on a lost message, disorder, too many duplicates in Kafka,
+    or (with `spark_federation`) any row missing from or doubled in telemetry_raw."""
+    missing = duplicates = 0
+    for dev, acked in fleet.acked.items():
+        seen = got[dev]
+        missing += len(set(acked) - set(seen))
+        duplicates += len(seen) - len(set(seen))
+        first_seen = list(dict.fromkeys(seen))  # order of first appearance
+        assert first_seen == sorted(first_seen), f"{dev}: out of order in Kafka"
+    counts: dict[str, Any] = {
+        **extra_counts,
+        "acked": fleet.total_acked,
+        "in_kafka": sum(len(v) for v in got.values()),
+        "lost": missing,
+        "duplicated": duplicates,
+    }
+    in_kafka = {(dev, seq) for dev, seqs in got.items() for seq in seqs}
+    rows: list[tuple[str, int]] = []
+    if spark_federation is not None:
+        # the analysts' table has each message once, duplicates in Kafka or not
+        rows = spark_rows(spark_federation, device_prefix, expect=len(in_kafka))
+        counts["telemetry_raw_rows"] = len(rows)
+        counts["telemetry_raw_duplicated"] = len(rows) - len(set(rows))
+    record_counts(**counts)
+    assert missing == 0, f"{missing} acknowledged messages never reached Kafka"
+    assert duplicates <= max_duplicates
+    if spark_federation is not None:
+        assert len(rows) == len(set(rows)), "telemetry_raw has a row twice"
+        assert set(rows) == in_kafka, (
+            f"telemetry_raw differs from Kafka: {len(in_kafka - set(rows))} missing, "
+            f"{len(set(rows) - in_kafka)} extra"
+        )
