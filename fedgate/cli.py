@@ -13,6 +13,8 @@
     fedgate devices add ID... [--rotate] [--json]   issue each device its secret (shown once)
     fedgate devices revoke ID...   the device can no longer connect; its connections close
     fedgate devices list       the registered devices
+    fedgate devices sync       make every gateway's devices (local and cloud) the registry's again
+    fedgate backend-tls        the cloud backend module's TLS inputs, as a tfvars file
     fedgate query SQL|NAME     Spark SQL over the analysts' tables (--list: named queries)
     fedgate recompute --since D --until D   rebuild the aggregates from telemetry_raw
 
@@ -242,7 +244,20 @@ def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cloud_devices_failed(failed: dict[str, str]) -> int:
+    for region, why in failed.items():
+        print(
+            f"fedgate: devices: cloud region {region} not updated ({why}); "
+            "run `fedgate devices sync` once it is reachable",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
 def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
+    from backend.devices import device_users
+
+    cloud = _cloud(fed)
     try:
         if args.action == "add":
             issued = fed.add_devices(args.ids, rotate=args.rotate)
@@ -252,7 +267,8 @@ def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
                 print("DEVICE  SECRET (shown once: fedgate keeps only its hash)")
                 for d, secret in issued.items():
                     print(f"{d}  {secret}")
-            return 0
+            hashes = fed.device_registry.hashes()
+            return _cloud_devices_failed(cloud.push_devices(device_users({d: hashes[d] for d in issued}), []))
         if args.action == "revoke":
             closed = fed.revoke_devices(args.ids)
             for d in args.ids:
@@ -260,7 +276,12 @@ def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
                     print(f"{d}: revoked, {closed[d]} connection(s) closed")
                 else:
                     print(f"{d}: not registered", file=sys.stderr)
-            return 0 if len(closed) == len(args.ids) else 1
+            failed = _cloud_devices_failed(cloud.push_devices(None, sorted(closed)))
+            return 0 if len(closed) == len(args.ids) and not failed else 1
+        if args.action == "sync":
+            for region, removed in fed.sync_devices().items():
+                print(f"{region}: {len(fed.device_registry.hashes())} devices, removed {removed or 'none'}")
+            return _cloud_devices_failed(cloud.sync_devices(fed.device_registry.hashes()))
         devices = fed.device_registry.devices()
         if args.json:
             print(json.dumps({"devices": [{"id": d, "added_ms": e["added_ms"]} for d, e in devices.items()]}))
@@ -274,6 +295,16 @@ def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
     except DeviceRegistryError as e:
         print(f"fedgate: devices: {e}", file=sys.stderr)
         return 2
+
+
+def cmd_backend_tls(fed: LocalFederation, args: argparse.Namespace) -> int:
+    try:
+        path = _cloud(fed).write_backend_tls()
+    except CloudError as e:
+        print(f"fedgate: backend-tls: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}  (node_tls, node_tls_key_pem: copy it beside the backend module's root module)")
+    return 0
 
 
 def cmd_query(fed: LocalFederation, args: argparse.Namespace) -> int:
@@ -366,7 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
     dv_rev.add_argument("ids", nargs="+", metavar="ID")
     dv_list = dv_sub.add_parser("list", help="the registered devices")
     dv_list.add_argument("--json", action="store_true")
+    dv_sub.add_parser(
+        "sync", help="make every running gateway's devices the registry's (after a gateway was unreachable)"
+    )
     dv.set_defaults(fn=cmd_devices)
+    sub.add_parser(
+        "backend-tls",
+        help="write the cloud backend module's TLS inputs (certificate from fedgate's CA) as a tfvars file",
+    ).set_defaults(fn=cmd_backend_tls)
     q = sub.add_parser("query", help="Spark SQL over telemetry_raw, device_minute, region_minute, rejects")
     q.add_argument("sql", nargs="?", help="a SQL statement or a named query (see --list)")
     q.add_argument("--list", action="store_true", help="list the named queries")

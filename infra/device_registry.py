@@ -15,7 +15,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from backend.devices import DeviceRegistryError, new_secret, password_hash, validate_device_id
+from backend import contract as c
+from backend.devices import (
+    PUBLISH_PATTERN,
+    DeviceRegistryError,
+    device_users,
+    new_secret,
+    password_hash,
+    validate_device_id,
+)
+from infra.rabbitmq_admin import RabbitAdmin
 from infra.secrets_file import write_private_json
 
 
@@ -72,3 +81,19 @@ class DeviceRegistry:
         gone = [d for d in ids if devices.pop(d, None) is not None]
         self._write(devices)
         return gone
+
+
+def sync_gateway(admin: RabbitAdmin, hashes: Mapping[str, str]) -> list[str]:
+    """Make a gateway's device users exactly the registry's; returns the ones removed.
+
+    Every registered device is added or updated in one request.  A device
+    user the registry no longer has (revoked while this gateway could not be
+    reached) is deleted and its connections closed.  Device users are told
+    apart from fedgate's own by their topic permission.
+    """
+    if hashes:
+        admin.import_users(device_users(hashes))
+    stale = sorted(admin.users_with_topic_write(c.MQTT_EXCHANGE, PUBLISH_PATTERN) - set(hashes))
+    for device in stale:
+        admin.remove_user(device, "device revoked")
+    return stale

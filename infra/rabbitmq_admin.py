@@ -211,6 +211,14 @@ class RabbitAdmin:
             {k: body[k] for k in ("users", "permissions", "topic_permissions")},
         )
 
+    def users_with_topic_write(self, exchange: str, pattern: str) -> set[str]:
+        """Users whose topic permission on `exchange` is `pattern` (how device users are told apart)."""
+        return {
+            tp["user"]
+            for tp in self.get("topic-permissions") or []
+            if tp.get("exchange") == exchange and tp.get("write") == pattern
+        }
+
     def remove_user(self, name: str, reason: str) -> int:
         """Delete a user and close its connections; returns how many the node listed as open.
 

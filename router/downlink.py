@@ -49,6 +49,9 @@ SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"
 #: How long the gateways' management API may take to list a new connection.
 LISTING_LAG_S = 10.0
 PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
+#: A returned command asks whether its gateway answers; the answer holds this long.
+GATEWAY_CHECK_EVERY_S = 5.0
+GATEWAY_CHECK_TIMEOUT_S = 3.0
 
 
 class RegionMissing(Exception):
@@ -114,6 +117,8 @@ class Downlink:
         self._sweeper: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._closers: set[asyncio.Task[None]] = set()
+        #: region -> (monotonic time, whether its gateway answered then)
+        self._answers: dict[str, tuple[float, bool]] = {}
 
     def set_gateways(self, settings: RouterSettings) -> None:
         """A region was added or removed: route, broadcast and rebuild with the new set."""
@@ -229,8 +234,12 @@ class Downlink:
     async def _exchange(self, region: str) -> AbstractExchange:
         if region not in self._exchanges:
             assert self._channel is not None
-            self._exchanges[region] = await self._channel.get_exchange(
-                c.downlink_exchange(region), ensure=True
+            # Passive (it must exist) and not robust: a robust channel re-declares
+            # what it declared on every reconnect, and one region removed since
+            # would then fail every reconnect (NOT_FOUND) and keep the router off
+            # the backend for good.
+            self._exchanges[region] = await self._channel.declare_exchange(
+                c.downlink_exchange(region), passive=True, robust=False
             )
         return self._exchanges[region]
 
@@ -397,15 +406,27 @@ class Downlink:
         return await self.route(device, topic, payload)
 
     async def _gateway_answers(self, region: str) -> bool:
-        admin = self.admins.get(region)
-        if admin is None:
-            return False
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, admin.get, "overview")
-        except AdminError:
-            return False
-        return True
+        """Whether the region's management API answers, asked at most every few seconds:
+        a dead gateway sends back every command it was sent, and each would
+        otherwise wait out the timeout while routing holds the lock."""
+        now = time.monotonic()
+        cached = self._answers.get(region)
+        if cached is not None and now - cached[0] < GATEWAY_CHECK_EVERY_S:
+            return cached[1]
+        g = next((g for g in self.settings.gateways if g.region == region), None)
+        answers = False
+        if g is not None:
+            # a short timeout and no retries: a gateway that does not answer at once counts as down
+            probe = RabbitAdmin(g.management_url, g.user, g.password, timeout=GATEWAY_CHECK_TIMEOUT_S)
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, probe.request_with_headers, "GET", "overview", {}
+                )
+                answers = True
+            except AdminError:
+                pass
+        self._answers[region] = (now, answers)
+        return answers
 
     # --- presence events ------------------------------------------------------------------
 

@@ -29,23 +29,26 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.exceptions
 from python_terraform import IsFlagged, Terraform
 
 from backend import contract as c
+from backend.definitions import NodeDefinitions
 from backend.devices import device_users
 from backend.wiring import AmqpEndpoint
 from gateways.wiring import gateway_definitions
 from infra.cloud import registration, route53
 from infra.cloud.regions import UnknownRegionError, validate_aws_region
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
-from infra.device_registry import DeviceRegistry
+from infra.device_registry import DeviceRegistry, sync_gateway
 from infra.local.settings import PROJECT_ROOT, LocalSettings
+from infra.local.tls import LocalCA
 from infra.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
 from infra.secrets_file import SecretsFile, write_private_json
 
@@ -186,7 +189,13 @@ class CloudDriver:
         """The region's root module (JSON syntax): the provider, the gateway-region module, its outputs."""
         s = self.settings
         sec = self.secrets(region)
-        backend_ep = AmqpEndpoint(s.cloud_backend_amqp_host, s.cloud_backend_amqp_port)
+        backend_ep = AmqpEndpoint(
+            s.cloud_backend_amqp_host,
+            s.cloud_backend_amqp_port,
+            tls=s.tls,
+            ca_file=f"{registration.NODE_TLS_DIR}/ca.pem" if s.tls else "",
+            server_name=self.backend_server_name() if s.tls else "",
+        )
         definitions = gateway_definitions(
             region,
             backend_ep,
@@ -195,7 +204,7 @@ class CloudDriver:
             gateway_password=sec["gateways"][region],
         )
         # the fleet's devices (hashes only) are users of the new gateway from its first boot
-        fleet = device_users(DeviceRegistry(self.state_dir / "devices.json").hashes())
+        fleet = device_users(DeviceRegistry(s.device_registry_file).hashes())
         definitions.users += fleet.users
         definitions.permissions += fleet.permissions
         definitions.topic_permissions += fleet.topic_permissions
@@ -225,6 +234,8 @@ class CloudDriver:
         }
         if s.cloud_ami_id:
             module["ami_id"] = s.cloud_ami_id
+        if s.tls:
+            module.update(self._node_tls(f"gw-{region}", self.gateway_server_name(region)))
         return {
             "terraform": {
                 "required_providers": {"aws": {"source": "hashicorp/aws", "version": ">= 5.40, < 6.0"}},
@@ -353,6 +364,42 @@ class CloudDriver:
         self._forget_secrets(region)
         self.progress(f"region {region} removed")
 
+    # --- TLS ------------------------------------------------------------------------------------
+
+    @property
+    def ca(self) -> LocalCA:
+        """The cloud nodes' CA: the same openssl CA as the local federation's, kept beside the state."""
+        return LocalCA(self.state_dir / "tls")
+
+    def gateway_server_name(self, region: str) -> str:
+        """The name a region's node certificate carries and the backend's links check."""
+        return f"gw-{c.validate_region(region)}.{self.settings.cloud_domain}"
+
+    def backend_server_name(self) -> str:
+        return f"backend.{self.settings.cloud_domain}"
+
+    def _node_tls(self, node: str, server_name: str) -> dict[str, Any]:
+        """The node_tls and node_tls_key_pem inputs of the gateway-region and backend modules."""
+        cert = self.ca.node_cert(node, server_name)
+        return {
+            "node_tls": {
+                "ca_pem": cert.ca.read_text(),
+                "cert_pem": cert.cert.read_text(),
+                "server_name": server_name,
+            },
+            "node_tls_key_pem": cert.key.read_text(),
+        }
+
+    def write_backend_tls(self) -> Path:
+        """The backend module's TLS inputs as a tfvars file (mode 600) for the backend root module."""
+        if not self.settings.cloud_domain:
+            raise CloudError(
+                "set FEDGATE_CLOUD_DOMAIN first: the backend's certificate is for backend.<domain>"
+            )
+        path = self.state_dir / "backend-tls.auto.tfvars.json"
+        write_private_json(path, self._node_tls("backend", self.backend_server_name()))
+        return path
+
     # --- backend registration -------------------------------------------------------------------
 
     def backend_admin(self) -> RabbitAdmin | None:
@@ -405,6 +452,64 @@ class CloudDriver:
             raise CloudError(f"deregistering {region} from the backend at {admin.base_url}: {e}") from e
         if rest:
             self.register_with_backend()
+
+    # --- devices on running gateways ---------------------------------------------------------------
+
+    def gateway_admin(self, rec: CloudRegion) -> RabbitAdmin:
+        """The management API of one running node of the region's gateway cluster.
+
+        The API is not behind the load balancer: it listens on the nodes, open
+        to admin_cidr_blocks only.  Users are cluster-wide, so one node will do.
+        """
+        aws = {
+            "region_name": rec.outputs["aws_region"],
+            "endpoint_url": self.settings.aws_endpoint_url or None,
+        }
+        groups = boto3.client("autoscaling", **aws).describe_auto_scaling_groups(
+            AutoScalingGroupNames=[rec.outputs["autoscaling_group_name"]]
+        )["AutoScalingGroups"]
+        ids = [i["InstanceId"] for g in groups for i in g["Instances"] if i["LifecycleState"] == "InService"]
+        if not ids:
+            raise CloudError(f"{rec.region}: no gateway node in service")
+        reservations = boto3.client("ec2", **aws).describe_instances(InstanceIds=ids)["Reservations"]
+        hosts = [
+            i.get("PublicIpAddress") or i["PrivateIpAddress"] for r in reservations for i in r["Instances"]
+        ]
+        return RabbitAdmin(f"http://{hosts[0]}:15672", c.ADMIN_USER, self.secrets()["admin"])
+
+    def push_devices(self, added: NodeDefinitions | None, revoked: list[str]) -> dict[str, str]:
+        """Apply new device users and revocations to every applied cloud region's running gateways.
+
+        Returns the regions that could not be updated, with why: the registry
+        stays the truth, and `fedgate devices sync` pushes it again.  A region
+        added later gets the whole registry in its boot definitions.
+        """
+
+        def push(admin: RabbitAdmin) -> None:
+            if added is not None and added.users:
+                admin.import_users(added)
+            for device in revoked:
+                admin.remove_user(device, "device revoked")
+
+        return self._on_every_region(push)
+
+    def sync_devices(self, hashes: Mapping[str, str]) -> dict[str, str]:
+        """Make every cloud region's device users exactly the registry's (see sync_gateway)."""
+        return self._on_every_region(lambda admin: sync_gateway(admin, hashes))
+
+    def _on_every_region(self, action: Callable[[RabbitAdmin], object]) -> dict[str, str]:
+        failed: dict[str, str] = {}
+        for rec in self.regions():
+            if rec.state != "applied":
+                continue
+            try:
+                action(self.gateway_admin(rec))
+            except (CloudError, AdminError, KeyError, botocore.exceptions.BotoCoreError,
+                    botocore.exceptions.ClientError) as e:  # fmt: skip
+                failed[rec.region] = str(e)
+                continue
+            self.progress(f"{rec.region}: devices updated on its gateways")
+        return failed
 
     # --- DNS ---------------------------------------------------------------------------------------
 

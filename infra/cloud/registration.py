@@ -59,7 +59,23 @@ def drop_upstream_sets(admin: RabbitAdmin) -> None:
         admin.delete(f"policies/{v}/{policy}")
 
 
+#: Where the Terraform modules put each node's CA, certificate and key (rabbitmq-nodes, tls_files).
+NODE_TLS_DIR = "/etc/rabbitmq/tls"
+
+
 def link_for(region: str, amqp_endpoint: dict[str, Any], gateway_password: str) -> GatewayLink:
-    """A GatewayLink from the gateway-region module's `amqp_endpoint` output."""
-    ep = AmqpEndpoint(str(amqp_endpoint["host"]), int(amqp_endpoint["port"]), bool(amqp_endpoint.get("tls")))
+    """A GatewayLink from the gateway-region module's `amqp_endpoint` output.
+
+    With TLS the backend node checks the gateway's certificate against the
+    CA the backend module put on it, and its name against `server_name`
+    (the load balancer's DNS name is not in the certificate).
+    """
+    tls = bool(amqp_endpoint.get("tls"))
+    ep = AmqpEndpoint(
+        str(amqp_endpoint["host"]),
+        int(amqp_endpoint["port"]),
+        tls,
+        ca_file=f"{NODE_TLS_DIR}/ca.pem" if tls else "",
+        server_name=str(amqp_endpoint.get("server_name") or "") if tls else "",
+    )
     return GatewayLink(region, ep, gateway_password)

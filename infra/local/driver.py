@@ -33,7 +33,7 @@ from backend import contract as c
 from backend.devices import device_users
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
-from infra.device_registry import DeviceRegistry
+from infra.device_registry import DeviceRegistry, sync_gateway
 from infra.local import processes
 from infra.local.nodes import (
     NODE_CLASSES,
@@ -504,7 +504,7 @@ class LocalFederation:
 
     @property
     def device_registry(self) -> DeviceRegistry:
-        return DeviceRegistry(self.state_dir / "devices.json")
+        return DeviceRegistry(self.settings.device_registry_file)
 
     def add_devices(self, ids: Iterable[str], *, rotate: bool = False) -> dict[str, str]:
         """Register devices and make them users of every running gateway; returns their secrets.
@@ -530,6 +530,16 @@ class LocalFederation:
                 for d in gone:
                     closed[d] += admin.remove_user(d, "device revoked")
         return closed
+
+    def sync_devices(self) -> dict[str, list[str]]:
+        """Make every running gateway's device users exactly the registry's; returns the
+        device users removed per region (revoked while that gateway was down)."""
+        hashes = self.device_registry.hashes()
+        return {
+            gw.spec.region or gw.name: sync_gateway(gw.admin(), hashes)
+            for gw in self.gateways()
+            if gw.is_running()
+        }
 
     # --- single nodes (chaos, tests) -------------------------------------------------
 

@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -194,6 +195,13 @@ class Node:
 
     def ready(self) -> bool:
         raise NotImplementedError
+
+    def kill(self) -> None:
+        """SIGKILL every process of the node at once, as a crash of its host would (chaos tests)."""
+        processes.signal_pids(processes.marked_pids(self.marker), signal.SIGKILL)
+        pid = self.pid()
+        if pid is not None:
+            processes.forget(pid)
 
     def stop(self, grace: float = 30.0) -> None:
         pid = self.pid()

@@ -180,8 +180,11 @@ class LocalSettings:
         metadata={"doc": "Backend AMQP host the gateways' downlink links connect to."},
     )
     cloud_backend_amqp_port: int = field(
-        default=5672,
-        metadata={"doc": "Backend AMQP port for the downlink links."},
+        default=5671,
+        metadata={
+            "doc": "Backend port for the downlink links: AMQPS (5671) with tls, which checks the backend's "
+            "certificate for backend.<cloud_domain>; AMQP (5672) without."
+        },
     )
     cloud_backend_management_url: str = field(
         default="",
@@ -221,6 +224,11 @@ class LocalSettings:
     )
 
     # --- derived -------------------------------------------------------------
+
+    @property
+    def device_registry_file(self) -> Path:
+        """The fleet's device registry (`fedgate devices`): local gateways and cloud regions read it."""
+        return self.state_dir / "devices.json"
 
     @property
     def kafka_jars(self) -> Path:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 
 CA_DAYS = 3650
 NODE_DAYS = 730
@@ -38,27 +39,20 @@ def tls_server_name(host: str) -> str:
     return "localhost" if addr.is_loopback else host
 
 
-def tls_listeners_conf(host: str, cert: NodeCert, amqps_port: int, mqtts_port: int | None) -> str:
-    """rabbitmq.conf lines for the node's TLS listeners: AMQPS (federation links), MQTT over TLS.
+#: The TLS listener lines of every node, local and cloud (gateways/templates/tls.conf).
+TLS_CONF_TEMPLATE = Path(__file__).resolve().parents[2] / "gateways" / "templates" / "tls.conf"
 
-    Devices prove who they are with their secret, so no client certificate
-    is asked for; the clients check the node's certificate.
-    """
-    lines = [
-        "",
-        "# TLS: federation links (AMQPS) and, on gateways, devices (MQTT over TLS).",
-        f"listeners.ssl.1 = {host}:{amqps_port}",
-        f"ssl_options.cacertfile = {cert.ca}",
-        f"ssl_options.certfile = {cert.cert}",
-        f"ssl_options.keyfile = {cert.key}",
-        "ssl_options.verify = verify_none",
-        "ssl_options.fail_if_no_peer_cert = false",
-        "ssl_options.versions.1 = tlsv1.3",
-        "ssl_options.versions.2 = tlsv1.2",
-    ]
-    if mqtts_port is not None:
-        lines.append(f"mqtt.listeners.ssl.1 = {host}:{mqtts_port}")
-    return "\n".join(lines) + "\n"
+
+def tls_listeners_conf(host: str, cert: NodeCert, amqps_port: int, mqtts_port: int | None) -> str:
+    """rabbitmq.conf lines for the node's TLS listeners: AMQPS (federation links), MQTT over TLS."""
+    return Template(TLS_CONF_TEMPLATE.read_text()).substitute(
+        host=host,
+        amqps_port=amqps_port,
+        cacertfile=cert.ca,
+        certfile=cert.cert,
+        keyfile=cert.key,
+        mqtts_listener="" if mqtts_port is None else f"mqtt.listeners.ssl.1 = {host}:{mqtts_port}",
+    )
 
 
 @dataclass(frozen=True)

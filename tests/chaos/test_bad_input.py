@@ -22,9 +22,10 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import publish_confirmed, send_command
+from tests.chaos.counting import spark_rows
 from tests.helpers import device, kafka_records, record_counts, router_metrics, wait_present
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos, pytest.mark.spark]
 
 
 def mqtt_string(s: bytes) -> bytes:
@@ -111,14 +112,17 @@ def test_hostile_bytes_at_the_mqtt_port_are_refused_and_the_gateway_keeps_servin
         endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == good_id, expect=sent
     )
     seqs = sorted(json.loads(m.value())["seq"] for m, _ in got)
+    rows = sorted(seq for _, seq in spark_rows(federation, good_id, expect=sent))
     record_counts(
         hostile_connections=len(outcomes),
         closed=sum(outcomes.values()),
         readings_sent=sent,
         readings_in_kafka=len(seqs),
         lost=len(set(range(sent)) - set(seqs)),
+        telemetry_raw_rows=len(rows),
     )
     assert seqs == list(range(sent)), f"sent {sent} readings, Kafka has {seqs}: none lost, none doubled"
+    assert rows == list(range(sent)), f"telemetry_raw has {rows}: each reading once"
 
     with open(gateway.log_file, errors="replace") as f:
         f.seek(log_before)

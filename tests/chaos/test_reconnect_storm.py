@@ -3,8 +3,8 @@
 Tried: 100 devices on local-us, all disconnected at once and reconnected at
 once from 100 threads.  Then each publishes one reading and is sent one
 command through the router.  Counted: every device reconnected, every reading
-is in Kafka (lost 0, duplicates bounded by QoS 1's at-least-once), every
-command reached its device once (lost 0).
+is in Kafka (lost 0, duplicates bounded by QoS 1's at-least-once) and once
+in telemetry_raw, every command reached its device once (lost 0).
 """
 
 from __future__ import annotations
@@ -21,9 +21,16 @@ import pytest
 from backend import contract as c
 from backend.amqp import send_command
 from fedgate.devices import SimDevice
+from tests.chaos.counting import spark_rows
 from tests.helpers import kafka_records, record_counts
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kafka,
+    pytest.mark.chaos,
+    pytest.mark.slow,
+    pytest.mark.spark,
+]
 
 DEVICES = 100
 REGION = "local-us"
@@ -74,7 +81,7 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
         wait_all_present(endpoints, set(ids), REGION)
 
         for d in fleet:
-            d.publish(c.device_telemetry_topic(d.device_id), {"after_storm": d.device_id})
+            d.publish(c.device_telemetry_topic(d.device_id), {"after_storm": d.device_id, "seq": 0})
         for d in fleet:
             send_command(
                 ep["backend"]["url"], d.device_id, c.device_command_topic(d.device_id, "hello"), b"back"
@@ -96,6 +103,7 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
     finally:
         for d in fleet:
             d.close()
+    rows = Counter(dev for dev, _ in spark_rows(federation, f"storm-{uid}-", expect=DEVICES))
 
     lost_commands = [d for d in ids if commands[d] == 0]
     lost_readings = [d for d in ids if per_device[d] == 0]
@@ -108,7 +116,10 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
         commands_sent=DEVICES,
         commands_received=sum(commands.values()),
         commands_lost=len(lost_commands),
+        telemetry_raw_rows=sum(rows.values()),
+        telemetry_raw_duplicated=sum(rows.values()) - len(rows),
     )
     assert lost_readings == [] and lost_commands == []
     assert max(commands.values()) == 1, "each command arrived once"
     assert max(per_device.values()) <= 2, "QoS 1 may duplicate a reading, not multiply it"
+    assert rows == Counter(ids), "telemetry_raw has each device's reading once"

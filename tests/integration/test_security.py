@@ -70,6 +70,22 @@ def test_a_revoked_device_is_disconnected_and_cannot_reconnect(endpoints, federa
     assert dev_id not in federation.device_registry.devices()
 
 
+def test_sync_removes_a_device_revoked_while_a_gateway_was_unreachable(endpoints, federation, uid):
+    kept, gone = f"kept-{uid}", f"gone-{uid}"
+    secrets = federation.add_devices([kept, gone])
+    # revoked in the registry only: the push to the gateways never happened (they were unreachable)
+    federation.device_registry.revoke([gone])
+    mqtt(endpoints, "local-us", gone, gone, secrets[gone], auto_reconnect=False).connect().close()
+
+    removed = federation.sync_devices()
+    assert removed == {"local-eu": [gone], "local-us": [gone]}
+    for region in ("local-eu", "local-us"):
+        with pytest.raises(DeviceError):
+            mqtt(endpoints, region, gone, gone, secrets[gone], auto_reconnect=False).connect(timeout=5)
+        mqtt(endpoints, region, kept, kept, secrets[kept], auto_reconnect=False).connect().close()
+    assert federation.sync_devices() == {"local-eu": [], "local-us": []}, "a second sync changes nothing"
+
+
 def test_a_device_cannot_publish_as_another(endpoints, federation, uid):
     a_id, b_id = f"a-{uid}", f"b-{uid}"
     a = device(endpoints, "local-eu", a_id, auto_reconnect=False)

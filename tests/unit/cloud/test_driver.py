@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import quote
@@ -21,6 +22,7 @@ from .fakes import fake_management_api, terraform_calls, write_fake_terraform
 REGION = "eu-west-1"
 LB = "fedgate-eu-west-1-gw-0123.elb.eu-west-1.amazonaws.com"
 HOSTNAME = "mqtt.fleet.example.com"
+GW_NAME = f"gw-{REGION}.fleet.example.com"
 
 
 @pytest.fixture
@@ -74,7 +76,8 @@ def _outputs() -> str:
         "lb_dns_name": LB,
         "mqtt_hostname": HOSTNAME,
         "autoscaling_group_name": "fedgate-eu-west-1-gateway",
-        "amqp_endpoint": {"host": LB, "port": 5672, "tls": False},
+        # with node_tls, as fedgate applies the module
+        "amqp_endpoint": {"host": LB, "port": 5671, "tls": True, "server_name": GW_NAME},
         "mqtt_endpoint": {"host": LB, "port": 1883, "tls_port": None},
     }
     return json.dumps({k: {"sensitive": False, "type": "string", "value": v} for k, v in values.items()})
@@ -126,8 +129,11 @@ def test_add_applies_once_records_outputs_registers_the_region_and_a_rerun_chang
 
         # the backend now pulls from the region's load balancer and holds its downlink exchange
         upstream = api.body("PUT", f"/api/parameters/federation-upstream/%2F/gw-{REGION}")
-        assert upstream["value"]["uri"].startswith("amqp://fedgate-backend:")
-        assert upstream["value"]["uri"].endswith(f"@{LB}:5672")
+        # over AMQPS: the backend node checks the gateway's certificate and its name
+        assert upstream["value"]["uri"].startswith("amqps://fedgate-backend:")
+        assert upstream["value"]["uri"].endswith(
+            f"@{LB}:5671?cacertfile=/etc/rabbitmq/tls/ca.pem&verify=verify_peer&server_name_indication={GW_NAME}"
+        )
         assert f"/api/exchanges/%2F/{quote('fedgate.downlink.' + REGION)}" in api.paths("PUT")
         assert api.body("PUT", "/api/parameters/federation-upstream-set/%2F/fedgate-uplink")["value"] == [
             {"upstream": f"gw-{REGION}", "exchange": "amq.topic"}
@@ -240,9 +246,103 @@ def test_the_root_module_points_every_aws_api_at_the_override_and_loads_the_gate
     upstream = next(p for p in definitions["parameters"] if p["component"] == "federation-upstream")
     # the gateway's downlink link pulls only its own region's exchange from the backend
     assert upstream["value"]["exchange"] == f"fedgate.downlink.{REGION}"
-    assert upstream["value"]["uri"].endswith("@backend.fleet.example.com:5672")
+    # over AMQPS, checking the backend's certificate for backend.<domain>
+    assert upstream["value"]["uri"].endswith(
+        "@backend.fleet.example.com:5671?cacertfile=/etc/rabbitmq/tls/ca.pem&verify=verify_peer"
+        "&server_name_indication=backend.fleet.example.com"
+    )
     assert definitions["global_parameters"] == [{"name": "cluster_name", "value": REGION}]
     assert set(root["output"]) >= {"lb_dns_name", "amqp_endpoint", "route53_health_check_id"}
+    # the nodes' certificate for gw-<region>.<domain>, from the CA kept beside the cloud state
+    tls = module["node_tls"]
+    assert tls["server_name"] == GW_NAME
+    assert tls["ca_pem"] == (tmp_path / "tf-state" / "tls" / "ca.pem").read_text()
+    assert module["node_tls_key_pem"].startswith("-----BEGIN PRIVATE KEY-----")
+    (tmp_path / "node.pem").write_text(tls["cert_pem"])
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(tmp_path / "tf-state" / "tls" / "ca.pem"),
+         "-verify_hostname", GW_NAME, str(tmp_path / "node.pem")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert verify.returncode == 0, verify.stderr
+    assert driver.root_module(REGION)["module"]["gateway"]["node_tls"] == tls, "issued once, then reused"
+
+
+def test_the_backend_tls_file_holds_a_certificate_for_backend_dot_domain(tmp_path: Path) -> None:
+    driver = _driver(tmp_path, "Z1")
+    path = driver.write_backend_tls()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    tfvars = json.loads(path.read_text())
+    assert tfvars["node_tls"]["server_name"] == "backend.fleet.example.com"
+    assert tfvars["node_tls_key_pem"].startswith("-----BEGIN PRIVATE KEY-----")
+
+
+def test_without_tls_the_root_module_has_no_node_tls_and_links_are_plain(tmp_path: Path) -> None:
+    driver = _driver(tmp_path, "Z1", tls=False, cloud_backend_amqp_port=5672)
+    module = driver.root_module(REGION)["module"]["gateway"]
+    assert "node_tls" not in module
+    definitions = json.loads(module["rabbitmq_definitions"])
+    upstream = next(p for p in definitions["parameters"] if p["component"] == "federation-upstream")
+    assert upstream["value"]["uri"].startswith("amqp://") and upstream["value"]["uri"].endswith(":5672")
+
+
+@mock_aws
+def test_device_changes_reach_every_applied_region_and_an_unreachable_one_is_named(
+    tmp_path: Path, aws_env: None, fake_outputs: None
+) -> None:
+    from backend.devices import device_users, password_hash
+    from infra.rabbitmq_admin import RabbitAdmin
+
+    driver = _driver(tmp_path, _dns(), confirm=True)
+    driver.add(REGION, plan_out=lambda s: None)
+    with fake_management_api() as api:
+        driver.gateway_admin = lambda rec: RabbitAdmin(api.url, "fedgate-admin", "pw")  # type: ignore[method-assign]
+        assert driver.push_devices(device_users({"pump-1": password_hash("s")}), ["pump-0"]) == {}
+        imported = api.body("POST", "/api/definitions")
+        assert [u["name"] for u in imported["users"]] == ["pump-1"]
+        assert "/api/users/pump-0" in api.paths("DELETE")
+
+        # sync: the registry's devices in, a device user the registry no longer has out
+        api.requests.clear()
+        assert driver.sync_devices({"pump-1": password_hash("s")}) == {}
+        assert [u["name"] for u in api.body("POST", "/api/definitions")["users"]] == ["pump-1"]
+
+    def unreachable(rec: object) -> RabbitAdmin:
+        return RabbitAdmin("http://127.0.0.1:9", "fedgate-admin", "pw", timeout=1)
+
+    driver.gateway_admin = unreachable  # type: ignore[method-assign]
+    failed = driver.push_devices(None, ["pump-1"])
+    assert list(failed) == [REGION] and "Connection refused" in failed[REGION]
+
+
+@mock_aws
+def test_the_gateway_admin_is_a_node_of_the_regions_autoscaling_group(tmp_path: Path, aws_env: None) -> None:
+    from infra.cloud.driver import CloudRegion
+
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.0.0/24")["Subnet"]["SubnetId"]
+    ami = ec2.describe_images()["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName="gw-template", LaunchTemplateData={"ImageId": ami})
+    boto3.client("autoscaling", region_name=REGION).create_auto_scaling_group(
+        AutoScalingGroupName="fedgate-eu-west-1-gateway",
+        LaunchTemplate={"LaunchTemplateName": "gw-template"},
+        MinSize=2,
+        MaxSize=2,
+        VPCZoneIdentifier=subnet,
+    )
+    rec = CloudRegion(
+        REGION,
+        "applied",
+        {"aws_region": REGION, "autoscaling_group_name": "fedgate-eu-west-1-gateway"},
+        True,
+        0,
+    )
+    admin = _driver(tmp_path, "Z1").gateway_admin(rec)
+    host = admin.base_url.removeprefix("http://").rsplit(":", 1)
+    assert host[1] == "15672"
+    instances = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    assert host[0] in {i.get("PublicIpAddress") or i["PrivateIpAddress"] for i in instances}
 
 
 def test_cli_names_an_unknown_region_and_missing_terraform(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the latency record has its health check, and a second plan shows no changes (~1 
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
@@ -18,6 +19,7 @@ import pytest
 from infra.cloud import route53
 from infra.cloud.driver import AWS_SERVICES
 from infra.cloud.toolchain import Toolchain
+from infra.local.tls import LocalCA
 
 from .conftest import run_tf
 
@@ -103,6 +105,17 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     example = examples / "gateway-region-moto"
     shutil.copytree(examples / "gateway-region", example, ignore=shutil.ignore_patterns(".terraform*"))
     (example / "moto_override.tf").write_text(_override(moto_url))
+    # TLS on the nodes as `fedgate gateway add` sets it: a certificate from fedgate's CA
+    cert = LocalCA(example / "tls").node_cert(f"gw-{REGION}", f"gw-{REGION}.{DOMAIN}")
+    tls_vars = {
+        "node_tls": {
+            "ca_pem": cert.ca.read_text(),
+            "cert_pem": cert.cert.read_text(),
+            "server_name": f"gw-{REGION}.{DOMAIN}",
+        },
+        "node_tls_key_pem": cert.key.read_text(),
+    }
+    (example / "tls.auto.tfvars.json").write_text(json.dumps(tls_vars))
 
     ec2 = _client("ec2", moto_url)
     ami = ec2.describe_images()["Images"][0]["ImageId"]  # type: ignore[attr-defined]
@@ -153,7 +166,26 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     asg = _client("autoscaling", moto_url).describe_auto_scaling_groups(  # type: ignore[attr-defined]
         AutoScalingGroupNames=[outputs["autoscaling_group_name"]]
     )["AutoScalingGroups"][0]
-    assert asg["DesiredCapacity"] == 2 and len(asg["TargetGroupARNs"]) == 2
+    # MQTT, AMQP, and passed-through AMQPS and MQTT over TLS
+    assert asg["DesiredCapacity"] == 2 and len(asg["TargetGroupARNs"]) == 4
+
+    # the nodes boot with the TLS listeners and the certificate files (cloud-init)
+    template = ec2.describe_launch_template_versions(  # type: ignore[attr-defined]
+        LaunchTemplateName=f"fedgate-{REGION}-gateway", Versions=["$Latest"]
+    )["LaunchTemplateVersions"][0]
+    user_data = base64.b64decode(template["LaunchTemplateData"]["UserData"]).decode()
+    assert "listeners.ssl.1 = 0.0.0.0:5671" in user_data
+    assert "mqtt.listeners.ssl.1 = 0.0.0.0:8883" in user_data
+    assert "ssl_options.keyfile = /etc/rabbitmq/tls/key.pem" in user_data
+    assert (
+        "path: /etc/rabbitmq/tls/key.pem" in user_data or '"path": "/etc/rabbitmq/tls/key.pem"' in user_data
+    )
+    assert outputs["amqp_endpoint"] == {
+        "host": outputs["lb_dns_name"],
+        "port": 5671,
+        "tls": True,
+        "server_name": f"gw-{REGION}.{DOMAIN}",
+    }
 
     # the network load balancer with an MQTT listener
     elb = _client("elbv2", moto_url)
@@ -161,7 +193,12 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     lb = next(x for x in lb if x["DNSName"] == outputs["lb_dns_name"])
     assert lb["Type"] == "network"
     listeners = elb.describe_listeners(LoadBalancerArn=lb["LoadBalancerArn"])["Listeners"]  # type: ignore[attr-defined]
-    assert {(x["Port"], x["Protocol"]) for x in listeners} == {(1883, "TCP"), (5672, "TCP")}
+    assert {(x["Port"], x["Protocol"]) for x in listeners} == {
+        (1883, "TCP"),
+        (5672, "TCP"),
+        (5671, "TCP"),
+        (8883, "TCP"),
+    }
 
     # the latency record and its health check, read back the way the driver verifies them
     rec, hc = route53.verify_region_record(

@@ -16,4 +16,8 @@ module "backend" {
   gateway_cidr_blocks = ["0.0.0.0/0"]
   admin_password      = var.admin_password
   erlang_cookie       = var.erlang_cookie
+
+  # From `fedgate backend-tls` (backend-tls.auto.tfvars.json beside this file).
+  node_tls         = var.node_tls
+  node_tls_key_pem = var.node_tls_key_pem
 }

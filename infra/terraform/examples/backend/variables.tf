@@ -26,3 +26,20 @@ variable "erlang_cookie" {
   type        = string
   sensitive   = true
 }
+
+variable "node_tls" {
+  description = "TLS on the backend nodes, from `fedgate backend-tls`. Null: plain AMQP."
+  type = object({
+    ca_pem      = string
+    cert_pem    = string
+    server_name = string
+  })
+  default = null
+}
+
+variable "node_tls_key_pem" {
+  description = "Private key of node_tls's certificate, from `fedgate backend-tls`."
+  type        = string
+  default     = null
+  sensitive   = true
+}

@@ -21,6 +21,8 @@ module "gateway_region" {
   backend_cidr_blocks = var.backend_cidr_blocks
   admin_password      = var.admin_password
   erlang_cookie       = var.erlang_cookie
+  node_tls            = var.node_tls
+  node_tls_key_pem    = var.node_tls_key_pem
 
   zone_id       = coalesce(var.zone_id, try(aws_route53_zone.this[0].zone_id, null))
   mqtt_hostname = "mqtt.${var.domain}"

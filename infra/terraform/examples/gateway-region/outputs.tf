@@ -27,3 +27,8 @@ output "route53_health_check_id" {
   description = "Health check guarding the region's latency record."
   value       = module.gateway_region.route53_health_check_id
 }
+
+output "amqp_endpoint" {
+  description = "Where the backend's federation link for this region connects."
+  value       = module.gateway_region.amqp_endpoint
+}

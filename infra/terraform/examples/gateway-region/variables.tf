@@ -45,3 +45,20 @@ variable "erlang_cookie" {
   type        = string
   sensitive   = true
 }
+
+variable "node_tls" {
+  description = "TLS on the gateway nodes (fedgate's CA): AMQPS for the backend, MQTT over TLS passed through. Null: plain."
+  type = object({
+    ca_pem      = string
+    cert_pem    = string
+    server_name = string
+  })
+  default = null
+}
+
+variable "node_tls_key_pem" {
+  description = "Private key of node_tls's certificate."
+  type        = string
+  default     = null
+  sensitive   = true
+}

@@ -11,6 +11,18 @@ locals {
   azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
   templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../backend/templates")
   tags          = merge({ "fedgate:role" = "backend" }, var.tags)
+
+  # The TLS listener lines every fedgate node shares (local and cloud).
+  node_tls = var.node_tls != null
+  tls_dir  = "/etc/rabbitmq/tls"
+  tls_conf = local.node_tls ? templatefile("${path.module}/../../../../gateways/templates/tls.conf", {
+    host           = "0.0.0.0"
+    amqps_port     = 5671
+    cacertfile     = "${local.tls_dir}/ca.pem"
+    certfile       = "${local.tls_dir}/cert.pem"
+    keyfile        = "${local.tls_dir}/key.pem"
+    mqtts_listener = ""
+  }) : ""
 }
 
 # --- network ----------------------------------------------------------------------
@@ -138,8 +150,8 @@ resource "aws_security_group" "backend" {
   tags        = merge(local.tags, { Name = "${local.name}-nodes" })
 
   ingress {
-    description     = "AMQP and management through the load balancer"
-    from_port       = 5672
+    description     = "AMQP/AMQPS and management through the load balancer"
+    from_port       = 5671
     to_port         = 15672
     protocol        = "tcp"
     security_groups = [aws_security_group.lb.id]
@@ -202,7 +214,7 @@ module "nodes" {
 
   name = "${local.name}-nodes"
   tags = local.tags
-  rabbitmq_conf = templatefile("${local.templates_dir}/rabbitmq.conf", {
+  rabbitmq_conf = join("", [templatefile("${local.templates_dir}/rabbitmq.conf", {
     cluster_name    = "fedgate-backend"
     host            = "0.0.0.0"
     amqp_port       = 5672
@@ -211,7 +223,12 @@ module "nodes" {
     memory_mb       = var.memory_mb
     admin_user      = "fedgate-admin"
     admin_password  = var.admin_password
-  })
+  }), local.tls_conf])
+  tls_files = local.node_tls ? {
+    ca_pem   = var.node_tls.ca_pem
+    cert_pem = var.node_tls.cert_pem
+    key_pem  = var.node_tls_key_pem
+  } : null
   enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
   erlang_cookie      = var.erlang_cookie
   ami_id             = var.ami_id
@@ -219,7 +236,7 @@ module "nodes" {
   node_count         = var.node_count
   subnet_ids         = aws_subnet.private[*].id
   security_group_ids = [aws_security_group.backend.id]
-  target_group_arns  = [aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn]
+  target_group_arns  = concat([aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn], aws_lb_target_group.amqps[*].arn)
 }
 
 resource "aws_lb" "this" {
@@ -256,6 +273,38 @@ resource "aws_lb_listener" "amqp" {
   default_action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.amqp.arn
+  }
+}
+
+# AMQPS passed through to the nodes: the gateways check the node's own certificate.
+resource "aws_lb_target_group" "amqps" {
+  count = local.node_tls ? 1 : 0
+
+  name                 = substr("${local.name}-amqps", 0, 32)
+  port                 = 5671
+  protocol             = "TCP"
+  vpc_id               = aws_vpc.this.id
+  deregistration_delay = 60
+  tags                 = local.tags
+
+  lifecycle {
+    precondition {
+      condition     = var.node_tls_key_pem != null
+      error_message = "node_tls needs node_tls_key_pem."
+    }
+  }
+}
+
+resource "aws_lb_listener" "amqps" {
+  count = local.node_tls ? 1 : 0
+
+  load_balancer_arn = aws_lb.this.arn
+  port              = 5671
+  protocol          = "TCP"
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.amqps[0].arn
   }
 }
 

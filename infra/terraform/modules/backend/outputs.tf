@@ -4,8 +4,13 @@ output "vpc_id" {
 }
 
 output "amqp_endpoint" {
-  description = "Where the gateways' downlink links connect: host and port of the backend's load balancer."
-  value       = { host = aws_lb.this.dns_name, port = 5672, tls = false }
+  description = "Where the gateways' downlink links connect: the backend's load balancer, AMQPS (checked against server_name) with node_tls, else AMQP."
+  value = {
+    host        = aws_lb.this.dns_name
+    port        = local.node_tls ? 5671 : 5672
+    tls         = local.node_tls
+    server_name = local.node_tls ? var.node_tls.server_name : null
+  }
 }
 
 output "management_url" {

@@ -131,3 +131,26 @@ variable "analytics_noncurrent_days" {
   type        = number
   default     = 30
 }
+
+variable "node_tls" {
+  description = <<-EOT
+    TLS on the backend nodes (`fedgate cloud-tls backend` issues it from fedgate's
+    CA): AMQPS on 5671 for the gateways' downlink links, which check the
+    certificate against the CA and server_name; the CA also checks the
+    gateways when the backend's links connect to them. The key is
+    node_tls_key_pem. Null: plain AMQP.
+  EOT
+  type = object({
+    ca_pem      = string
+    cert_pem    = string
+    server_name = string
+  })
+  default = null
+}
+
+variable "node_tls_key_pem" {
+  description = "Private key of node_tls's certificate (PEM). Required with node_tls."
+  type        = string
+  default     = null
+  sensitive   = true
+}

@@ -22,6 +22,21 @@ locals {
   amqps_port      = 5671
   management_port = 15672
   prometheus_port = 15692
+
+  # TLS on the nodes: AMQPS for the backend's links, and MQTT over TLS unless
+  # the load balancer terminates it (certificate_arn).
+  node_tls       = var.node_tls != null
+  mqtts_on_nodes = local.node_tls && var.certificate_arn == null
+  tls_dir        = "/etc/rabbitmq/tls"
+  server_name    = local.node_tls ? var.node_tls.server_name : null
+  tls_conf = local.node_tls ? templatefile("${local.templates_dir}/tls.conf", {
+    host           = "0.0.0.0"
+    amqps_port     = local.amqps_port
+    cacertfile     = "${local.tls_dir}/ca.pem"
+    certfile       = "${local.tls_dir}/cert.pem"
+    keyfile        = "${local.tls_dir}/key.pem"
+    mqtts_listener = local.mqtts_on_nodes ? "mqtt.listeners.ssl.1 = 0.0.0.0:${local.mqtts_port}" : ""
+  }) : ""
 }
 
 # --- network -------------------------------------------------------------------
@@ -126,8 +141,16 @@ resource "aws_security_group" "gateway" {
   }
 
   ingress {
-    description     = "AMQP through the load balancer"
-    from_port       = local.amqp_port
+    description     = "MQTT over TLS through the load balancer (passed through to the nodes)"
+    from_port       = local.mqtts_port
+    to_port         = local.mqtts_port
+    protocol        = "tcp"
+    security_groups = [aws_security_group.lb.id]
+  }
+
+  ingress {
+    description     = "AMQP/AMQPS through the load balancer"
+    from_port       = local.amqps_port
     to_port         = local.amqp_port
     protocol        = "tcp"
     security_groups = [aws_security_group.lb.id]
@@ -215,7 +238,7 @@ module "nodes" {
 
   name = "${local.name}-gateway"
   tags = local.tags
-  rabbitmq_conf = templatefile("${local.templates_dir}/rabbitmq.conf", {
+  rabbitmq_conf = join("", [templatefile("${local.templates_dir}/rabbitmq.conf", {
     region          = var.region
     cluster_name    = var.region
     host            = "0.0.0.0"
@@ -227,7 +250,12 @@ module "nodes" {
     memory_mb       = var.memory_mb
     admin_user      = "fedgate-admin"
     admin_password  = var.admin_password
-  })
+  }), local.tls_conf])
+  tls_files = local.node_tls ? {
+    ca_pem   = var.node_tls.ca_pem
+    cert_pem = var.node_tls.cert_pem
+    key_pem  = var.node_tls_key_pem
+  } : null
   enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
   erlang_cookie      = var.erlang_cookie
   definitions        = var.rabbitmq_definitions
@@ -237,7 +265,11 @@ module "nodes" {
   node_count         = var.node_count
   subnet_ids         = aws_subnet.public[*].id
   security_group_ids = [aws_security_group.gateway.id]
-  target_group_arns  = [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn]
+  target_group_arns = concat(
+    [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn],
+    aws_lb_target_group.amqps[*].arn,
+    aws_lb_target_group.mqtts[*].arn,
+  )
 }
 
 # --- load balancer ------------------------------------------------------------------
@@ -279,6 +311,75 @@ resource "aws_lb_target_group" "amqp" {
   health_check {
     protocol = "TCP"
     port     = tostring(local.amqp_port)
+  }
+}
+
+# TLS to the nodes, passed through: the backend checks the node's own
+# certificate, so the load balancer must not terminate AMQPS.
+resource "aws_lb_target_group" "amqps" {
+  count = local.node_tls ? 1 : 0
+
+  lifecycle {
+    precondition {
+      condition     = var.node_tls_key_pem != null
+      error_message = "node_tls needs node_tls_key_pem."
+    }
+  }
+
+  name                 = substr("${local.name}-amqps", 0, 32)
+  port                 = local.amqps_port
+  protocol             = "TCP"
+  vpc_id               = aws_vpc.this.id
+  deregistration_delay = 60
+  tags                 = local.tags
+
+  health_check {
+    protocol = "TCP"
+    port     = tostring(local.amqps_port)
+  }
+}
+
+resource "aws_lb_target_group" "mqtts" {
+  count = local.mqtts_on_nodes ? 1 : 0
+
+  name                 = substr("${local.name}-mqtts", 0, 32)
+  port                 = local.mqtts_port
+  protocol             = "TCP"
+  vpc_id               = aws_vpc.this.id
+  deregistration_delay = 60
+  tags                 = local.tags
+
+  health_check {
+    protocol = "TCP"
+    port     = tostring(local.mqtts_port)
+  }
+}
+
+resource "aws_lb_listener" "amqps" {
+  count = local.node_tls ? 1 : 0
+
+  load_balancer_arn = aws_lb.this.arn
+  port              = local.amqps_port
+  protocol          = "TCP"
+  tags              = local.tags
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.amqps[0].arn
+  }
+}
+
+resource "aws_lb_listener" "mqtts_passthrough" {
+  count = local.mqtts_on_nodes ? 1 : 0
+
+  load_balancer_arn = aws_lb.this.arn
+  port              = local.mqtts_port
+  protocol          = "TCP"
+  tags              = local.tags
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.mqtts[0].arn
   }
 }
 

@@ -40,12 +40,17 @@ output "lb_dns_name" {
 
 output "mqtt_endpoint" {
   description = "Where this region's devices connect: host and port of the load balancer."
-  value       = { host = aws_lb.this.dns_name, port = local.mqtt_port, tls_port = var.certificate_arn == null ? null : local.mqtts_port }
+  value       = { host = aws_lb.this.dns_name, port = local.mqtt_port, tls_port = var.certificate_arn == null && !local.node_tls ? null : local.mqtts_port }
 }
 
 output "amqp_endpoint" {
-  description = "Where the backend's federation upstream for this region points (AMQP through the load balancer)."
-  value       = { host = aws_lb.this.dns_name, port = local.amqp_port, tls = false }
+  description = "Where the backend's federation upstream for this region points: AMQPS (checked against server_name) with node_tls, else AMQP, through the load balancer."
+  value = {
+    host        = aws_lb.this.dns_name
+    port        = local.node_tls ? local.amqps_port : local.amqp_port
+    tls         = local.node_tls
+    server_name = local.server_name
+  }
 }
 
 output "mqtt_hostname" {

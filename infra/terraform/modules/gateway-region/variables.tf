@@ -125,8 +125,31 @@ variable "templates_dir" {
 
 # --- load balancer and DNS ----------------------------------------------------
 
+variable "node_tls" {
+  description = <<-EOT
+    TLS on the gateway nodes (`fedgate` issues it from its CA): the nodes listen for
+    AMQPS on 5671, which the backend's federation links use and check against
+    the CA and server_name, and for MQTT over TLS on 8883 (passed through the
+    load balancer unless certificate_arn terminates it there). The key is
+    node_tls_key_pem. Null: plain AMQP.
+  EOT
+  type = object({
+    ca_pem      = string
+    cert_pem    = string
+    server_name = string
+  })
+  default = null
+}
+
+variable "node_tls_key_pem" {
+  description = "Private key of node_tls's certificate (PEM). Required with node_tls."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
 variable "certificate_arn" {
-  description = "ACM certificate for MQTT over TLS: the load balancer terminates TLS on 8883 and forwards to 1883. Null: no 8883 listener."
+  description = "ACM certificate for MQTT over TLS: the load balancer terminates TLS on 8883 and forwards to 1883. Null: 8883 passes through to the nodes when node_tls is set, else no 8883 listener."
   type        = string
   default     = null
 }

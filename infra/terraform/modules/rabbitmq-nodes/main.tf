@@ -51,6 +51,12 @@ locals {
       local.has_definitions ? [
         { path = "/etc/rabbitmq/definitions.json", permissions = "0640", content = var.definitions },
       ] : [],
+      # chowned to rabbitmq with the rest of /etc/rabbitmq below; the key readable by it only
+      var.tls_files == null ? [] : [
+        { path = "/etc/rabbitmq/tls/ca.pem", permissions = "0644", content = var.tls_files.ca_pem },
+        { path = "/etc/rabbitmq/tls/cert.pem", permissions = "0644", content = var.tls_files.cert_pem },
+        { path = "/etc/rabbitmq/tls/key.pem", permissions = "0400", content = var.tls_files.key_pem },
+      ],
     )
     # The package starts the broker with its defaults; restart it with the
     # cluster's cookie and fedgate's config.

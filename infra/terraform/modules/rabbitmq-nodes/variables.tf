@@ -75,3 +75,14 @@ variable "target_group_arns" {
   type        = list(string)
   default     = []
 }
+
+variable "tls_files" {
+  description = "PEM files for the nodes' TLS listeners, written to /etc/rabbitmq/tls/{ca,cert,key}.pem (the paths the TLS listener lines in rabbitmq_conf name). Null: no TLS files."
+  type = object({
+    ca_pem   = string
+    cert_pem = string
+    key_pem  = string
+  })
+  default   = null
+  sensitive = true
+}
