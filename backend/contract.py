@@ -228,6 +228,7 @@ def region_of_returned(headers: dict[str, Any]) -> str | None:
             return queue[len(DOWNLINK_LINK_QUEUE_PREFIX) :].split(" ", 1)[0] or None
     return None
 
+
 #: Headers the bridge puts on every Kafka record.
 KAFKA_REGION_HEADER = "fedgate.region"
 KAFKA_MQTT_TOPIC_HEADER = "fedgate.mqtt_topic"

@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 import aio_pika
 import aiormq.exceptions
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
 from infra.rabbitmq_admin import AdminError, RabbitAdmin
@@ -112,7 +112,7 @@ class Downlink:
         #: desired-state topics already replayed to each live connection; dropped when it ends
         self._replayed: dict[str, set[str]] = {}
         self._exchanges: dict[str, AbstractExchange] = {}
-        self._channel: AbstractChannel | None = None
+        self._channel: AbstractRobustChannel | None = None
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -138,7 +138,7 @@ class Downlink:
 
     # --- lifecycle -----------------------------------------------------------------
 
-    async def start(self, channel: AbstractChannel) -> None:
+    async def start(self, channel: AbstractRobustChannel) -> None:
         self._channel = channel
         await channel.set_qos(prefetch_count=100)
         # Presence first, and rebuilt from the gateways before any command is routed.

@@ -133,7 +133,9 @@ class Router:
             )
             await self.http.start()
         if s.downlink:
-            await self.downlink.start(await self.connection.channel(publisher_confirms=True))
+            downlink = await self.connection.channel(publisher_confirms=True)
+            assert isinstance(downlink, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
+            await self.downlink.start(downlink)
         if s.uplink:
             channel = await self.connection.channel()
             assert isinstance(channel, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
