@@ -44,6 +44,9 @@ query: ## Spark SQL over the analysts' tables: make query SQL="SELECT ..." (or S
 recompute: ## rebuild the aggregates from raw: make recompute SINCE=2026-11-20 UNTIL=2026-11-21
 	@$(FEDGATE) recompute --since "$(SINCE)" --until "$(UNTIL)"
 
+army: up ## simulated devices, counted end to end: make army DEVICES=2000 RATE=2000 DURATION=60 [ARGS="--commands 50 --storm-at 20"] [JSON=1]
+	@$(FEDGATE) army --devices $(or $(DEVICES),1000) --rate $(or $(RATE),1000) --duration $(or $(DURATION),30) $(ARGS) $(if $(JSON),--json,)
+
 demo: setup ## the whole federation on this machine with devices sending and receiving
 	@$(FEDGATE) demo
 
@@ -64,4 +67,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute demo test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo test unit bench lint clean

@@ -4,7 +4,8 @@ Tried: a region `local-gk` whose 6 devices find it nearest, each publishing
 numbered QoS 1 readings and subscribed to its commands, while a backend
 service sends every device a numbered command every 0.25 s.  The gateway's
 RabbitMQ is SIGKILLed.  The devices fail over to the next nearest healthy
-gateway (local-eu) and renew their subscriptions there.  Commands keep
+gateway (local-eu), which they find after 3 s (their health probe is held
+back that long), and renew their subscriptions there.  Commands keep
 coming for 12 s more; then the killed gateway is started again, so that the
 readings it had acknowledged and not yet passed on (its durable federation
 queue, on its disk) flow to the backend.
@@ -79,9 +80,13 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         near = Endpoint(REGION, ep["host"], ep["gateways"][REGION]["mqtt"])
         fallback = Endpoint(FALLBACK, ep["host"], ep["gateways"][FALLBACK]["mqtt"])
         real = tcp_connect_probe(timeout=0.5)
+        #: local-eu looks down until then: the devices take 3 s to fail over, as over a real network
+        fallback_from = [float("inf")]
 
         def probe(e: Endpoint) -> float | None:
             # health is real (the gateway answers or not); local-gk is made to look nearest
+            if e == fallback and time.monotonic() < fallback_from[0]:
+                return None
             lat = real(e)
             return None if lat is None else lat + (0.0 if e == near else 0.05)
 
@@ -101,6 +106,7 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         with Fleet(devices, interval=0.05) as fleet, CommandSender(ep["backend"]["url"], ids) as commands:
             time.sleep(3)
             acked_before = fleet.total_acked
+            fallback_from[0] = time.monotonic() + 3
             federation.node(gateway_node_name(REGION)).kill()  # SIGKILL, every process of it
             killed_at = time.monotonic()
             deadline = killed_at + 60
@@ -148,6 +154,7 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
             in_order=False,  # what the dead gateway held arrives when it is back
         )
         assert commands_lost == 0, f"{commands_lost} confirmed commands never reached their device"
+        assert returned > 0, "commands sent while the devices were away came back from the dead region"
         assert all(d.failovers == [near] for d in devices)
     finally:
         federation.remove_region(REGION)

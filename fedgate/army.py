@@ -1,0 +1,782 @@
+"""`fedgate army`: thousands of simulated devices against a running federation, counted end to end.
+
+Each device is a real MQTT 3.1.1 client (paho-mqtt) with its own credentials
+(`fedgate devices add`), connected to its home region's gateway.  Thousands
+of them share one asyncio loop per worker process (paho driven through its
+socket callbacks instead of a thread per client), and several worker
+processes use every core.  Every device
+
+- publishes telemetry at its share of the offered rate, QoS 1, with a
+  sequence number and its send time (ms) in the payload;
+- subscribes to its own command topic and records what arrives;
+- reconnects on its own when its connection drops, to its home gateway or,
+  if that does not answer, the next region in its list (failover).
+
+The parent process registers the devices, starts the workers, sends
+commands through the backend (`fedgate.commands`, confirmed), and counts:
+uplink readings are checked against what a Kafka consumer reads back from
+the telemetry topic, commands against what the devices received.  Nothing
+is assumed: a reading counts as lost when the gateway acknowledged it
+(PUBACK) and Kafka does not have it; a command when the backend confirmed
+it and the device never got it.
+
+Events, at a time into the run: a reconnect storm (every device's
+connection dropped at once), roaming (a share of the devices moves to
+another region), and a gateway killed (SIGKILL; its devices fail over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import queue as queue_mod
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from backend import contract as c
+
+#: The Kafka topic the bridge maps `devices/<id>/telemetry` to.
+TELEMETRY_TOPIC = "telemetry.telemetry"
+REPORT_EVERY_S = 0.5
+
+
+@dataclass
+class ArmyPlan:
+    devices: int = 1000
+    #: telemetry messages per second, the whole army together
+    rate: float = 1000.0
+    duration_s: float = 30.0
+    processes: int = 2
+    #: regions devices call home, round robin; empty: every gateway of the federation
+    regions: list[str] = field(default_factory=list)
+    #: commands per second sent through the router, spread over the devices
+    commands_per_s: float = 0.0
+    qos: int = 1
+    tls: bool = False
+    prefix: str = "army"
+    #: new connections per second while the army connects
+    connect_rate: float = 1000.0
+    #: seconds into the run: drop every device's connection at once
+    storm_at_s: float | None = None
+    #: seconds into the run: this share of the devices moves to another region
+    roam_at_s: float | None = None
+    roam_share: float = 0.2
+    #: (region, seconds into the run): that region's gateway is killed
+    kill_gateway: tuple[str, float] | None = None
+    #: how long to wait for stragglers (Kafka, command receipts) after the run
+    drain_timeout_s: float = 60.0
+    payload_pad: int = 0
+
+    def validate(self) -> ArmyPlan:
+        if self.devices < 1 or self.processes < 1 or self.duration_s <= 0 or self.rate < 0:
+            raise ValueError("devices, processes and duration must be positive, rate not negative")
+        if self.qos not in (0, 1):
+            raise ValueError("qos: 0 or 1")
+        if not 0 <= self.roam_share <= 1:
+            raise ValueError("roam_share: between 0 and 1")
+        return self
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    device_id: str
+    secret: str
+    #: (region, host, port), home first: where the device connects, then fails over to
+    endpoints: tuple[tuple[str, str, int], ...]
+
+
+@dataclass
+class WorkerConfig:
+    worker: int
+    specs: list[DeviceSpec]
+    plan: ArmyPlan
+    #: wall-clock time (s) the run counts from, shared by every process
+    t0: float
+    ca_file: str | None
+    server_name: str | None
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        return round(v[min(len(v) - 1, int(q * len(v)))], 1)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(v[-1], 1)}
+
+
+# --- the worker: thousands of paho clients on one asyncio loop ------------------------------------
+
+
+class ArmyDevice:
+    """One simulated device: a paho client driven by the worker's event loop."""
+
+    def __init__(self, worker: Worker, spec: DeviceSpec, home: int):
+        self.w = worker
+        self.spec = spec
+        self.endpoint = home
+        self.seq = 0
+        self.inflight: dict[int, int] = {}
+        self.acked: list[int] = []
+        self.commands: list[int] = []
+        self.connected = False
+        self.connecting = False
+        self.failures = 0
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=spec.device_id,
+            clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
+        self.client.username_pw_set(spec.device_id, spec.secret)
+        if worker.cfg.ca_file:
+            self.client.tls_set(ca_certs=worker.cfg.ca_file)
+        self.client.max_inflight_messages_set(1000)
+        self.client.max_queued_messages_set(0)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_publish = self._on_publish
+        self.client.on_message = self._on_message
+        self.client.on_socket_open = self._on_socket_open
+        self.client.on_socket_close = self._on_socket_close
+        self.client.on_socket_register_write = self._on_register_write
+        self.client.on_socket_unregister_write = self._on_unregister_write
+        self._connect_started = 0.0
+
+    # socket plumbing: paho reads and writes when the loop says the socket is ready
+    def _on_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
+        self.w.loop.add_reader(sock, client.loop_read)
+
+    def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
+        self.w.loop.remove_reader(sock)
+        self.w.loop.remove_writer(sock)
+
+    def _on_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        self.w.loop.add_writer(sock, client.loop_write)
+
+    def _on_unregister_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        self.w.loop.remove_writer(sock)
+
+    # MQTT callbacks
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        self.connecting = False
+        if getattr(rc, "is_failure", rc != 0):
+            self.w.count["refused"] += 1
+            self.failures += 1
+            self.w.errors.append(f"{self.spec.device_id}: CONNACK {rc}")
+            return
+        self.connected = True
+        self.failures = 0
+        self.w.count["connects"] += 1
+        self.w.connect_ms.append((time.monotonic() - self._connect_started) * 1000)
+        client.subscribe(c.device_command_topic(self.spec.device_id, "#"), qos=1)
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
+        was = self.connected
+        self.connected = False
+        self.connecting = False
+        if was:
+            self.w.count["drops"] += 1
+        if not self.w.finishing:
+            self.w.schedule_reconnect(self)
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any = None) -> None:
+        seq = self.inflight.pop(mid, None)
+        if seq is not None:
+            self.acked.append(seq)
+            self.w.count["acked"] += 1
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            body = json.loads(msg.payload)
+            n, sent_ms = int(body["n"]), float(body["t"])
+        except (ValueError, KeyError, TypeError):
+            self.w.count["foreign_messages"] += 1
+            return
+        self.commands.append(n)
+        self.w.count["commands"] += 1
+        self.w.downlink_ms.append(time.time() * 1000 - sent_ms)
+
+    # actions
+    def connect(self) -> None:
+        """Connect to the current endpoint; on refusal, move on to the next one later."""
+        if self.connected or self.connecting:
+            return
+        region, host, port = self.spec.endpoints[self.endpoint]
+        self.connecting = True
+        self._connect_started = time.monotonic()
+        try:
+            self.client.connect(host, port, keepalive=30)
+        except OSError as e:
+            self.connecting = False
+            self.failures += 1
+            self.w.count["connect_errors"] += 1
+            if self.failures <= 3:
+                self.w.errors.append(f"{self.spec.device_id} -> {region}: {e}")
+            # this gateway does not answer: the next region in the list
+            self.endpoint = (self.endpoint + 1) % len(self.spec.endpoints)
+            self.w.schedule_reconnect(self)
+
+    def publish(self) -> None:
+        payload: dict[str, Any] = {"seq": self.seq, "t": round(time.time() * 1000, 1), "temp_c": 21.5}
+        if self.w.cfg.plan.payload_pad:
+            payload["pad"] = "x" * self.w.cfg.plan.payload_pad
+        info = self.client.publish(
+            c.device_telemetry_topic(self.spec.device_id), json.dumps(payload), qos=self.w.cfg.plan.qos
+        )
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            self.w.count["publish_errors"] += 1
+            return
+        self.w.count["sent"] += 1
+        if self.w.cfg.plan.qos == 0:
+            self.acked.append(self.seq)
+        else:
+            self.inflight[info.mid] = self.seq
+        self.seq += 1
+
+    def drop(self) -> None:
+        """The network goes away under the device (no DISCONNECT)."""
+        sock = self.client.socket()
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def move_to(self, endpoint: int) -> None:
+        """Roam: leave this gateway cleanly and connect to another region's."""
+        self.endpoint = endpoint
+        if self.connected:
+            self.client.disconnect()  # _on_disconnect reconnects, now to `endpoint`
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig, out: Any, stop_publishing: Any, finish: Any):
+        self.cfg = cfg
+        self.out = out
+        self.stop_publishing = stop_publishing
+        self.finish = finish
+        self.finishing = False
+        self.loop = asyncio.get_running_loop()
+        self.count: dict[str, int] = defaultdict(int)
+        self.errors: list[str] = []
+        self.connect_ms: list[float] = []
+        self.downlink_ms: list[float] = []
+        self.devices = [ArmyDevice(self, s, 0) for s in cfg.specs]
+        self.rng = random.Random(cfg.worker)
+        #: how long connecting every device of this worker took
+        self.connect_all_s = 0.0
+
+    def schedule_reconnect(self, d: ArmyDevice) -> None:
+        # jitter so that a storm's reconnects spread over a second, as real devices' do
+        delay = self.rng.uniform(0.05, 1.0) * min(8, 2 ** max(0, d.failures - 1))
+        self.count["reconnects"] += 1
+        self.loop.call_later(delay, d.connect)
+
+    def now(self) -> float:
+        return time.time() - self.cfg.t0
+
+    async def run(self) -> None:
+        plan = self.cfg.plan
+        share = len(self.devices) / max(1, plan.devices)
+        misc = asyncio.create_task(self._misc())
+        reporter = asyncio.create_task(self._report())
+        started = time.monotonic()
+        await self._connect_all(plan.connect_rate * share)
+        self.connect_all_s = time.monotonic() - started
+        events = asyncio.create_task(self._events())
+        await self._publish(plan.rate * share)
+        # stop publishing; wait for the gateway's PUBACKs, keep receiving commands until told to finish
+        deadline = time.monotonic() + plan.drain_timeout_s
+        while any(d.inflight for d in self.devices) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        while not self.finish.is_set():
+            await asyncio.sleep(0.1)
+        self.finishing = True
+        events.cancel()
+        for d in self.devices:
+            if d.connected:
+                d.client.disconnect()
+        await asyncio.sleep(0.5)  # let the DISCONNECTs go out
+        reporter.cancel()
+        misc.cancel()
+        self._send_counts()
+        self.out.put(
+            (
+                "done",
+                self.cfg.worker,
+                {
+                    "acked": {d.spec.device_id: d.acked for d in self.devices},
+                    "unacked": sum(len(d.inflight) for d in self.devices),
+                    "commands": {d.spec.device_id: d.commands for d in self.devices},
+                    "connect_ms": self.connect_ms,
+                    "connect_all_s": self.connect_all_s,
+                    "downlink_ms": self.downlink_ms,
+                    "errors": self.errors[:50],
+                },
+            )
+        )
+
+    async def _connect_all(self, per_s: float) -> None:
+        interval = 1.0 / per_s if per_s > 0 else 0.0
+        for d in self.devices:
+            d.connect()
+            if interval:
+                await asyncio.sleep(interval)
+        deadline = time.monotonic() + 60
+        while sum(d.connected for d in self.devices) < len(self.devices) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _publish(self, per_s: float) -> None:
+        """Publish at `per_s` over the connected devices, round robin, until told to stop."""
+        start = time.monotonic()
+        done = 0
+        i = 0
+        n = len(self.devices)
+        while not self.stop_publishing.is_set():
+            due = int((time.monotonic() - start) * per_s)
+            tries = 0
+            while done < due and tries < n:
+                d = self.devices[i % n]
+                i += 1
+                if d.connected:
+                    d.publish()
+                    done += 1
+                    tries = 0
+                else:
+                    tries += 1
+            if tries >= n:  # nobody connected right now: those readings are not sent
+                self.count["skipped"] += due - done
+                done = due
+            await asyncio.sleep(0.005)
+
+    async def _events(self) -> None:
+        plan = self.cfg.plan
+        todo: list[tuple[float, Callable[[], None]]] = []
+        if plan.storm_at_s is not None:
+            todo.append((plan.storm_at_s, self._storm))
+        if plan.roam_at_s is not None:
+            todo.append((plan.roam_at_s, self._roam))
+        for at, action in sorted(todo, key=lambda x: x[0]):
+            await asyncio.sleep(max(0.0, at - self.now()))
+            action()
+
+    def _storm(self) -> None:
+        self.count["storm_dropped"] += sum(d.connected for d in self.devices)
+        for d in self.devices:
+            d.drop()
+
+    def _roam(self) -> None:
+        movers = self.devices[: int(len(self.devices) * self.cfg.plan.roam_share)]
+        for d in movers:
+            if len(d.spec.endpoints) > 1:
+                d.move_to((d.endpoint + 1) % len(d.spec.endpoints))
+                self.count["roamed"] += 1
+
+    async def _misc(self) -> None:
+        # keepalive and retransmission timers of every client, once a second
+        while True:
+            await asyncio.sleep(1.0)
+            for d in self.devices:
+                if d.connected or d.connecting:
+                    d.client.loop_misc()
+
+    def _send_counts(self) -> None:
+        counts = dict(self.count)
+        counts["connected"] = sum(d.connected for d in self.devices)
+        self.out.put(("tick", self.cfg.worker, counts, self.downlink_ms[-2000:]))
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            self._send_counts()
+
+
+def worker_main(cfg: WorkerConfig, out: Any, stop_publishing: Any, finish: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+
+    async def main() -> None:
+        await Worker(cfg, out, stop_publishing, finish).run()
+
+    try:
+        asyncio.run(main())
+    except Exception as e:  # reported, never silent: the parent counts this worker's devices as failed
+        out.put(("failed", cfg.worker, f"{type(e).__name__}: {e}"))
+        raise
+
+
+# --- the parent: devices, commands, verification, progress ---------------------------------------
+
+
+class KafkaVerifier(threading.Thread):
+    """Reads the telemetry topic from where it ended before the run: what each army device has there."""
+
+    def __init__(self, bootstrap: str, prefix: str):
+        super().__init__(daemon=True, name="army-kafka")
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.prefix = prefix + "-"
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"fedgate-army-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        md = self.consumer.list_topics(TELEMETRY_TOPIC, timeout=15)
+        if TELEMETRY_TOPIC not in md.topics or md.topics[TELEMETRY_TOPIC].error is not None:
+            raise RuntimeError(f"Kafka topic {TELEMETRY_TOPIC} not found: is the federation up?")
+        parts = []
+        for p in md.topics[TELEMETRY_TOPIC].partitions:
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(TELEMETRY_TOPIC, p), timeout=10)
+            parts.append(TopicPartition(TELEMETRY_TOPIC, p, high))
+        self.consumer.assign(parts)
+        self.seen: dict[str, list[int]] = defaultdict(list)
+        self.latency_ms: list[float] = []
+        self.total = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                for msg in self.consumer.consume(1000, 0.2):
+                    if msg.error():
+                        continue
+                    key = (msg.key() or b"").decode(errors="replace")
+                    if not key.startswith(self.prefix):
+                        continue
+                    try:
+                        body = json.loads(msg.value())
+                        seq, sent_ms = int(body["seq"]), float(body["t"])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    with self.lock:
+                        self.seen[key].append(seq)
+                        self.total += 1
+                        self.latency_ms.append(msg.timestamp()[1] - sent_ms)
+        finally:
+            self.consumer.close()
+
+
+class CommandSender(threading.Thread):
+    """Sends numbered commands through the router at a steady rate; counts what the backend confirmed."""
+
+    def __init__(self, url: str, devices: list[str], per_s: float):
+        super().__init__(daemon=True, name="army-commands")
+        self.url, self.devices, self.per_s = url, devices, per_s
+        self.confirmed: dict[str, list[int]] = defaultdict(list)
+        self.total = 0
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import pika
+
+        from backend.amqp import connect
+
+        conn = connect(self.url)
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            start = time.monotonic()
+            n = 0
+            while not self.stop.is_set():
+                due = int((time.monotonic() - start) * self.per_s)
+                while n < due and not self.stop.is_set():
+                    device = self.devices[n % len(self.devices)]
+                    body = json.dumps({"n": n, "t": round(time.time() * 1000, 1)}).encode()
+                    try:
+                        ch.basic_publish(
+                            c.COMMANDS_EXCHANGE,
+                            device,
+                            body,
+                            pika.BasicProperties(
+                                delivery_mode=pika.DeliveryMode.Persistent,
+                                headers={
+                                    c.DEVICE_HEADER: device,
+                                    c.TOPIC_HEADER: c.device_command_topic(device, "set"),
+                                },
+                            ),
+                            mandatory=True,
+                        )
+                    except pika.exceptions.AMQPError as e:  # not confirmed: not promised
+                        self.errors.append(str(e))
+                    else:
+                        self.confirmed[device].append(n)
+                        self.total += 1
+                    n += 1
+                time.sleep(0.01)
+        finally:
+            conn.close()
+
+
+def _kill_gateway(fed: Any, region: str) -> None:
+    from infra.local.driver import gateway_node_name
+
+    fed.node(gateway_node_name(region)).kill()
+
+
+def run_army(
+    fed: Any,
+    plan: ArmyPlan,
+    *,
+    progress: Callable[[str], None] | None = None,
+    line: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the army against the running federation `fed` (infra.local.driver.LocalFederation)."""
+    plan.validate()
+    say = progress or (lambda m: print(f"[army] {m}", file=sys.stderr, flush=True))
+    show = line or say
+    ep = fed.endpoints()
+    regions = plan.regions or sorted(ep["gateways"])
+    missing = [r for r in regions if r not in ep["gateways"]]
+    if missing:
+        raise ValueError(f"no gateway for {missing}; the federation has {sorted(ep['gateways'])}")
+    port_kind = "mqtts" if plan.tls else "mqtt"
+    if plan.tls and not ep.get("tls"):
+        raise ValueError("--tls: the federation runs without TLS (FEDGATE_TLS=0)")
+    all_regions = sorted(ep["gateways"])
+
+    ids = [f"{plan.prefix}-{i:05d}" for i in range(plan.devices)]
+    say(f"registering {len(ids)} devices (fedgate devices add --rotate)")
+    secrets = fed.add_devices(ids, rotate=True)
+    specs = []
+    for i, d in enumerate(ids):
+        home = regions[i % len(regions)]
+        order = [home] + [r for r in all_regions if r != home]
+        specs.append(
+            DeviceSpec(d, secrets[d], tuple((r, ep["host"], ep["gateways"][r][port_kind]) for r in order))
+        )
+
+    verifier = KafkaVerifier(ep["kafka"]["bootstrap"], plan.prefix)
+    verifier.start()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    stop_publishing, finish = ctx.Event(), ctx.Event()
+    connect_s = plan.devices / plan.connect_rate if plan.connect_rate > 0 else 0
+    t0 = time.time() + 1.0 + connect_s  # the run's clock starts once everyone should be connected
+    tls = ep.get("tls") if plan.tls else None
+    workers = []
+    for w in range(min(plan.processes, plan.devices)):
+        cfg = WorkerConfig(
+            w,
+            specs[w :: plan.processes],
+            plan,
+            t0,
+            tls["ca"] if tls else None,
+            tls["server_name"] if tls else None,
+        )
+        p = ctx.Process(target=worker_main, args=(cfg, out, stop_publishing, finish), name=f"army-{w}")
+        p.start()
+        workers.append(p)
+    say(f"{len(workers)} worker processes, {plan.devices} devices over {', '.join(regions)}")
+
+    ticks: dict[int, dict[str, int]] = {}
+    dl_recent: dict[int, list[float]] = {}
+    done: dict[int, dict[str, Any]] = {}
+    failed: dict[int, str] = {}
+
+    def pump(timeout: float) -> None:
+        try:
+            item = out.get(timeout=timeout)
+        except queue_mod.Empty:
+            return
+        if item[0] == "tick":
+            ticks[item[1]] = item[2]
+            dl_recent[item[1]] = item[3]
+        elif item[0] == "done":
+            done[item[1]] = item[2]
+        elif item[0] == "failed":
+            failed[item[1]] = item[2]
+
+    def total(name: str) -> int:
+        return sum(t.get(name, 0) for t in ticks.values())
+
+    def status(phase: str) -> str:
+        with verifier.lock:
+            lat = percentiles(verifier.latency_ms[-5000:])
+            in_kafka = verifier.total
+        dl = percentiles([x for v in dl_recent.values() for x in v])
+        return (
+            f"{phase} t={time.time() - t0:5.1f}s connected {total('connected')}/{plan.devices} "
+            f"sent {total('sent')} acked {total('acked')} in-kafka {in_kafka} "
+            f"cmds {commands.total if commands else 0}/{total('commands')} "
+            f"up p50 {lat['p50']} p99 {lat['p99']} ms, down p99 {dl['p99']} ms"
+        )
+
+    commands: CommandSender | None = None
+    killed_at: float | None = None
+    last_line = 0.0
+    try:
+        while time.time() < t0:
+            pump(0.2)
+            if failed:
+                raise RuntimeError(f"army worker failed: {failed}")
+            if time.monotonic() - last_line > 1:
+                show(status("connecting"))
+                last_line = time.monotonic()
+        if plan.commands_per_s > 0:
+            commands = CommandSender(ep["backend"]["url"], ids, plan.commands_per_s)
+            commands.start()
+        end = t0 + plan.duration_s
+        while time.time() < end:
+            pump(0.2)
+            if failed:
+                raise RuntimeError(f"army worker failed: {failed}")
+            if plan.kill_gateway and killed_at is None and time.time() - t0 >= plan.kill_gateway[1]:
+                say(f"killing the gateway of {plan.kill_gateway[0]} (SIGKILL)")
+                _kill_gateway(fed, plan.kill_gateway[0])
+                killed_at = time.time() - t0
+            if time.monotonic() - last_line > 1:
+                show(status("running"))
+                last_line = time.monotonic()
+        stop_publishing.set()
+        if commands is not None:
+            commands.stop.set()
+            commands.join(30)
+        say("draining: waiting for Kafka and the devices to have everything")
+        deadline = time.monotonic() + plan.drain_timeout_s
+        while time.monotonic() < deadline:
+            pump(0.2)
+            expected_cmds = commands.total if commands else 0
+            with verifier.lock:
+                in_kafka = verifier.total
+            if in_kafka >= total("acked") and total("commands") >= expected_cmds and total("acked") > 0:
+                break
+            if time.monotonic() - last_line > 1:
+                show(status("draining"))
+                last_line = time.monotonic()
+        time.sleep(2.0)  # a duplicate would arrive now
+        finish.set()
+        deadline = time.monotonic() + 60
+        while len(done) + len(failed) < len(workers) and time.monotonic() < deadline:
+            pump(0.5)
+    finally:
+        stop_publishing.set()
+        finish.set()
+        if commands is not None:
+            commands.stop.set()
+        for p in workers:
+            p.join(30)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+        verifier.stop.set()
+        verifier.join(10)
+        if plan.kill_gateway and killed_at is not None:
+            say(f"starting the gateway of {plan.kill_gateway[0]} again")
+            from infra.local.driver import gateway_node_name
+
+            fed.start_node(gateway_node_name(plan.kill_gateway[0]))
+
+    return _report(plan, regions, done, failed, verifier, commands, ticks, killed_at)
+
+
+def _report(
+    plan: ArmyPlan,
+    regions: list[str],
+    done: dict[int, dict[str, Any]],
+    failed: dict[int, str],
+    verifier: KafkaVerifier,
+    commands: CommandSender | None,
+    ticks: dict[int, dict[str, int]],
+    killed_at: float | None,
+) -> dict[str, Any]:
+    acked = {d: seqs for w in done.values() for d, seqs in w["acked"].items()}
+    lost = sum(len(set(seqs) - set(verifier.seen.get(d, []))) for d, seqs in acked.items())
+    in_kafka = sum(len(v) for v in verifier.seen.values())
+    distinct = sum(len(set(v)) for v in verifier.seen.values())
+    received = {d: n for w in done.values() for d, n in w["commands"].items()}
+    sent_cmds = commands.confirmed if commands else {}
+    cmd_lost = sum(len(set(n) - set(received.get(d, []))) for d, n in sent_cmds.items())
+    cmd_received = sum(len(v) for v in received.values())
+    cmd_distinct = sum(len(set(v)) for v in received.values())
+    total_acked = sum(len(v) for v in acked.values())
+    connect_all_s = max((w["connect_all_s"] for w in done.values()), default=0.0)
+
+    def tick(name: str) -> int:
+        return sum(t.get(name, 0) for t in ticks.values())
+
+    return {
+        "plan": {k: v for k, v in asdict(plan).items() if v is not None},
+        "regions": regions,
+        "workers_failed": failed,
+        "uplink": {
+            "sent": tick("sent"),
+            "acked": total_acked,
+            "unacked": sum(w["unacked"] for w in done.values()),
+            "skipped_while_disconnected": tick("skipped"),
+            "in_kafka": in_kafka,
+            "lost": lost,
+            "duplicated": in_kafka - distinct,
+            "acked_per_s": round(total_acked / plan.duration_s, 1),
+            "latency_ms": percentiles(verifier.latency_ms),
+        },
+        "downlink": {
+            "sent": commands.total if commands else 0,
+            "received": cmd_received,
+            "lost": cmd_lost,
+            "duplicated": cmd_received - cmd_distinct,
+            "latency_ms": percentiles([x for w in done.values() for x in w["downlink_ms"]]),
+        },
+        "connections": {
+            "devices": plan.devices,
+            "connects": tick("connects"),
+            # every device connected within this long (paced by plan.connect_rate; 0 means unpaced)
+            "connect_all_s": round(connect_all_s, 2),
+            "connect_per_s": round(plan.devices / connect_all_s, 1) if connect_all_s else None,
+            "connect_ms": percentiles([x for w in done.values() for x in w["connect_ms"]]),
+            "refused": tick("refused"),
+            "connect_errors": tick("connect_errors"),
+            "drops": tick("drops"),
+            "reconnects": tick("reconnects"),
+            "roamed": tick("roamed"),
+            "storm_dropped": tick("storm_dropped"),
+            "gateway_killed_at_s": killed_at,
+        },
+        "errors": [e for w in done.values() for e in w["errors"]][:20]
+        + (commands.errors[:5] if commands else []),
+    }
+
+
+def to_text(r: dict[str, Any]) -> str:
+    up, down, conn = r["uplink"], r["downlink"], r["connections"]
+    lat, dl, cm = up["latency_ms"], down["latency_ms"], conn["connect_ms"]
+    lines = [
+        f"army: {conn['devices']} devices over {', '.join(r['regions'])}, "
+        f"{r['plan']['rate']:g} readings/s offered for {r['plan']['duration_s']:g} s",
+        f"  uplink    sent {up['sent']}, acked {up['acked']} ({up['acked_per_s']}/s), "
+        f"in Kafka {up['in_kafka']}, "
+        f"lost {up['lost']}, duplicated {up['duplicated']}, unacked {up['unacked']}; "
+        f"device -> Kafka p50 {lat['p50']} p95 {lat['p95']} p99 {lat['p99']} max {lat['max']} ms",
+        f"  downlink  sent {down['sent']}, received {down['received']}, lost {down['lost']}, "
+        f"duplicated {down['duplicated']}; backend -> device p50 {dl['p50']} p99 {dl['p99']} ms",
+        f"  connect   {conn['connects']} connects ({conn['connect_per_s']}/s while connecting; "
+        f"p50 {cm['p50']} p99 {cm['p99']} ms), refused {conn['refused']}, errors {conn['connect_errors']}, "
+        f"drops {conn['drops']}, reconnects {conn['reconnects']}, roamed {conn['roamed']}",
+    ]
+    if r["workers_failed"]:
+        lines.append(f"  workers failed: {r['workers_failed']}")
+    for e in r["errors"][:5]:
+        lines.append(f"  error: {e}")
+    return "\n".join(lines)
+
+
+def ok(r: dict[str, Any]) -> bool:
+    """Nothing promised was lost, and every worker finished."""
+    return not r["workers_failed"] and r["uplink"]["lost"] == 0 and r["downlink"]["lost"] == 0
