@@ -15,6 +15,8 @@
     fedgate devices list       the registered devices
     fedgate devices sync       make every gateway's devices (local and cloud) the registry's again
     fedgate backend-tls        the cloud backend module's TLS inputs, as a tfvars file
+    fedgate army [--devices N --rate R --duration S ...] [--json]
+                               simulated devices against the running federation, counted end to end
     fedgate query SQL|NAME     Spark SQL over the analysts' tables (--list: named queries)
     fedgate recompute --since D --until D   rebuild the aggregates from telemetry_raw
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -297,6 +300,46 @@ def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_army(fed: LocalFederation, args: argparse.Namespace) -> int:
+    from fedgate import army
+
+    kill = None
+    if args.kill_gateway:
+        region, _, at = args.kill_gateway.partition("@")
+        kill = (region, float(at or 10))
+    plan = army.ArmyPlan(
+        devices=args.devices,
+        rate=args.rate,
+        duration_s=args.duration,
+        processes=args.processes,
+        regions=[r for r in (args.regions or "").split(",") if r],
+        commands_per_s=args.commands,
+        qos=args.qos,
+        tls=args.tls,
+        prefix=args.prefix,
+        connect_rate=args.connect_rate,
+        storm_at_s=args.storm_at,
+        roam_at_s=args.roam_at,
+        roam_share=args.roam_share,
+        kill_gateway=kill,
+    )
+    tty = sys.stderr.isatty()
+
+    def line(text: str) -> None:
+        # one live line on a terminal; one line per second in a log
+        print(("\r\x1b[K" + text) if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    try:
+        report = army.run_army(fed, plan, progress=_progress, line=line)
+    except ValueError as e:
+        print(f"fedgate: army: {e}", file=sys.stderr)
+        return 2
+    if tty:
+        print(file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else army.to_text(report))
+    return 0 if army.ok(report) else 1
+
+
 def cmd_backend_tls(fed: LocalFederation, args: argparse.Namespace) -> int:
     try:
         path = _cloud(fed).write_backend_tls()
@@ -405,6 +448,29 @@ def build_parser() -> argparse.ArgumentParser:
         "backend-tls",
         help="write the cloud backend module's TLS inputs (certificate from fedgate's CA) as a tfvars file",
     ).set_defaults(fn=cmd_backend_tls)
+    ar = sub.add_parser(
+        "army",
+        help="simulated devices (asyncio, several processes) against the running federation; "
+        "exit 1 if anything acknowledged was lost",
+    )
+    ar.add_argument("--devices", type=int, default=1000)
+    ar.add_argument("--rate", type=float, default=1000.0, help="telemetry readings/s, all devices together")
+    ar.add_argument("--duration", type=float, default=30.0, help="seconds of traffic after connecting")
+    ar.add_argument("--processes", type=int, default=max(1, os.cpu_count() or 1))
+    ar.add_argument("--regions", help="home regions, comma-separated (default: every gateway)")
+    ar.add_argument("--commands", type=float, default=0.0, help="commands/s through the router")
+    ar.add_argument("--qos", type=int, default=1, choices=(0, 1))
+    ar.add_argument("--tls", action="store_true", help="MQTT over TLS (checks the gateways' certificates)")
+    ar.add_argument("--prefix", default="army", help="device ids are <prefix>-00000, …")
+    ar.add_argument("--connect-rate", type=float, default=1000.0, help="new connections/s (0: no pacing)")
+    ar.add_argument("--storm-at", type=float, help="seconds in: every device's connection drops at once")
+    ar.add_argument("--roam-at", type=float, help="seconds in: --roam-share of the devices move region")
+    ar.add_argument("--roam-share", type=float, default=0.2)
+    ar.add_argument(
+        "--kill-gateway", metavar="REGION@SECONDS", help="SIGKILL that region's gateway; started again after"
+    )
+    ar.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    ar.set_defaults(fn=cmd_army)
     q = sub.add_parser("query", help="Spark SQL over telemetry_raw, device_minute, region_minute, rejects")
     q.add_argument("sql", nargs="?", help="a SQL statement or a named query (see --list)")
     q.add_argument("--list", action="store_true", help="list the named queries")

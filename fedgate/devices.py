@@ -188,7 +188,12 @@ class SimDevice:
             payload = json.dumps(payload)
         info = self.client.publish(topic, payload, qos=qos)
         if qos > 0:
-            info.wait_for_publish(timeout)
+            try:
+                info.wait_for_publish(timeout)
+            except RuntimeError as e:
+                # not connected: paho may still send it after reconnecting, but nothing
+                # acknowledged it, so nothing was promised
+                raise DeviceError(f"{self.device_id}: {topic}: {e}") from e
             if not info.is_published():
                 raise DeviceError(f"{self.device_id}: no PUBACK for {topic} in {timeout}s")
 
