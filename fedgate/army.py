@@ -103,8 +103,6 @@ class WorkerConfig:
     worker: int
     specs: list[DeviceSpec]
     plan: ArmyPlan
-    #: wall-clock time (s) the run counts from, shared by every process
-    t0: float
     ca_file: str | None
     server_name: str | None
 
@@ -190,7 +188,7 @@ class ArmyDevice:
         was = self.connected
         self.connected = False
         self.connecting = False
-        if was:
+        if was and not self.w.finishing:
             self.w.count["drops"] += 1
         if not self.w.finishing:
             self.w.schedule_reconnect(self)
@@ -264,9 +262,11 @@ class ArmyDevice:
 
 
 class Worker:
-    def __init__(self, cfg: WorkerConfig, out: Any, stop_publishing: Any, finish: Any):
+    def __init__(self, cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: Any, finish: Any):
         self.cfg = cfg
         self.out = out
+        #: set by the parent once every device is connected; t0 holds that moment (wall clock)
+        self.go, self.t0 = go, t0
         self.stop_publishing = stop_publishing
         self.finish = finish
         self.finishing = False
@@ -287,7 +287,7 @@ class Worker:
         self.loop.call_later(delay, d.connect)
 
     def now(self) -> float:
-        return time.time() - self.cfg.t0
+        return time.time() - self.t0.value
 
     async def run(self) -> None:
         plan = self.cfg.plan
@@ -297,6 +297,9 @@ class Worker:
         started = time.monotonic()
         await self._connect_all(plan.connect_rate * share)
         self.connect_all_s = time.monotonic() - started
+        self._send_counts()
+        while not self.go.is_set():  # the run starts for every worker at once
+            await asyncio.sleep(0.02)
         events = asyncio.create_task(self._events())
         await self._publish(plan.rate * share)
         # stop publishing; wait for the gateway's PUBACKs, keep receiving commands until told to finish
@@ -405,11 +408,11 @@ class Worker:
             self._send_counts()
 
 
-def worker_main(cfg: WorkerConfig, out: Any, stop_publishing: Any, finish: Any) -> None:
+def worker_main(cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: Any, finish: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
 
     async def main() -> None:
-        await Worker(cfg, out, stop_publishing, finish).run()
+        await Worker(cfg, out, go, t0, stop_publishing, finish).run()
 
     try:
         asyncio.run(main())
@@ -567,9 +570,10 @@ def run_army(
     verifier.start()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    stop_publishing, finish = ctx.Event(), ctx.Event()
-    connect_s = plan.devices / plan.connect_rate if plan.connect_rate > 0 else 0
-    t0 = time.time() + 1.0 + connect_s  # the run's clock starts once everyone should be connected
+    go, stop_publishing, finish = ctx.Event(), ctx.Event(), ctx.Event()
+    shared_t0 = ctx.Value("d", 0.0)
+    started = time.time()
+    t0 = started  # until the run starts: the clock counts the connecting
     tls = ep.get("tls") if plan.tls else None
     workers = []
     for w in range(min(plan.processes, plan.devices)):
@@ -577,11 +581,12 @@ def run_army(
             w,
             specs[w :: plan.processes],
             plan,
-            t0,
             tls["ca"] if tls else None,
             tls["server_name"] if tls else None,
         )
-        p = ctx.Process(target=worker_main, args=(cfg, out, stop_publishing, finish), name=f"army-{w}")
+        p = ctx.Process(
+            target=worker_main, args=(cfg, out, go, shared_t0, stop_publishing, finish), name=f"army-{w}"
+        )
         p.start()
         workers.append(p)
     say(f"{len(workers)} worker processes, {plan.devices} devices over {', '.join(regions)}")
@@ -623,13 +628,19 @@ def run_army(
     killed_at: float | None = None
     last_line = 0.0
     try:
-        while time.time() < t0:
+        # the run starts when every device is connected (or after two minutes, with those that are)
+        deadline = time.monotonic() + 120
+        while total("connected") < plan.devices and time.monotonic() < deadline:
             pump(0.2)
             if failed:
                 raise RuntimeError(f"army worker failed: {failed}")
             if time.monotonic() - last_line > 1:
                 show(status("connecting"))
                 last_line = time.monotonic()
+        if total("connected") < plan.devices:
+            say(f"only {total('connected')} of {plan.devices} devices connected in 120 s; running with them")
+        t0 = shared_t0.value = time.time()
+        go.set()
         if plan.commands_per_s > 0:
             commands = CommandSender(ep["backend"]["url"], ids, plan.commands_per_s)
             commands.start()
@@ -667,6 +678,7 @@ def run_army(
         while len(done) + len(failed) < len(workers) and time.monotonic() < deadline:
             pump(0.5)
     finally:
+        go.set()
         stop_publishing.set()
         finish.set()
         if commands is not None:

@@ -451,9 +451,14 @@ class Downlink:
             if change.displaced is not None:
                 await self._close_session(change.displaced)
             if key == "connection.created" and change.session is not None and not change.ignored:
-                self.known.add(change.session.client_id)
-                # a persistent session may already have its subscriptions
-                await self._deliver_pending(change.session, await self._existing_filters(change.session))
+                device = change.session.client_id
+                self.known.add(device)
+                # A persistent session may already have its subscriptions; asking the
+                # gateway costs a management call under the lock, so only when there
+                # is something to deliver (a reconnect wave would otherwise queue
+                # every command behind thousands of calls).
+                if self.parking.for_device(device) or self.desired.for_device(device):
+                    await self._deliver_pending(change.session, await self._existing_filters(change.session))
 
     async def _save_presence(self, key: str, change: Any) -> None:
         """Write a presence change through to Kafka before the event is acked."""
