@@ -65,6 +65,8 @@ class ArmyPlan:
     #: commands per second sent through the router, spread over the devices
     commands_per_s: float = 0.0
     qos: int = 1
+    #: MQTT persistent sessions: the gateway keeps a device's subscription while it is away
+    persistent_sessions: bool = False
     tls: bool = False
     prefix: str = "army"
     #: new connections per second while the army connects
@@ -138,7 +140,7 @@ class ArmyDevice:
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=spec.device_id,
-            clean_session=True,
+            clean_session=not worker.cfg.plan.persistent_sessions,
             protocol=mqtt.MQTTv311,
         )
         self.client.username_pw_set(spec.device_id, spec.secret)
@@ -483,6 +485,8 @@ class CommandSender(threading.Thread):
         super().__init__(daemon=True, name="army-commands")
         self.url, self.devices, self.per_s = url, devices, per_s
         self.confirmed: dict[str, list[int]] = defaultdict(list)
+        #: command number -> wall-clock time it was confirmed (to place a lost one in the run)
+        self.sent_at: dict[int, float] = {}
         self.total = 0
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -521,6 +525,7 @@ class CommandSender(threading.Thread):
                         self.errors.append(str(e))
                     else:
                         self.confirmed[device].append(n)
+                        self.sent_at[n] = time.time()
                         self.total += 1
                     n += 1
                 time.sleep(0.01)
@@ -696,7 +701,7 @@ def run_army(
 
             fed.start_node(gateway_node_name(plan.kill_gateway[0]))
 
-    return _report(plan, regions, done, failed, verifier, commands, ticks, killed_at)
+    return _report(plan, regions, done, failed, verifier, commands, ticks, killed_at, t0)
 
 
 def _report(
@@ -708,6 +713,7 @@ def _report(
     commands: CommandSender | None,
     ticks: dict[int, dict[str, int]],
     killed_at: float | None,
+    t0: float,
 ) -> dict[str, Any]:
     acked = {d: seqs for w in done.values() for d, seqs in w["acked"].items()}
     lost = sum(len(set(seqs) - set(verifier.seen.get(d, []))) for d, seqs in acked.items())
@@ -715,7 +721,8 @@ def _report(
     distinct = sum(len(set(v)) for v in verifier.seen.values())
     received = {d: n for w in done.values() for d, n in w["commands"].items()}
     sent_cmds = commands.confirmed if commands else {}
-    cmd_lost = sum(len(set(n) - set(received.get(d, []))) for d, n in sent_cmds.items())
+    lost_cmds = sorted(x for d, ns in sent_cmds.items() for x in set(ns) - set(received.get(d, [])))
+    cmd_lost = len(lost_cmds)
     cmd_received = sum(len(v) for v in received.values())
     cmd_distinct = sum(len(set(v)) for v in received.values())
     total_acked = sum(len(v) for v in acked.values())
@@ -744,6 +751,10 @@ def _report(
             "received": cmd_received,
             "lost": cmd_lost,
             "duplicated": cmd_received - cmd_distinct,
+            # when the lost ones were sent, seconds into the run (the first 50)
+            "lost_sent_at_s": [round(commands.sent_at[n] - t0, 2) for n in lost_cmds[:50]]
+            if commands
+            else [],
             "latency_ms": percentiles([x for w in done.values() for x in w["downlink_ms"]]),
         },
         "connections": {

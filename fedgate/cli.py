@@ -316,6 +316,7 @@ def cmd_army(fed: LocalFederation, args: argparse.Namespace) -> int:
         commands_per_s=args.commands,
         qos=args.qos,
         tls=args.tls,
+        persistent_sessions=args.persistent_sessions,
         prefix=args.prefix,
         connect_rate=args.connect_rate,
         storm_at_s=args.storm_at,
@@ -461,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--commands", type=float, default=0.0, help="commands/s through the router")
     ar.add_argument("--qos", type=int, default=1, choices=(0, 1))
     ar.add_argument("--tls", action="store_true", help="MQTT over TLS (checks the gateways' certificates)")
+    ar.add_argument(
+        "--persistent-sessions", action="store_true", help="clean_session=false: gateways keep subscriptions"
+    )
     ar.add_argument("--prefix", default="army", help="device ids are <prefix>-00000, …")
     ar.add_argument("--connect-rate", type=float, default=1000.0, help="new connections/s (0: no pacing)")
     ar.add_argument("--storm-at", type=float, help="seconds in: every device's connection drops at once")
