@@ -15,11 +15,11 @@ import threading
 import time
 from types import ModuleType
 
-from bench import router_bench, spark_bench
+from bench import army_bench, router_bench, spark_bench
 from bench.router_bench import progress
 from infra.local.settings import PROJECT_ROOT
 
-BENCHMARKS: dict[str, ModuleType] = {"router": router_bench, "spark": spark_bench}
+BENCHMARKS: dict[str, ModuleType] = {"router": router_bench, "spark": spark_bench, "army": army_bench}
 
 
 def main() -> int:

@@ -402,6 +402,7 @@ class Worker:
     def _send_counts(self) -> None:
         counts = dict(self.count)
         counts["connected"] = sum(d.connected for d in self.devices)
+        counts["inflight"] = sum(len(d.inflight) for d in self.devices)
         self.out.put(("tick", self.cfg.worker, counts, self.downlink_ms[-2000:]))
 
     async def _report(self) -> None:
@@ -429,9 +430,9 @@ def worker_main(cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: 
 class KafkaVerifier(threading.Thread):
     """Reads the telemetry topic from where it ended before the run: what each army device has there."""
 
-    def __init__(self, bootstrap: str, prefix: str):
+    def __init__(self, bootstrap: str, prefix: str, topic: str = TELEMETRY_TOPIC):
         super().__init__(daemon=True, name="army-kafka")
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         self.prefix = prefix + "-"
         self.consumer = Consumer(
@@ -442,19 +443,31 @@ class KafkaVerifier(threading.Thread):
                 "auto.offset.reset": "earliest",
             }
         )
-        md = self.consumer.list_topics(TELEMETRY_TOPIC, timeout=15)
-        if TELEMETRY_TOPIC not in md.topics or md.topics[TELEMETRY_TOPIC].error is not None:
-            raise RuntimeError(f"Kafka topic {TELEMETRY_TOPIC} not found: is the federation up?")
+        md = self.consumer.list_topics(topic, timeout=15)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
         parts = []
-        for p in md.topics[TELEMETRY_TOPIC].partitions:
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(TELEMETRY_TOPIC, p), timeout=10)
-            parts.append(TopicPartition(TELEMETRY_TOPIC, p, high))
+        for p in md.topics[topic].partitions:
+            for attempt in range(60):  # a topic created a moment ago may not have its leader yet
+                try:
+                    _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    break
+                except KafkaException:
+                    if attempt == 59:
+                        raise
+                    time.sleep(0.5)
+            parts.append(TopicPartition(topic, p, high))
         self.consumer.assign(parts)
         self.seen: dict[str, list[int]] = defaultdict(list)
         self.latency_ms: list[float] = []
         self.total = 0
         self.stop = threading.Event()
         self.lock = threading.Lock()
+
+    def missing(self, acked: dict[str, list[int]]) -> int:
+        """How many of these acknowledged readings the consumer has not seen (yet)."""
+        with self.lock:
+            return sum(len(set(seqs) - set(self.seen.get(d, ()))) for d, seqs in acked.items())
 
     def run(self) -> None:
         try:
@@ -478,12 +491,34 @@ class KafkaVerifier(threading.Thread):
             self.consumer.close()
 
 
-class CommandSender(threading.Thread):
-    """Sends numbered commands through the router at a steady rate; counts what the backend confirmed."""
+class UncheckedVerifier(KafkaVerifier):
+    """For a target whose readings never reach Kafka: nothing is read, nothing is checked."""
 
-    def __init__(self, url: str, devices: list[str], per_s: float):
+    def __init__(self) -> None:
+        threading.Thread.__init__(self, daemon=True, name="army-unchecked")
+        self.seen = defaultdict(list)
+        self.latency_ms = []
+        self.total = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def missing(self, acked: dict[str, list[int]]) -> int:
+        return 0
+
+    def run(self) -> None:
+        self.stop.wait()
+
+
+#: Opens a downlink connection in the sender's thread: (send(device, body) -> None, close()).
+CommandOpener = Callable[[], tuple[Callable[[str, bytes], None], Callable[[], None]]]
+
+
+class CommandSender(threading.Thread):
+    """Sends numbered commands at a steady rate; counts what the next hop confirmed."""
+
+    def __init__(self, opener: CommandOpener, devices: list[str], per_s: float):
         super().__init__(daemon=True, name="army-commands")
-        self.url, self.devices, self.per_s = url, devices, per_s
+        self.opener, self.devices, self.per_s = opener, devices, per_s
         self.confirmed: dict[str, list[int]] = defaultdict(list)
         #: command number -> wall-clock time it was confirmed (to place a lost one in the run)
         self.sent_at: dict[int, float] = {}
@@ -492,14 +527,8 @@ class CommandSender(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        import pika
-
-        from backend.amqp import connect
-
-        conn = connect(self.url)
+        send, close = self.opener()
         try:
-            ch = conn.channel()
-            ch.confirm_delivery()
             start = time.monotonic()
             n = 0
             while not self.stop.is_set():
@@ -508,21 +537,10 @@ class CommandSender(threading.Thread):
                     device = self.devices[n % len(self.devices)]
                     body = json.dumps({"n": n, "t": round(time.time() * 1000, 1)}).encode()
                     try:
-                        ch.basic_publish(
-                            c.COMMANDS_EXCHANGE,
-                            device,
-                            body,
-                            pika.BasicProperties(
-                                delivery_mode=pika.DeliveryMode.Persistent,
-                                headers={
-                                    c.DEVICE_HEADER: device,
-                                    c.TOPIC_HEADER: c.device_command_topic(device, "set"),
-                                },
-                            ),
-                            mandatory=True,
-                        )
-                    except pika.exceptions.AMQPError as e:  # not confirmed: not promised
-                        self.errors.append(str(e))
+                        send(device, body)
+                    except Exception as e:  # not confirmed: not promised, and reported
+                        if len(self.errors) < 20:
+                            self.errors.append(f"command {n} to {device}: {e}")
                     else:
                         self.confirmed[device].append(n)
                         self.sent_at[n] = time.time()
@@ -530,13 +548,92 @@ class CommandSender(threading.Thread):
                     n += 1
                 time.sleep(0.01)
         finally:
-            conn.close()
+            close()
 
 
-def _kill_gateway(fed: Any, region: str) -> None:
+def router_commands(url: str) -> CommandOpener:
+    """Commands through fedgate's router: fedgate.commands on the backend, publisher confirms."""
+
+    def opener() -> tuple[Callable[[str, bytes], None], Callable[[], None]]:
+        import pika
+
+        from backend.amqp import connect
+
+        conn = connect(url)
+        ch = conn.channel()
+        ch.confirm_delivery()
+
+        def send(device: str, body: bytes) -> None:
+            ch.basic_publish(
+                c.COMMANDS_EXCHANGE,
+                device,
+                body,
+                pika.BasicProperties(
+                    delivery_mode=pika.DeliveryMode.Persistent,
+                    headers={c.DEVICE_HEADER: device, c.TOPIC_HEADER: c.device_command_topic(device, "set")},
+                ),
+                mandatory=True,
+            )
+
+        return send, conn.close
+
+    return opener
+
+
+@dataclass
+class Target:
+    """What the fleet runs against: where each device connects, where its readings must land."""
+
+    name: str
+    specs: list[DeviceSpec]
+    regions: list[str]
+    kafka_bootstrap: str
+    kafka_topic: str = TELEMETRY_TOPIC
+    commands: CommandOpener | None = None
+    ca_file: str | None = None
+    server_name: str | None = None
+    #: kill(region) and restart(region) for plan.kill_gateway
+    kill: Callable[[str], None] | None = None
+    restart: Callable[[str], None] | None = None
+    #: False: readings are not looked up in Kafka (a reference that stops short of it)
+    verify: bool = True
+
+
+def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> Target:
+    """The local federation `fed` (infra.local.driver.LocalFederation), devices registered in it."""
     from infra.local.driver import gateway_node_name
 
-    fed.node(gateway_node_name(region)).kill()
+    ep = fed.endpoints()
+    regions = plan.regions or sorted(ep["gateways"])
+    missing = [r for r in regions if r not in ep["gateways"]]
+    if missing:
+        raise ValueError(f"no gateway for {missing}; the federation has {sorted(ep['gateways'])}")
+    port_kind = "mqtts" if plan.tls else "mqtt"
+    if plan.tls and not ep.get("tls"):
+        raise ValueError("--tls: the federation runs without TLS (FEDGATE_TLS=0)")
+    all_regions = sorted(ep["gateways"])
+    ids = [f"{plan.prefix}-{i:05d}" for i in range(plan.devices)]
+    say(f"registering {len(ids)} devices (fedgate devices add --rotate)")
+    secrets = fed.add_devices(ids, rotate=True)
+    specs = []
+    for i, d in enumerate(ids):
+        home = regions[i % len(regions)]
+        order = [home] + [r for r in all_regions if r != home]
+        specs.append(
+            DeviceSpec(d, secrets[d], tuple((r, ep["host"], ep["gateways"][r][port_kind]) for r in order))
+        )
+    tls = ep.get("tls") if plan.tls else None
+    return Target(
+        "fedgate",
+        specs,
+        regions,
+        ep["kafka"]["bootstrap"],
+        commands=router_commands(ep["backend"]["url"]),
+        ca_file=tls["ca"] if tls else None,
+        server_name=tls["server_name"] if tls else None,
+        kill=lambda region: fed.node(gateway_node_name(region)).kill(),
+        restart=lambda region: fed.start_node(gateway_node_name(region)),
+    )
 
 
 def run_army(
@@ -549,52 +646,42 @@ def run_army(
     """Run the army against the running federation `fed` (infra.local.driver.LocalFederation)."""
     plan.validate()
     say = progress or (lambda m: print(f"[army] {m}", file=sys.stderr, flush=True))
+    return run_fleet(federation_target(fed, plan, say), plan, progress=say, line=line)
+
+
+def run_fleet(
+    target: Target,
+    plan: ArmyPlan,
+    *,
+    progress: Callable[[str], None] | None = None,
+    line: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run `plan` against `target`: connect, publish and receive, then count against Kafka."""
+    plan.validate()
+    say = progress or (lambda m: print(f"[army] {m}", file=sys.stderr, flush=True))
     show = line or say
-    ep = fed.endpoints()
-    regions = plan.regions or sorted(ep["gateways"])
-    missing = [r for r in regions if r not in ep["gateways"]]
-    if missing:
-        raise ValueError(f"no gateway for {missing}; the federation has {sorted(ep['gateways'])}")
-    port_kind = "mqtts" if plan.tls else "mqtt"
-    if plan.tls and not ep.get("tls"):
-        raise ValueError("--tls: the federation runs without TLS (FEDGATE_TLS=0)")
-    all_regions = sorted(ep["gateways"])
-
-    ids = [f"{plan.prefix}-{i:05d}" for i in range(plan.devices)]
-    say(f"registering {len(ids)} devices (fedgate devices add --rotate)")
-    secrets = fed.add_devices(ids, rotate=True)
-    specs = []
-    for i, d in enumerate(ids):
-        home = regions[i % len(regions)]
-        order = [home] + [r for r in all_regions if r != home]
-        specs.append(
-            DeviceSpec(d, secrets[d], tuple((r, ep["host"], ep["gateways"][r][port_kind]) for r in order))
-        )
-
-    verifier = KafkaVerifier(ep["kafka"]["bootstrap"], plan.prefix)
+    specs = target.specs
+    ids = [s.device_id for s in specs]
+    verifier: KafkaVerifier = (
+        KafkaVerifier(target.kafka_bootstrap, plan.prefix, target.kafka_topic)
+        if target.verify
+        else UncheckedVerifier()
+    )
     verifier.start()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     go, stop_publishing, finish = ctx.Event(), ctx.Event(), ctx.Event()
     shared_t0 = ctx.Value("d", 0.0)
-    started = time.time()
-    t0 = started  # until the run starts: the clock counts the connecting
-    tls = ep.get("tls") if plan.tls else None
+    t0 = time.time()  # until the run starts: the clock counts the connecting
     workers = []
-    for w in range(min(plan.processes, plan.devices)):
-        cfg = WorkerConfig(
-            w,
-            specs[w :: plan.processes],
-            plan,
-            tls["ca"] if tls else None,
-            tls["server_name"] if tls else None,
-        )
+    for w in range(min(plan.processes, len(specs))):
+        cfg = WorkerConfig(w, specs[w :: plan.processes], plan, target.ca_file, target.server_name)
         p = ctx.Process(
             target=worker_main, args=(cfg, out, go, shared_t0, stop_publishing, finish), name=f"army-{w}"
         )
         p.start()
         workers.append(p)
-    say(f"{len(workers)} worker processes, {plan.devices} devices over {', '.join(regions)}")
+    say(f"{len(workers)} worker processes, {len(specs)} devices over {', '.join(target.regions)}")
 
     ticks: dict[int, dict[str, int]] = {}
     dl_recent: dict[int, list[float]] = {}
@@ -623,31 +710,36 @@ def run_army(
             in_kafka = verifier.total
         dl = percentiles([x for v in dl_recent.values() for x in v])
         return (
-            f"{phase} t={time.time() - t0:5.1f}s connected {total('connected')}/{plan.devices} "
+            f"{phase} t={time.time() - t0:5.1f}s connected {total('connected')}/{len(specs)} "
             f"sent {total('sent')} acked {total('acked')} in-kafka {in_kafka} "
             f"cmds {commands.total if commands else 0}/{total('commands')} "
             f"up p50 {lat['p50']} p99 {lat['p99']} ms, down p99 {dl['p99']} ms"
         )
 
+    last_line = 0.0
+
+    def tick_line(phase: str) -> None:
+        nonlocal last_line
+        if time.monotonic() - last_line > 1:
+            show(status(phase))
+            last_line = time.monotonic()
+
     commands: CommandSender | None = None
     killed_at: float | None = None
-    last_line = 0.0
     try:
         # the run starts when every device is connected (or after two minutes, with those that are)
         deadline = time.monotonic() + 120
-        while total("connected") < plan.devices and time.monotonic() < deadline:
+        while total("connected") < len(specs) and time.monotonic() < deadline:
             pump(0.2)
             if failed:
                 raise RuntimeError(f"army worker failed: {failed}")
-            if time.monotonic() - last_line > 1:
-                show(status("connecting"))
-                last_line = time.monotonic()
-        if total("connected") < plan.devices:
-            say(f"only {total('connected')} of {plan.devices} devices connected in 120 s; running with them")
+            tick_line("connecting")
+        if total("connected") < len(specs):
+            say(f"only {total('connected')} of {len(specs)} devices connected in 120 s; running with them")
         t0 = shared_t0.value = time.time()
         go.set()
-        if plan.commands_per_s > 0:
-            commands = CommandSender(ep["backend"]["url"], ids, plan.commands_per_s)
+        if plan.commands_per_s > 0 and target.commands is not None:
+            commands = CommandSender(target.commands, ids, plan.commands_per_s)
             commands.start()
         end = t0 + plan.duration_s
         while time.time() < end:
@@ -655,33 +747,35 @@ def run_army(
             if failed:
                 raise RuntimeError(f"army worker failed: {failed}")
             if plan.kill_gateway and killed_at is None and time.time() - t0 >= plan.kill_gateway[1]:
+                if target.kill is None:
+                    raise ValueError(f"{target.name}: no gateway to kill")
                 say(f"killing the gateway of {plan.kill_gateway[0]} (SIGKILL)")
-                _kill_gateway(fed, plan.kill_gateway[0])
+                target.kill(plan.kill_gateway[0])
                 killed_at = time.time() - t0
-            if time.monotonic() - last_line > 1:
-                show(status("running"))
-                last_line = time.monotonic()
+            tick_line("running")
         stop_publishing.set()
         if commands is not None:
             commands.stop.set()
             commands.join(30)
-        say("draining: waiting for Kafka and the devices to have everything")
+        say("draining: waiting for the last acknowledgements and commands")
         deadline = time.monotonic() + plan.drain_timeout_s
         while time.monotonic() < deadline:
             pump(0.2)
-            expected_cmds = commands.total if commands else 0
-            with verifier.lock:
-                in_kafka = verifier.total
-            if in_kafka >= total("acked") and total("commands") >= expected_cmds and total("acked") > 0:
+            if total("commands") >= (commands.total if commands else 0) and total("inflight") == 0:
                 break
-            if time.monotonic() - last_line > 1:
-                show(status("draining"))
-                last_line = time.monotonic()
-        time.sleep(2.0)  # a duplicate would arrive now
+            tick_line("draining")
+        time.sleep(1.0)  # a duplicate command would arrive now
         finish.set()
         deadline = time.monotonic() + 60
         while len(done) + len(failed) < len(workers) and time.monotonic() < deadline:
             pump(0.5)
+        # every acknowledged reading must be in Kafka: wait until the consumer has them all
+        acked = {d: seqs for w in done.values() for d, seqs in w["acked"].items()}
+        deadline = time.monotonic() + plan.drain_timeout_s
+        while verifier.missing(acked) and time.monotonic() < deadline:
+            tick_line("draining")
+            time.sleep(0.5)
+        time.sleep(2.0)  # a duplicate would arrive now
     finally:
         go.set()
         stop_publishing.set()
@@ -695,13 +789,15 @@ def run_army(
                 p.join(5)
         verifier.stop.set()
         verifier.join(10)
-        if plan.kill_gateway and killed_at is not None:
+        if plan.kill_gateway and killed_at is not None and target.restart is not None:
             say(f"starting the gateway of {plan.kill_gateway[0]} again")
-            from infra.local.driver import gateway_node_name
+            target.restart(plan.kill_gateway[0])
 
-            fed.start_node(gateway_node_name(plan.kill_gateway[0]))
-
-    return _report(plan, regions, done, failed, verifier, commands, ticks, killed_at, t0)
+    report = _report(plan, target.regions, done, failed, verifier, commands, ticks, killed_at, t0)
+    report["target"] = target.name
+    if not target.verify:
+        report["uplink"].update(in_kafka=None, lost=None, duplicated=None)
+    return report
 
 
 def _report(

@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from router.kafka import AsyncProducer
 from router.presence import Session
@@ -67,6 +67,7 @@ class KafkaTable:
             }
         )
         self._thread = threading.Thread(target=self._tail, name=f"tail-{topic}", daemon=True)
+        self._error: Exception | None = None
 
     def _apply(self, key: str, value: bytes | None) -> None:
         device = key.split(SEP, 1)[0]
@@ -80,13 +81,36 @@ class KafkaTable:
                 self.data[key] = value
                 self.by_device[device].add(key)
 
-    def _tail(self) -> None:
-        md = self._consumer.list_topics(self.topic, timeout=30)
-        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in md.topics[self.topic].partitions]
+    def _end_offsets(self, parts: list[TopicPartition], timeout: float = 45.0) -> dict[int, int]:
+        """Each partition's end offset.  A topic created a moment ago may not have its
+        leader yet (NOT_LEADER_FOR_PARTITION, "coordinator load in progress"): retried."""
+        deadline = time.monotonic() + timeout
         ends = {}
         for tp in parts:
-            _, high = self._consumer.get_watermark_offsets(tp, timeout=30)
-            ends[tp.partition] = high
+            while True:
+                try:
+                    _, ends[tp.partition] = self._consumer.get_watermark_offsets(tp, timeout=10)
+                    break
+                except KafkaException as e:
+                    if time.monotonic() > deadline:
+                        raise
+                    log.info("%s[%d] not readable yet (%s); retrying", self.topic, tp.partition, e)
+                    time.sleep(0.5)
+        return ends
+
+    def _tail(self) -> None:
+        try:
+            self._follow()
+        except Exception as e:  # start() reports it at once instead of timing out
+            self._error = e
+            self._caught_up.set()
+        finally:
+            self._consumer.close()
+
+    def _follow(self) -> None:
+        md = self._consumer.list_topics(self.topic, timeout=30)
+        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in md.topics[self.topic].partitions]
+        ends = self._end_offsets(parts)
         self._consumer.assign(parts)
         pending = {p for p, high in ends.items() if high > 0}
         if not pending:
@@ -105,11 +129,12 @@ class KafkaTable:
                 pending.discard(msg.partition())
                 if not pending:
                     self._caught_up.set()
-        self._consumer.close()
 
     async def start(self, timeout: float = 60.0) -> None:
         self._thread.start()
         ok = await asyncio.get_running_loop().run_in_executor(None, self._caught_up.wait, timeout)
+        if self._error is not None:
+            raise RuntimeError(f"could not read {self.topic} from Kafka: {self._error}") from self._error
         if not ok:
             raise TimeoutError(f"could not read {self.topic} from Kafka within {timeout}s")
         log.info("%s: %d records loaded", self.topic, len(self.data))

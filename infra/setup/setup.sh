@@ -33,6 +33,7 @@ need_pkgs=()
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federation's CA (TLS)
+[[ -x /usr/sbin/mosquitto ]] || need_pkgs+=(mosquitto)  # the baseline broker `make bench` measures fedgate against
 if ((${#need_pkgs[@]})); then
     step "installing Debian packages: ${need_pkgs[*]}"
     [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"
@@ -53,7 +54,7 @@ if ((${#need_pkgs[@]})); then
     [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
     trap - EXIT
 else
-    step "Debian packages present (rabbitmq-server, java, maven)"
+    step "Debian packages present (rabbitmq-server, java, maven, openssl, mosquitto)"
 fi
 java_major=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')
 [[ "${java_major%%.*}" -ge 17 ]] || die "Kafka 4 and Spark 4 need Java 17 or newer; found $java_major"

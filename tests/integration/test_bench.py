@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.router_bench import run, to_markdown
@@ -36,3 +38,27 @@ def test_quick_spark_benchmark_lands_every_row_and_reports_freshness(monkeypatch
     assert r["ingest"]["raw_rows_per_s"] > 0 and r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
     assert r["raw_vs_spark_batch"] > 0
     assert "row queryable" in spark_markdown(r)
+
+
+def test_quick_army_benchmark_compares_fedgate_with_the_baseline_and_loses_nothing(monkeypatch):
+    from bench.army_bench import run as run_army_bench
+    from bench.army_bench import to_markdown as army_markdown
+
+    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")
+    r = run_army_bench(quick=True)
+    for name in ("fedgate", "baseline"):
+        steps = r[name]["steps"]
+        assert [s["offered"] for s in steps] == [200, 400]
+        for s in steps:
+            assert s["workers_failed"] == {} and s["acked"] > 0
+            assert s["lost"] == 0, f"{name} lost acknowledged readings at {s['offered']}/s"
+            assert s["latency_ms"]["p50"] <= s["latency_ms"]["p99"]
+        d = r[name]["downlink"]
+        assert d["sent"] > 0 and d["lost"] == 0, f"{name}: every confirmed command reached its device"
+        conn = r[name]["connections"]
+        assert conn["connected"] == conn["devices"] == 300
+        assert conn["kb_per_connection"] > 0
+    assert r["kafka_produce_raw_per_s"] > 0 and r["rabbitmq_mqtt_raw"]["acked_per_s"] > 0
+    assert len(r["plots"]) == 2 and all(Path(p).stat().st_size > 0 for p in r["plots"])
+    md = army_markdown(r)
+    assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md

@@ -1,0 +1,317 @@
+"""The device army against fedgate and against the single-broker baseline, side by side.
+
+One run, one machine, the same devices and offered load for both targets:
+
+fedgate   devices -> gateway -> federation -> backend -> two routers -> Kafka
+baseline  devices -> one Mosquitto broker -> a plain Python bridge -> Kafka (bench/baseline.py)
+
+Every figure is counted by the army (fedgate/army.py): readings the
+broker acknowledged are looked up in Kafka, commands the next hop
+confirmed are looked up on the devices.  Scenarios:
+
+- **sustained QoS 1 rate**: offered load in steps; per step the rate
+  acknowledged, what was lost, the device -> Kafka latency.  The highest
+  step carried with nothing lost, at least 95% of the offered rate and a
+  p99 under 2 s is the sustained rate;
+- **latency** at a moderate rate (the first step);
+- **connections**: idle devices connected at once, the broker's memory per
+  connection, the connect rate;
+- **downlink**: commands/s through fedgate's router and straight into
+  Mosquitto, with their latency.
+
+Physical references in the same run: Python producing to Kafka with the
+router's settings (router_bench.kafka_produce), and MQTT QoS 1 publishing
+into one RabbitMQ node with nothing consuming (the backend stopped, so the
+gateway only stores; not counted against Kafka).
+
+Results: bench/results/army-<stamp>.json and .md, and PNG plots
+(throughput against offered load, latency CDF) in bench/results/ and
+docs/img/.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.baseline import Baseline
+from bench.router_bench import bench_federation, kafka_produce, progress
+from fedgate import army
+from infra.local import processes
+from infra.local.settings import PROJECT_ROOT
+
+#: The baseline broker's port, beside the bench federation's block.
+BASELINE_PORT_OFFSET = 600
+SUSTAINED_P99_MS = 2000.0
+
+
+def _plan(devices: int, **kw: Any) -> army.ArmyPlan:
+    return army.ArmyPlan(devices=devices, processes=2, connect_rate=0, drain_timeout_s=60, **kw)
+
+
+def _brief(r: dict[str, Any]) -> dict[str, Any]:
+    up, down, conn = r["uplink"], r["downlink"], r["connections"]
+    return {
+        "acked_per_s": up["acked_per_s"],
+        "acked": up["acked"],
+        "lost": up["lost"],
+        "duplicated": up["duplicated"],
+        "latency_ms": up["latency_ms"],
+        "commands": {k: down[k] for k in ("sent", "received", "lost", "latency_ms")},
+        "connect_per_s": conn["connect_per_s"],
+        "connect_ms": conn["connect_ms"],
+        "workers_failed": r["workers_failed"],
+    }
+
+
+def sustained(steps: list[dict[str, Any]]) -> float | None:
+    ok = [
+        s["offered"]
+        for s in steps
+        if s["lost"] == 0
+        and s["acked_per_s"] >= 0.95 * s["offered"]
+        and (s["latency_ms"]["p99"] or 0) <= SUSTAINED_P99_MS
+    ]
+    return max(ok) if ok else None
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    devices = 100 if quick else 500
+    rates = [200, 400] if quick else [500, 1000, 2000, 4000]
+    step_s = 5 if quick else 15
+    idle = 300 if quick else 2000
+    cmd_rate, cmd_s = (20, 5) if quick else (100, 15)
+    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-army-"))
+    fed = bench_federation(workdir, routers=2, spark=0)
+    results: dict[str, Any] = {
+        "quick": quick,
+        "devices": devices,
+        "step_s": step_s,
+        "machine": {"cpus": os.cpu_count()},
+        "fedgate": {"steps": []},
+        "baseline": {"steps": []},
+    }
+    try:
+        fed.up()
+        ep = fed.endpoints()
+        bootstrap = ep["kafka"]["bootstrap"]
+        progress("reference: Kafka produce from Python (the router's settings)")
+        results["kafka_produce_raw_per_s"] = round(kafka_produce(bootstrap, 20_000 if quick else 100_000))
+        fed_target = army.federation_target(fed, _plan(idle, prefix="bench"), progress)
+        gateway = fed.gateways()[0]
+        with Baseline(workdir, fed.settings.port_base + BASELINE_PORT_OFFSET, bootstrap) as baseline:
+            base_target = baseline.target(fed_target.specs)
+            targets = {"fedgate": fed_target, "baseline": base_target}
+
+            # sustained rate and latency: the same devices, the same steps, one target after the other
+            for rate in rates:
+                for name, target in targets.items():
+                    progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
+                    t = _subset(target, devices)
+                    r = army.run_fleet(t, _plan(devices, rate=rate, duration_s=step_s, prefix="bench"))
+                    results[name]["steps"].append({"offered": rate, **_brief(r)})
+            for name in targets:
+                results[name]["sustained_per_s"] = sustained(results[name]["steps"])
+                results[name]["latency_at_moderate_ms"] = results[name]["steps"][0]["latency_ms"]
+
+            # downlink: commands through the router, and straight into Mosquitto
+            for name, target in targets.items():
+                progress(f"{name}: {cmd_rate} commands/s for {cmd_s} s to {devices} devices")
+                r = army.run_fleet(
+                    _subset(target, devices),
+                    _plan(devices, rate=0, duration_s=cmd_s, commands_per_s=cmd_rate, prefix="bench"),
+                )
+                results[name]["downlink"] = {
+                    k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated", "latency_ms")
+                }
+
+            # connections: idle devices, the broker's memory per connection
+            for name, target, pids in (
+                ("fedgate", fed_target, lambda: processes.marked_pids(gateway.marker)),
+                ("baseline", base_target, baseline.broker_pids),
+            ):
+                progress(f"{name}: {idle} idle devices connecting at once")
+                before = processes.rss_bytes(pids())
+                holder: dict[str, int] = {}
+                r = army.run_fleet(
+                    target, _plan(idle, rate=0, duration_s=3, prefix="bench"), line=_sampler(holder, pids)
+                )
+                rss = holder.get("max", before)
+                results[name]["connections"] = {
+                    "devices": idle,
+                    "connected": r["connections"]["connects"],
+                    "connect_per_s": r["connections"]["connect_per_s"],
+                    "connect_ms": r["connections"]["connect_ms"],
+                    "broker_rss_mb_before": round(before / 2**20, 1),
+                    "broker_rss_mb_connected": round(rss / 2**20, 1),
+                    "kb_per_connection": round((rss - before) / 1024 / idle, 1),
+                }
+
+        # reference: QoS 1 into one RabbitMQ node, nothing consuming (the backend is stopped)
+        progress("reference: MQTT QoS 1 into one RabbitMQ node, backend stopped (the gateway only stores)")
+        fed.stop_node("backend")
+        ref_rate = rates[-1]
+        r = army.run_fleet(
+            _unverified(fed_target, devices),
+            _plan(devices, rate=ref_rate, duration_s=step_s, prefix="bench"),
+        )
+        results["rabbitmq_mqtt_raw"] = {"offered": ref_rate, "acked_per_s": r["uplink"]["acked_per_s"]}
+        fed.start_node("backend")
+    finally:
+        fed.down()
+    f, b = results["fedgate"], results["baseline"]
+    results["ratios"] = {
+        "sustained_fedgate_vs_baseline": _ratio(f.get("sustained_per_s"), b.get("sustained_per_s")),
+        "sustained_fedgate_vs_rabbitmq_raw": _ratio(
+            f.get("sustained_per_s"), results["rabbitmq_mqtt_raw"]["acked_per_s"]
+        ),
+        "sustained_fedgate_vs_kafka_produce": _ratio(
+            f.get("sustained_per_s"), results["kafka_produce_raw_per_s"]
+        ),
+        "p99_latency_fedgate_vs_baseline": _ratio(
+            f["latency_at_moderate_ms"]["p99"], b["latency_at_moderate_ms"]["p99"]
+        ),
+        "memory_per_connection_fedgate_vs_baseline": _ratio(
+            f["connections"]["kb_per_connection"], b["connections"]["kb_per_connection"]
+        ),
+    }
+    results["plots"] = plots(results)
+    return results
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def _subset(t: army.Target, n: int) -> army.Target:
+    return army.Target(
+        t.name, t.specs[:n], t.regions, t.kafka_bootstrap, t.kafka_topic, t.commands, t.ca_file, t.server_name
+    )
+
+
+def _unverified(t: army.Target, n: int) -> army.Target:
+    """The gateway alone: readings stay in it, so the Kafka check is not asked for."""
+    sub = _subset(t, n)
+    sub.verify = False
+    return sub
+
+
+def _sampler(holder: dict[str, int], pids: Any) -> Any:
+    def line(text: str) -> None:
+        progress(text)
+        rss = processes.rss_bytes(pids())
+        holder["max"] = max(holder.get("max", 0), rss)
+
+    return line
+
+
+def plots(results: dict[str, Any]) -> list[str]:
+    """Throughput against offered load, and the latency of each step; PNGs in bench/results and docs/img."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress("plots skipped: matplotlib is not installed (make setup installs it)")
+        return []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("fedgate", "baseline"):
+        steps = results[name]["steps"]
+        ax.plot([s["offered"] for s in steps], [s["acked_per_s"] for s in steps], marker="o", label=name)
+    offered = [s["offered"] for s in results["fedgate"]["steps"]]
+    ax.plot(offered, offered, linestyle=":", color="grey", label="offered")
+    ax.set_xlabel("offered QoS 1 readings/s")
+    ax.set_ylabel("acknowledged readings/s (all in Kafka)")
+    ax.set_title("Throughput against offered load")
+    ax.legend()
+    out.append(_save(fig, f"army-throughput-{stamp}.png", "army-throughput.png"))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("fedgate", "baseline"):
+        steps = results[name]["steps"]
+        ax.plot(
+            [s["offered"] for s in steps],
+            [s["latency_ms"]["p99"] for s in steps],
+            marker="o",
+            label=f"{name} p99",
+        )
+        ax.plot(
+            [s["offered"] for s in steps],
+            [s["latency_ms"]["p50"] for s in steps],
+            marker=".",
+            linestyle="--",
+            label=f"{name} p50",
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("offered QoS 1 readings/s")
+    ax.set_ylabel("device -> Kafka latency (ms)")
+    ax.set_title("Latency against offered load")
+    ax.legend()
+    out.append(_save(fig, f"army-latency-{stamp}.png", "army-latency.png"))
+    plt.close("all")
+    return out
+
+
+def _save(fig: Any, name: str, latest: str) -> str:
+    results_dir = PROJECT_ROOT / "bench" / "results"
+    img_dir = PROJECT_ROOT / "docs" / "img"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    img_dir.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(results_dir / name, dpi=100)
+    fig.savefig(img_dir / latest, dpi=100)
+    return str(results_dir / name)
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    f, b = r["fedgate"], r["baseline"]
+
+    def lat(x: dict[str, Any]) -> str:
+        return f"{x['p50']} / {x['p99']} ms"
+
+    lines = [
+        f"## Device army: fedgate against Mosquitto + a Python bridge ({'quick' if r['quick'] else 'full'})",
+        "",
+        f"{r['devices']} devices, QoS 1, {r['step_s']} s per step, {r['machine']['cpus']} cores shared by "
+        "everything; every acknowledged reading looked up in Kafka.",
+        "",
+        "| offered/s | fedgate acked/s | lost | p50 / p99 | baseline acked/s | lost | p50 / p99 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for fs, bs in zip(f["steps"], b["steps"], strict=True):
+        lines.append(
+            f"| {fs['offered']} | {fs['acked_per_s']} | {fs['lost']} | {lat(fs['latency_ms'])} "
+            f"| {bs['acked_per_s']} | {bs['lost']} | {lat(bs['latency_ms'])} |"
+        )
+    fc, bc = f["connections"], b["connections"]
+    fd, bd = f["downlink"], b["downlink"]
+    lines += [
+        "",
+        "| figure | fedgate | baseline | fedgate / baseline |",
+        "|---|---|---|---|",
+        f"| sustained QoS 1 rate, nothing lost, p99 under 2 s | {f['sustained_per_s']}/s "
+        f"| {b['sustained_per_s']}/s | {r['ratios']['sustained_fedgate_vs_baseline']} |",
+        f"| latency at {f['steps'][0]['offered']}/s, p50 / p99 | {lat(f['latency_at_moderate_ms'])} "
+        f"| {lat(b['latency_at_moderate_ms'])} | {r['ratios']['p99_latency_fedgate_vs_baseline']} (p99) |",
+        f"| {fc['devices']} idle connections: connect rate | {fc['connect_per_s']}/s "
+        f"| {bc['connect_per_s']}/s | |",
+        f"| broker memory per connection | {fc['kb_per_connection']} KB | {bc['kb_per_connection']} KB "
+        f"| {r['ratios']['memory_per_connection_fedgate_vs_baseline']} |",
+        f"| downlink: commands sent / received / lost | {fd['sent']} / {fd['received']} / {fd['lost']} "
+        f"| {bd['sent']} / {bd['received']} / {bd['lost']} | |",
+        f"| downlink latency p50 / p99 | {lat(fd['latency_ms'])} | {lat(bd['latency_ms'])} | |",
+        "",
+        "| physical reference | rate | fedgate sustained / reference |",
+        "|---|---|---|",
+        f"| Python producing to Kafka (router settings) | {r['kafka_produce_raw_per_s']}/s "
+        f"| {r['ratios']['sustained_fedgate_vs_kafka_produce']} |",
+        f"| MQTT QoS 1 into one RabbitMQ node, nothing consuming "
+        f"| {r['rabbitmq_mqtt_raw']['acked_per_s']}/s (offered {r['rabbitmq_mqtt_raw']['offered']}) "
+        f"| {r['ratios']['sustained_fedgate_vs_rabbitmq_raw']} |",
+    ]
+    return "\n".join(lines) + "\n"
