@@ -80,6 +80,8 @@ class ArmyPlan:
     kill_gateway: tuple[str, float] | None = None
     #: how long to wait for stragglers (Kafka, command receipts) after the run
     drain_timeout_s: float = 60.0
+    #: seconds at the start of the run left out of the latency percentiles (latency_all_ms has them)
+    warmup_s: float = 0.0
     payload_pad: int = 0
 
     def validate(self) -> ArmyPlan:
@@ -460,6 +462,8 @@ class KafkaVerifier(threading.Thread):
         self.consumer.assign(parts)
         self.seen: dict[str, list[int]] = defaultdict(list)
         self.latency_ms: list[float] = []
+        #: the device's send time (ms) of each latency sample, to leave a warm-up out
+        self.sent_ms: list[float] = []
         self.total = 0
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -487,6 +491,7 @@ class KafkaVerifier(threading.Thread):
                         self.seen[key].append(seq)
                         self.total += 1
                         self.latency_ms.append(msg.timestamp()[1] - sent_ms)
+                        self.sent_ms.append(sent_ms)
         finally:
             self.consumer.close()
 
@@ -498,6 +503,7 @@ class UncheckedVerifier(KafkaVerifier):
         threading.Thread.__init__(self, daemon=True, name="army-unchecked")
         self.seen = defaultdict(list)
         self.latency_ms = []
+        self.sent_ms = []
         self.total = 0
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -840,7 +846,15 @@ def _report(
             "lost": lost,
             "duplicated": in_kafka - distinct,
             "acked_per_s": round(total_acked / plan.duration_s, 1),
-            "latency_ms": percentiles(verifier.latency_ms),
+            # after the warm-up (plan.warmup_s), and over the whole run
+            "latency_ms": percentiles(
+                [
+                    lat
+                    for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True)
+                    if sent >= (t0 + plan.warmup_s) * 1000
+                ]
+            ),
+            "latency_all_ms": percentiles(verifier.latency_ms),
         },
         "downlink": {
             "sent": commands.total if commands else 0,
