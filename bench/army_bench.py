@@ -25,8 +25,8 @@ into one RabbitMQ node with nothing consuming (the backend stopped, so the
 gateway only stores; not counted against Kafka).
 
 Results: bench/results/army-<stamp>.json and .md, and PNG plots
-(throughput against offered load, latency CDF) in bench/results/ and
-docs/img/.
+(throughput and latency against offered load) in bench/results/; a full
+run also puts them in docs/img/ for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             f["connections"]["kb_per_connection"], b["connections"]["kb_per_connection"]
         ),
     }
-    results["plots"] = plots(results)
+    results["plots"] = plots(results, publish=not quick)
     return results
 
 
@@ -216,8 +216,9 @@ def _sampler(holder: dict[str, int], pids: Any) -> Any:
     return line
 
 
-def plots(results: dict[str, Any]) -> list[str]:
-    """Throughput against offered load, and the latency of each step; PNGs in bench/results and docs/img."""
+def plots(results: dict[str, Any], publish: bool = True) -> list[str]:
+    """Throughput against offered load, and the latency of each step: PNGs in bench/results, and
+    with `publish` (full runs) also docs/img, which docs/benchmarks.md shows."""
     try:
         import matplotlib
 
@@ -238,7 +239,7 @@ def plots(results: dict[str, Any]) -> list[str]:
     ax.set_ylabel("acknowledged readings/s (all in Kafka)")
     ax.set_title("Throughput against offered load")
     ax.legend()
-    out.append(_save(fig, f"army-throughput-{stamp}.png", "army-throughput.png"))
+    out.append(_save(fig, f"army-throughput-{stamp}.png", "army-throughput.png" if publish else None))
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in ("fedgate", "baseline"):
         steps = results[name]["steps"]
@@ -260,19 +261,20 @@ def plots(results: dict[str, Any]) -> list[str]:
     ax.set_ylabel("device -> Kafka latency (ms)")
     ax.set_title("Latency against offered load")
     ax.legend()
-    out.append(_save(fig, f"army-latency-{stamp}.png", "army-latency.png"))
+    out.append(_save(fig, f"army-latency-{stamp}.png", "army-latency.png" if publish else None))
     plt.close("all")
     return out
 
 
-def _save(fig: Any, name: str, latest: str) -> str:
+def _save(fig: Any, name: str, latest: str | None) -> str:
     results_dir = PROJECT_ROOT / "bench" / "results"
-    img_dir = PROJECT_ROOT / "docs" / "img"
     results_dir.mkdir(parents=True, exist_ok=True)
-    img_dir.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(results_dir / name, dpi=100)
-    fig.savefig(img_dir / latest, dpi=100)
+    if latest is not None:
+        img_dir = PROJECT_ROOT / "docs" / "img"
+        img_dir.mkdir(parents=True, exist_ok=True)
+        fig.savefig(img_dir / latest, dpi=100)
     return str(results_dir / name)
 
 
