@@ -69,17 +69,23 @@ class Baseline:
             "log_type warning\n"
         )
         ensure_topics(self.bootstrap, [TOPIC], 6, 1)
-        self.broker = subprocess.Popen(
-            [binary, "-c", str(conf)],
-            stdout=open(self.dir / "mosquitto.log", "ab"),  # noqa: SIM115 - closed with the process
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.dir / "mosquitto.log", "ab") as log:  # the child keeps its own copy of the fd
+            self.broker = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
         _wait_port(self.host, self.port, self.broker, "mosquitto")
-        self.bridge = subprocess.Popen(
-            [sys.executable, "-m", "bench.baseline_bridge", self.host, str(self.port), self.bootstrap, TOPIC],
-            stdout=open(self.dir / "bridge.log", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.dir / "bridge.log", "ab") as log:
+            self.bridge = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.baseline_bridge",
+                    self.host,
+                    str(self.port),
+                    self.bootstrap,
+                    TOPIC,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 30
         while "subscribed" not in (self.dir / "bridge.log").read_text():
             if self.bridge.poll() is not None or time.monotonic() > deadline:
