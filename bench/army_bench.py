@@ -25,7 +25,8 @@ into one RabbitMQ node with nothing consuming (the backend stopped, so the
 gateway only stores; not counted against Kafka).
 
 Results: bench/results/army-<stamp>.json and .md, and PNG plots
-(throughput and latency against offered load) in bench/results/; a full
+(throughput and latency against offered load, the latency CDF at the
+moderate rate) in bench/results/; a full
 run also puts them in docs/img/ for docs/benchmarks.md.
 """
 
@@ -68,6 +69,7 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
         "duplicated": up["duplicated"],
         "latency_ms": up["latency_ms"],
         "latency_all_ms": up["latency_all_ms"],
+        "latency_cdf_ms": up["latency_cdf_ms"],
         "commands": {k: down[k] for k in ("sent", "received", "lost", "latency_ms")},
         "connect_per_s": conn["connect_per_s"],
         "connect_ms": conn["connect_ms"],
@@ -262,6 +264,17 @@ def plots(results: dict[str, Any], publish: bool = True) -> list[str]:
     ax.set_title("Latency against offered load")
     ax.legend()
     out.append(_save(fig, f"army-latency-{stamp}.png", "army-latency.png" if publish else None))
+    # the CDF at the moderate rate (the first step)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("fedgate", "baseline"):
+        cdf = results[name]["steps"][0]["latency_cdf_ms"]
+        ax.plot([max(x, 0.01) for x in cdf], [(i + 1) / len(cdf) for i in range(len(cdf))], label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("device -> Kafka latency (ms)")
+    ax.set_ylabel("share of readings")
+    ax.set_title(f"Latency CDF at {results['fedgate']['steps'][0]['offered']} readings/s")
+    ax.legend()
+    out.append(_save(fig, f"army-latency-cdf-{stamp}.png", "army-latency-cdf.png" if publish else None))
     plt.close("all")
     return out
 

@@ -111,6 +111,14 @@ class WorkerConfig:
     server_name: str | None
 
 
+def quantiles(values: list[float], points: int = 100) -> list[float]:
+    """`points` evenly spaced quantiles (the last is the maximum): enough to draw a CDF."""
+    if not values:
+        return []
+    v = sorted(values)
+    return [round(v[min(len(v) - 1, int(len(v) * (i + 1) / points))], 2) for i in range(points)]
+
+
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p95": None, "p99": None, "max": None}
@@ -855,6 +863,14 @@ def _report(
                 ]
             ),
             "latency_all_ms": percentiles(verifier.latency_ms),
+            # the latency after the warm-up at 1%, 2%, ... 100%: the CDF
+            "latency_cdf_ms": quantiles(
+                [
+                    lat
+                    for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True)
+                    if sent >= (t0 + plan.warmup_s) * 1000
+                ]
+            ),
         },
         "downlink": {
             "sent": commands.total if commands else 0,

@@ -59,6 +59,8 @@ def test_quick_army_benchmark_compares_fedgate_with_the_baseline_and_loses_nothi
         assert conn["connected"] == conn["devices"] == 300
         assert conn["kb_per_connection"] > 0
     assert r["kafka_produce_raw_per_s"] > 0 and r["rabbitmq_mqtt_raw"]["acked_per_s"] > 0
-    assert len(r["plots"]) == 2 and all(Path(p).stat().st_size > 0 for p in r["plots"])
+    assert len(r["plots"]) == 3 and all(Path(p).stat().st_size > 0 for p in r["plots"])
+    cdf = r["fedgate"]["steps"][0]["latency_cdf_ms"]
+    assert len(cdf) == 100 and cdf == sorted(cdf), "the CDF the plot draws"
     md = army_markdown(r)
     assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md
