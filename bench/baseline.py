@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedgate.army import CommandOpener, DeviceSpec, Target
+from infra.local import processes
 from router.kafka import ensure_topics
 
 TOPIC = "baseline.telemetry"
@@ -97,13 +97,8 @@ class Baseline:
 
     def __exit__(self, *exc: object) -> None:
         for proc in (self.bridge, self.broker):  # the bridge first: it flushes into Kafka
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if proc is not None:
+                processes.stop_child(proc, grace=30)
 
     def broker_pids(self) -> list[int]:
         return [self.broker.pid] if self.broker and self.broker.poll() is None else []

@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import pstats
-import signal
 import statistics
 import subprocess
 import sys
@@ -257,12 +256,7 @@ def start_router(config: Path, log: Path, profile: Path | None = None) -> subpro
 
 
 def stop_router(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    processes.stop_child(proc, grace=60)
 
 
 def router_bridge(

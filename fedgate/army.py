@@ -108,7 +108,6 @@ class WorkerConfig:
     specs: list[DeviceSpec]
     plan: ArmyPlan
     ca_file: str | None
-    server_name: str | None
 
 
 def quantiles(values: list[float], points: int = 100) -> list[float]:
@@ -605,7 +604,6 @@ class Target:
     kafka_topic: str = TELEMETRY_TOPIC
     commands: CommandOpener | None = None
     ca_file: str | None = None
-    server_name: str | None = None
     #: kill(region) and restart(region) for plan.kill_gateway
     kill: Callable[[str], None] | None = None
     restart: Callable[[str], None] | None = None
@@ -644,7 +642,6 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
         ep["kafka"]["bootstrap"],
         commands=router_commands(ep["backend"]["url"]),
         ca_file=tls["ca"] if tls else None,
-        server_name=tls["server_name"] if tls else None,
         kill=lambda region: fed.node(gateway_node_name(region)).kill(),
         restart=lambda region: fed.start_node(gateway_node_name(region)),
     )
@@ -689,7 +686,7 @@ def run_fleet(
     t0 = time.time()  # until the run starts: the clock counts the connecting
     workers = []
     for w in range(min(plan.processes, len(specs))):
-        cfg = WorkerConfig(w, specs[w :: plan.processes], plan, target.ca_file, target.server_name)
+        cfg = WorkerConfig(w, specs[w :: plan.processes], plan, target.ca_file)
         p = ctx.Process(
             target=worker_main, args=(cfg, out, go, shared_t0, stop_publishing, finish), name=f"army-{w}"
         )

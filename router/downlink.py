@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import Any
@@ -413,14 +414,16 @@ class Downlink:
         cached = self._answers.get(region)
         if cached is not None and now - cached[0] < GATEWAY_CHECK_EVERY_S:
             return cached[1]
-        g = next((g for g in self.settings.gateways if g.region == region), None)
+        admin = self.admins.get(region)
         answers = False
-        if g is not None:
+        if admin is not None:
             # a short timeout and no retries: a gateway that does not answer at once counts as down
-            probe = RabbitAdmin(g.management_url, g.user, g.password, timeout=GATEWAY_CHECK_TIMEOUT_S)
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, probe.request_with_headers, "GET", "overview", {}
+                    None,
+                    functools.partial(
+                        admin.request_with_headers, "GET", "overview", {}, timeout=GATEWAY_CHECK_TIMEOUT_S
+                    ),
                 )
                 answers = True
             except AdminError:

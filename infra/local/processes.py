@@ -120,6 +120,18 @@ def forget(pid: int, timeout: float = 5.0) -> None:
             _CHILDREN[pid] = proc
 
 
+def stop_child(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM a child this process started, and SIGKILL it if it is still there after `grace`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def signal_pids(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
