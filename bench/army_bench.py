@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.baseline import Baseline
-from bench.router_bench import bench_federation, kafka_produce, progress
+from bench.router_bench import kafka_produce, progress
 from fedgate import army
 from infra.local import processes
+from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT
 
 #: The baseline broker's port, beside the bench federation's block.
@@ -52,12 +52,22 @@ SUSTAINED_P99_MS = 2000.0
 
 #: Left out of each step's latency percentiles: the devices have just connected, and the
 #: router is still taking their presence events (the whole run's figures are kept as well).
-WARMUP_S = 3.0
+#: The quick run's steps are short, and its figures only say that every path works.
+WARMUP_S = {"full": 3.0, "quick": 1.0}
+#: How long each run waits for a duplicate after the drain.
+SETTLE_S = {"full": 3.0, "quick": 1.0}
 
 
-def _plan(devices: int, **kw: Any) -> army.ArmyPlan:
+def _plan(devices: int, quick: bool, **kw: Any) -> army.ArmyPlan:
+    mode = "quick" if quick else "full"
     return army.ArmyPlan(
-        devices=devices, processes=2, connect_rate=0, drain_timeout_s=60, warmup_s=WARMUP_S, **kw
+        devices=devices,
+        processes=2,
+        connect_rate=0,
+        drain_timeout_s=60,
+        warmup_s=WARMUP_S[mode],
+        settle_s=SETTLE_S[mode],
+        **kw,
     )
 
 
@@ -89,14 +99,16 @@ def sustained(steps: list[dict[str, Any]]) -> float | None:
     return max(ok) if ok else None
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+#: The federation as a fleet meets it: both routers; the Spark job would only take CPU.
+SERVICES = {"routers": True, "spark": False}
+
+
+def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
     devices = 100 if quick else 500
     rates = [200, 400] if quick else [500, 1000, 2000, 4000]
-    step_s = 5 if quick else 15
+    step_s = 3 if quick else 15
     idle = 300 if quick else 2000
-    cmd_rate, cmd_s = (20, 5) if quick else (100, 15)
-    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-army-"))
-    fed = bench_federation(workdir, routers=2, spark=0)
+    cmd_rate, cmd_s = (20, 3) if quick else (100, 15)
     results: dict[str, Any] = {
         "quick": quick,
         "devices": devices,
@@ -105,74 +117,72 @@ def run(quick: bool = False) -> dict[str, Any]:
         "fedgate": {"steps": []},
         "baseline": {"steps": []},
     }
-    try:
-        fed.up()
-        ep = fed.endpoints()
-        bootstrap = ep["kafka"]["bootstrap"]
-        progress("reference: Kafka produce from Python (the router's settings)")
-        results["kafka_produce_raw_per_s"] = round(kafka_produce(bootstrap, 20_000 if quick else 100_000))
-        fed_target = army.federation_target(fed, _plan(idle, prefix="bench"), progress)
-        gateway = fed.gateways()[0]
-        with Baseline(workdir, fed.settings.port_base + BASELINE_PORT_OFFSET, bootstrap) as baseline:
-            base_target = baseline.target(fed_target.specs)
-            targets = {"fedgate": fed_target, "baseline": base_target}
+    ep = fed.endpoints()
+    bootstrap = ep["kafka"]["bootstrap"]
+    progress("reference: Kafka produce from Python (the router's settings)")
+    results["kafka_produce_raw_per_s"] = round(kafka_produce(bootstrap, 20_000 if quick else 100_000))
+    fed_target = army.federation_target(fed, _plan(idle, quick, prefix="bench"), progress)
+    gateway = fed.gateways()[0]
+    with Baseline(workdir, fed.settings.port_base + BASELINE_PORT_OFFSET, bootstrap) as baseline:
+        base_target = baseline.target(fed_target.specs)
+        targets = {"fedgate": fed_target, "baseline": base_target}
 
-            # sustained rate and latency: the same devices, the same steps, one target after the other
-            for rate in rates:
-                for name, target in targets.items():
-                    progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
-                    t = _subset(target, devices)
-                    r = army.run_fleet(t, _plan(devices, rate=rate, duration_s=step_s, prefix="bench"))
-                    results[name]["steps"].append({"offered": rate, **_brief(r)})
-            for name in targets:
-                results[name]["sustained_per_s"] = sustained(results[name]["steps"])
-                results[name]["latency_at_moderate_ms"] = results[name]["steps"][0]["latency_ms"]
-
-            # downlink: commands through the router, and straight into Mosquitto
+        # sustained rate and latency: the same devices, the same steps, one target after the other
+        for rate in rates:
             for name, target in targets.items():
-                progress(f"{name}: {cmd_rate} commands/s for {cmd_s} s to {devices} devices")
-                r = army.run_fleet(
-                    _subset(target, devices),
-                    _plan(devices, rate=0, duration_s=cmd_s, commands_per_s=cmd_rate, prefix="bench"),
-                )
-                results[name]["downlink"] = {
-                    k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated", "latency_ms")
-                }
+                progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
+                t = _subset(target, devices)
+                r = army.run_fleet(t, _plan(devices, quick, rate=rate, duration_s=step_s, prefix="bench"))
+                results[name]["steps"].append({"offered": rate, **_brief(r)})
+        for name in targets:
+            results[name]["sustained_per_s"] = sustained(results[name]["steps"])
+            results[name]["latency_at_moderate_ms"] = results[name]["steps"][0]["latency_ms"]
 
-            # connections: idle devices, the broker's memory per connection
-            for name, target, pids in (
-                ("fedgate", fed_target, lambda: processes.marked_pids(gateway.marker)),
-                ("baseline", base_target, baseline.broker_pids),
-            ):
-                progress(f"{name}: {idle} idle devices connecting at once")
-                before = processes.rss_bytes(pids())
-                holder: dict[str, int] = {}
-                r = army.run_fleet(
-                    target, _plan(idle, rate=0, duration_s=3, prefix="bench"), line=_sampler(holder, pids)
-                )
-                rss = holder.get("max", before)
-                results[name]["connections"] = {
-                    "devices": idle,
-                    "connected": r["connections"]["connects"],
-                    "connect_per_s": r["connections"]["connect_per_s"],
-                    "connect_ms": r["connections"]["connect_ms"],
-                    "broker_rss_mb_before": round(before / 2**20, 1),
-                    "broker_rss_mb_connected": round(rss / 2**20, 1),
-                    "kb_per_connection": round((rss - before) / 1024 / idle, 1),
-                }
+        # downlink: commands through the router, and straight into Mosquitto
+        for name, target in targets.items():
+            progress(f"{name}: {cmd_rate} commands/s for {cmd_s} s to {devices} devices")
+            r = army.run_fleet(
+                _subset(target, devices),
+                _plan(devices, quick, rate=0, duration_s=cmd_s, commands_per_s=cmd_rate, prefix="bench"),
+            )
+            results[name]["downlink"] = {
+                k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated", "latency_ms")
+            }
 
-        # reference: QoS 1 into one RabbitMQ node, nothing consuming (the backend is stopped)
-        progress("reference: MQTT QoS 1 into one RabbitMQ node, backend stopped (the gateway only stores)")
-        fed.stop_node("backend")
-        ref_rate = 2 * rates[-1]  # above what fedgate sustains: the node's own ceiling shows
-        r = army.run_fleet(
-            _unverified(fed_target, devices),
-            _plan(devices, rate=ref_rate, duration_s=step_s, prefix="bench"),
-        )
-        results["rabbitmq_mqtt_raw"] = {"offered": ref_rate, "acked_per_s": r["uplink"]["acked_per_s"]}
-        fed.start_node("backend")
-    finally:
-        fed.down()
+        # connections: idle devices, the broker's memory per connection
+        for name, target, pids in (
+            ("fedgate", fed_target, lambda: processes.marked_pids(gateway.marker)),
+            ("baseline", base_target, baseline.broker_pids),
+        ):
+            progress(f"{name}: {idle} idle devices connecting at once")
+            before = processes.rss_bytes(pids())
+            holder: dict[str, int] = {}
+            r = army.run_fleet(
+                target,
+                _plan(idle, quick, rate=0, duration_s=2 if quick else 3, prefix="bench"),
+                line=_sampler(holder, pids),
+            )
+            rss = holder.get("max", before)
+            results[name]["connections"] = {
+                "devices": idle,
+                "connected": r["connections"]["connects"],
+                "connect_per_s": r["connections"]["connect_per_s"],
+                "connect_ms": r["connections"]["connect_ms"],
+                "broker_rss_mb_before": round(before / 2**20, 1),
+                "broker_rss_mb_connected": round(rss / 2**20, 1),
+                "kb_per_connection": round((rss - before) / 1024 / idle, 1),
+            }
+
+    # reference: QoS 1 into one RabbitMQ node, nothing consuming (the backend is stopped)
+    progress("reference: MQTT QoS 1 into one RabbitMQ node, backend stopped (the gateway only stores)")
+    fed.stop_node("backend")
+    ref_rate = 2 * rates[-1]  # above what fedgate sustains: the node's own ceiling shows
+    r = army.run_fleet(
+        _unverified(fed_target, devices),
+        _plan(devices, quick, rate=ref_rate, duration_s=step_s, prefix="bench"),
+    )
+    results["rabbitmq_mqtt_raw"] = {"offered": ref_rate, "acked_per_s": r["uplink"]["acked_per_s"]}
+    # left stopped: the suite starts it again if another benchmark follows (bench/suite.py)
     f, b = results["fedgate"], results["baseline"]
     results["ratios"] = {
         "sustained_fedgate_vs_baseline": _ratio(f.get("sustained_per_s"), b.get("sustained_per_s")),
@@ -299,7 +309,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         f"{r['devices']} devices, QoS 1, {r['step_s']} s per step, {r['machine']['cpus']} cores shared by "
         "everything; every acknowledged reading looked up in Kafka. Latency: device send to the Kafka "
-        f"record's timestamp, after a {WARMUP_S:g} s warm-up (the whole step's p99 in brackets).",
+        f"record's timestamp, after a {WARMUP_S['quick' if r['quick'] else 'full']:g} s warm-up "
+        "(the whole step's p99 in brackets). Kafka's record timestamps are whole milliseconds, so a "
+        "latency under 1 ms can read as slightly negative.",
         "",
         "| offered/s | fedgate acked/s | lost | p50 / p99 | baseline acked/s | lost | p50 / p99 |",
         "|---|---|---|---|---|---|---|",

@@ -1,8 +1,7 @@
 """Router benchmark: bridged messages/s per router process, and downlink latency.
 
-Measured side by side in one run, on a federation of its own (one gateway,
-no routers of the federation's own; state in a temporary folder, ports from
-FEDGATE_BENCH_PORT_BASE, default 19000):
+Measured side by side in one run, on the benchmarks' federation (bench/suite.py)
+with its own routers and Spark job stopped, so that the router measured is alone:
 
 uplink, per router process (AMQP in -> Kafka out -> ack after the delivery report)
   - reference "kafka produce": the same N records produced from Python with the
@@ -29,7 +28,6 @@ import pstats
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -45,7 +43,7 @@ from fedgate.devices import SimDevice
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.nodes import _toml
-from infra.local.settings import PROJECT_ROOT, load_settings
+from infra.local.settings import PROJECT_ROOT
 from router.kafka import ensure_topics, producer_config
 
 PAYLOAD = json.dumps({"seq": 0, "temp_c": 21.5, "humidity": 40.1, "sent_at": 1.0, "pad": "x" * 40}).encode()
@@ -54,16 +52,6 @@ DEVICES = 1000
 
 def progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def bench_federation(workdir: Path, *, routers: int, spark: int) -> LocalFederation:
-    """A federation of the benchmark's own: one gateway, state in `workdir`, ports from
-    FEDGATE_BENCH_PORT_BASE (default 19000), clear of `make up`'s and the tests'."""
-    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
-    settings = load_settings(
-        env={}, state_dir=workdir / "state", port_base=base, regions="local-eu", routers=routers, spark=spark
-    )
-    return LocalFederation(settings, progress=progress)
 
 
 # --- references -------------------------------------------------------------------
@@ -292,19 +280,17 @@ def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, p
     write_router_config(fed, config, port, downlink=True)
     proc = start_router(config, workdir / "router.log")
     secret = fed.add_devices(["bench-dev"], rotate=True)["bench-dev"]
-    dev = SimDevice(
-        "bench-dev", ep["host"], ep["gateways"]["local-eu"]["mqtt"], "bench-dev", secret
-    ).connect()
     topic = c.device_command_topic("bench-dev", "ping")
+    dev: SimDevice | None = None
     try:
         wait_ready(port, proc)
-        dev.subscribe(c.device_command_topic("bench-dev", "#"))
-        # wait until the router has seen the device
+        # connected once the router is ready: it learns of the device from the connect event
+        dev = SimDevice("bench-dev", ep["host"], ep["gateways"]["local-eu"]["mqtt"], "bench-dev", secret)
+        dev.connect().subscribe(c.device_command_topic("bench-dev", "#"))
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/presence?device=bench-dev", timeout=5) as r:
-                if json.load(r)["devices"]:
-                    break
+        while not _present(port, "bench-dev"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("downlink: the router did not see bench-dev connect within 15 s")
             time.sleep(0.05)
         out = {}
         for mode in ("direct", "router"):
@@ -320,8 +306,14 @@ def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, p
             }
         return out
     finally:
-        dev.close()
+        if dev is not None:
+            dev.close()
         stop_router(proc)
+
+
+def _present(port: int, device: str) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/presence?device={device}", timeout=5) as r:
+        return bool(json.load(r)["devices"])
 
 
 async def _send_commands(url: str, mode: str, topic: str, n: int, rate: float) -> None:
@@ -369,12 +361,15 @@ def top_functions(profile: Path, limit: int = 12) -> list[dict[str, Any]]:
     return rows
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    n = 20_000 if quick else 100_000
-    n_profile = 10_000 if quick else 30_000
-    n_cmd, rate = (200, 100.0) if quick else (2000, 200.0)
-    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
-    fed = bench_federation(workdir, routers=0, spark=0)
+#: The federation's own routers would drain the shard queues beside the one measured.
+SERVICES = {"routers": False, "spark": False}
+BENCH_ROUTER_PORT_OFFSET = 50
+
+
+def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
+    n = 10_000 if quick else 100_000
+    n_profile = 5_000 if quick else 30_000
+    n_cmd, rate = (100, 100.0) if quick else (2000, 200.0)
     base = fed.settings.port_base
     results: dict[str, Any] = {
         "quick": quick,
@@ -382,40 +377,37 @@ def run(quick: bool = False) -> dict[str, Any]:
         "payload_bytes": len(PAYLOAD),
         "machine": {"cpus": os.cpu_count()},
     }
-    try:
-        fed.up()
-        ep = fed.endpoints()
-        router_port = base + 40
-        progress(f"reference: Kafka produce of {n} records")
-        results["kafka_produce_raw_per_s"] = round(kafka_produce(ep["kafka"]["bootstrap"], n))
-        progress(f"reference: AMQP consume+ack of {n} messages (aio-pika, then aiormq alone)")
-        pika_ref = consume_with_cpu(fed, amqp_consume, n)
-        results["amqp_consume_raw_per_s"] = pika_ref["per_s"]
-        results["amqp_consume_cpu"] = {
-            "aio-pika": pika_ref,
-            "aiormq": consume_with_cpu(fed, aiormq_consume, n),
-        }
-        progress(f"fedgate router: bridging {n} messages with one process")
-        results["router_bridged_per_s"] = round(router_bridge(fed, workdir, n, router_port))
-        ref = min(results["kafka_produce_raw_per_s"], results["amqp_consume_raw_per_s"])
-        results["router_vs_slowest_reference"] = round(results["router_bridged_per_s"] / ref, 3)
-        results["router_vs_kafka_produce"] = round(
-            results["router_bridged_per_s"] / results["kafka_produce_raw_per_s"], 3
-        )
-        results["router_vs_amqp_consume"] = round(
-            results["router_bridged_per_s"] / results["amqp_consume_raw_per_s"], 3
-        )
-        progress(f"profiling the router on {n_profile} messages")
-        prof = workdir / "router.prof"
-        router_bridge(fed, workdir, n_profile, router_port, profile=prof)
-        results["router_profile_top"] = top_functions(prof) if prof.exists() else []
-        progress(f"downlink latency: {n_cmd} commands at {rate:g}/s, direct and through the router")
-        results["downlink"] = downlink_latency(fed, workdir, n_cmd, rate, router_port)
-        d = results["downlink"]
-        if d["direct"]["p99_ms"] and d["router"]["p99_ms"]:
-            results["downlink_p99_router_vs_direct"] = round(d["router"]["p99_ms"] / d["direct"]["p99_ms"], 2)
-    finally:
-        fed.down()
+    ep = fed.endpoints()
+    # clear of the federation's routers (+30...) and Spark ports (+40, +41)
+    router_port = base + BENCH_ROUTER_PORT_OFFSET
+    progress(f"reference: Kafka produce of {n} records")
+    results["kafka_produce_raw_per_s"] = round(kafka_produce(ep["kafka"]["bootstrap"], n))
+    progress(f"reference: AMQP consume+ack of {n} messages (aio-pika, then aiormq alone)")
+    pika_ref = consume_with_cpu(fed, amqp_consume, n)
+    results["amqp_consume_raw_per_s"] = pika_ref["per_s"]
+    results["amqp_consume_cpu"] = {
+        "aio-pika": pika_ref,
+        "aiormq": consume_with_cpu(fed, aiormq_consume, n),
+    }
+    progress(f"fedgate router: bridging {n} messages with one process")
+    results["router_bridged_per_s"] = round(router_bridge(fed, workdir, n, router_port))
+    ref = min(results["kafka_produce_raw_per_s"], results["amqp_consume_raw_per_s"])
+    results["router_vs_slowest_reference"] = round(results["router_bridged_per_s"] / ref, 3)
+    results["router_vs_kafka_produce"] = round(
+        results["router_bridged_per_s"] / results["kafka_produce_raw_per_s"], 3
+    )
+    results["router_vs_amqp_consume"] = round(
+        results["router_bridged_per_s"] / results["amqp_consume_raw_per_s"], 3
+    )
+    progress(f"profiling the router on {n_profile} messages")
+    prof = workdir / "router.prof"
+    router_bridge(fed, workdir, n_profile, router_port, profile=prof)
+    results["router_profile_top"] = top_functions(prof) if prof.exists() else []
+    progress(f"downlink latency: {n_cmd} commands at {rate:g}/s, direct and through the router")
+    results["downlink"] = downlink_latency(fed, workdir, n_cmd, rate, router_port)
+    d = results["downlink"]
+    if d["direct"]["p99_ms"] and d["router"]["p99_ms"]:
+        results["downlink_p99_router_vs_direct"] = round(d["router"]["p99_ms"] / d["direct"]["p99_ms"], 2)
     return results
 
 

@@ -1,8 +1,8 @@
 """Spark benchmark: rows/s the streaming job ingests, and freshness (device send -> row queryable).
 
-Measured side by side in one run, on a federation of its own (one gateway, one
-router, Kafka and the Spark job with the product's default settings; state in
-a temporary folder, ports from FEDGATE_BENCH_PORT_BASE, default 19000):
+Measured side by side in one run, on the benchmarks' federation (bench/suite.py:
+one gateway, two routers, Kafka and the Spark job with the product's default
+settings):
 
 freshness, at a steady input rate
   MQTT devices publish QoS 1 readings at a fixed rate through the whole path
@@ -34,16 +34,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from backend import contract as c
-from bench.router_bench import bench_federation, cpu_seconds, progress
+from bench.router_bench import cpu_seconds, progress
 from fedgate.devices import SimDevice
 from infra.local import processes
 from infra.local.driver import LocalFederation
@@ -259,23 +258,21 @@ def python_consume(bootstrap: str, topic: str, total: int) -> float:
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"fedgate-bench-{time.time_ns()}",
-            "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
         }
     )
-    consumer.subscribe([topic])
+    # assigned, not subscribed: a group join would only add seconds before the first record
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     got = 0
-    t0 = None
+    t0 = time.perf_counter()
     deadline = time.monotonic() + 300
     try:
         while got < total:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"python consume: {got} of {total} records in 300 s")
-            batch = consumer.consume(1000, 1.0)
-            if batch and t0 is None:
-                t0 = time.perf_counter()  # from the first record: the group join is not reading
-            got += sum(1 for m in batch if m.error() is None)
-        return got / (time.perf_counter() - (t0 or 0))
+            got += sum(1 for m in consumer.consume(1000, 1.0) if m.error() is None)
+        return got / (time.perf_counter() - t0)
     finally:
         consumer.close()
 
@@ -360,54 +357,50 @@ def check_backlog_rows(spark: Any, warehouse: Path, n: int) -> None:
 # --- the run ---------------------------------------------------------------------------
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    rate, seconds, devices = (100.0, 20.0, 10) if quick else (300.0, 60.0, 30)
-    n_backlog = 40_000 if quick else 300_000
-    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-spark-"))
-    fed = bench_federation(workdir, routers=1, spark=1)
+SERVICES = {"routers": True, "spark": True}
+
+
+def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
+    rate, seconds, devices = (100.0, 8.0, 10) if quick else (300.0, 60.0, 30)
+    warmup_s = 3.0 if quick else 10.0
+    n_backlog = 10_000 if quick else 300_000
     results: dict[str, Any] = {"quick": quick, "machine": {"cpus": os.cpu_count()}}
+    warehouse = fed.warehouse
+    log = CommitLog(warehouse)
+    bootstrap = fed.endpoints()["kafka"]["bootstrap"]
+
+    progress(f"freshness: {rate:g} readings/s for {seconds:g} s from {devices} MQTT devices")
+    # the job's first batches compile its plans and warm the JVM: not what a fleet sees
+    steady_publish(fed, log, rate, warmup_s, devices, prefix=WARMUP_PREFIX)
+    results["steady"] = steady_publish(fed, log, rate, seconds, devices)
+
+    progress(f"reference: {n_backlog} bridge records into {REFERENCE_TOPIC}")
+    # as many partitions as the bridge's topics, so that Spark reads both with the same parallelism
+    partitions = topic_partitions(bootstrap, TELEMETRY_TOPIC)
+    ensure_topics(bootstrap, [REFERENCE_TOPIC], partitions, 1)
+    wait_for_leaders(bootstrap, REFERENCE_TOPIC, partitions)
+    produce_records(bootstrap, REFERENCE_TOPIC, n_backlog)
+    progress("reference: one Python consumer reading them")
+    results["python_consume_per_s"] = round(python_consume(bootstrap, REFERENCE_TOPIC, n_backlog))
+
+    from spark.session import build_session
+
+    settings = fed.spark_settings()
+    spark = build_session(settings, "fedgate-bench")
     try:
-        fed.up()
-        warehouse = fed.warehouse
-        log = CommitLog(warehouse)
-        bootstrap = fed.endpoints()["kafka"]["bootstrap"]
-
-        progress(f"freshness: {rate:g} readings/s for {seconds:g} s from {devices} MQTT devices")
-        # the job's first batches compile its plans and warm the JVM: not what a fleet sees
-        steady_publish(fed, log, rate, min(seconds, 10.0), devices, prefix=WARMUP_PREFIX)
-        results["steady"] = steady_publish(fed, log, rate, seconds, devices)
-
-        progress(f"reference: {n_backlog} bridge records into {REFERENCE_TOPIC}")
-        # as many partitions as the bridge's topics, so that Spark reads both with the same parallelism
-        partitions = topic_partitions(bootstrap, TELEMETRY_TOPIC)
-        ensure_topics(bootstrap, [REFERENCE_TOPIC], partitions, 1)
-        wait_for_leaders(bootstrap, REFERENCE_TOPIC, partitions)
-        produce_records(bootstrap, REFERENCE_TOPIC, n_backlog)
-        progress("reference: one Python consumer reading them")
-        results["python_consume_per_s"] = round(python_consume(bootstrap, REFERENCE_TOPIC, n_backlog))
-
-        from spark.session import build_session
-
-        settings = fed.spark_settings()
-        spark = build_session(settings, "fedgate-bench")
-        try:
-            progress("reference: one Spark batch query doing the raw query's work (cold, then warm)")
-            runs = [
-                spark_batch(spark, settings, REFERENCE_TOPIC, workdir / "spark-batch-ref") for _ in range(2)
-            ]
-            results["spark_batch_cold_per_s"] = round(runs[0])
-            results["spark_batch_per_s"] = round(runs[1])
-            progress(f"ingest: a burst of {n_backlog} records into the running job")
-            results["ingest"] = burst(fed, log, n_backlog, aggregates=not quick)
-            check_backlog_rows(spark, warehouse, n_backlog)
-            results["steady"].update(freshness_figures(spark, warehouse, log, results["steady"]["sent"]))
-        finally:
-            spark.stop()
-        ing = results["ingest"]
-        results["raw_vs_spark_batch"] = round(ing["raw_rows_per_s"] / results["spark_batch_per_s"], 3)
-        results["raw_vs_python_consume"] = round(ing["raw_rows_per_s"] / results["python_consume_per_s"], 3)
+        progress("reference: one Spark batch query doing the raw query's work (cold, then warm)")
+        runs = [spark_batch(spark, settings, REFERENCE_TOPIC, workdir / "spark-batch-ref") for _ in range(2)]
+        results["spark_batch_cold_per_s"] = round(runs[0])
+        results["spark_batch_per_s"] = round(runs[1])
+        progress(f"ingest: a burst of {n_backlog} records into the running job")
+        results["ingest"] = burst(fed, log, n_backlog, aggregates=not quick)
+        check_backlog_rows(spark, warehouse, n_backlog)
+        results["steady"].update(freshness_figures(spark, warehouse, log, results["steady"]["sent"]))
     finally:
-        fed.down()
+        spark.stop()
+    ing = results["ingest"]
+    results["raw_vs_spark_batch"] = round(ing["raw_rows_per_s"] / results["spark_batch_per_s"], 3)
+    results["raw_vs_python_consume"] = round(ing["raw_rows_per_s"] / results["python_consume_per_s"], 3)
     return results
 
 

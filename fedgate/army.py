@@ -82,11 +82,16 @@ class ArmyPlan:
     drain_timeout_s: float = 60.0
     #: seconds at the start of the run left out of the latency percentiles (latency_all_ms has them)
     warmup_s: float = 0.0
+    #: after the drain, how long to wait for a duplicate before counting (split between the
+    #: devices' commands and Kafka's records)
+    settle_s: float = 3.0
     payload_pad: int = 0
 
     def validate(self) -> ArmyPlan:
         if self.devices < 1 or self.processes < 1 or self.duration_s <= 0 or self.rate < 0:
             raise ValueError("devices, processes and duration must be positive, rate not negative")
+        if self.settle_s < 0 or self.warmup_s < 0:
+            raise ValueError("settle_s and warmup_s: not negative")
         if self.qos not in (0, 1):
             raise ValueError("qos: 0 or 1")
         if not 0 <= self.roam_share <= 1:
@@ -775,7 +780,7 @@ def run_fleet(
             if total("commands") >= (commands.total if commands else 0) and total("inflight") == 0:
                 break
             tick_line("draining")
-        time.sleep(1.0)  # a duplicate command would arrive now
+        time.sleep(plan.settle_s / 3)  # a duplicate command would arrive now
         finish.set()
         deadline = time.monotonic() + 60
         while len(done) + len(failed) < len(workers) and time.monotonic() < deadline:
@@ -786,7 +791,7 @@ def run_fleet(
         while verifier.missing(acked) and time.monotonic() < deadline:
             tick_line("draining")
             time.sleep(0.5)
-        time.sleep(2.0)  # a duplicate would arrive now
+        time.sleep(plan.settle_s * 2 / 3)  # a duplicate would arrive now
     finally:
         go.set()
         stop_publishing.set()

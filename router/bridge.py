@@ -33,6 +33,8 @@ from router.topics import TopicMapper
 log = logging.getLogger(__name__)
 
 
+#: How long a shutdown waits for the last acks to be written.
+SHUTDOWN_ACK_TIMEOUT_S = 5.0
 BRIDGED = "fedgate_router_bridged_total"
 DEADLETTERED = "fedgate_router_deadlettered_total"
 
@@ -208,7 +210,13 @@ class UplinkBridge:
         """Send the acks still queued (shutdown)."""
         self._flush_acks()
         if self._ack_writer is not None:
-            await self._ack_writer
+            try:
+                # bounded: with the backend gone the acks cannot be sent (RabbitMQ redelivers)
+                await asyncio.wait_for(asyncio.shield(self._ack_writer), SHUTDOWN_ACK_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "acks not confirmed sent within %.0f s; RabbitMQ redelivers those", SHUTDOWN_ACK_TIMEOUT_S
+                )
 
 
 def _log_task_error(task: Any) -> None:

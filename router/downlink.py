@@ -53,6 +53,9 @@ PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
 #: A returned command asks whether its gateway answers; the answer holds this long.
 GATEWAY_CHECK_EVERY_S = 5.0
 GATEWAY_CHECK_TIMEOUT_S = 3.0
+#: How long a shutdown waits on one AMQP call: what is not cancelled or acked in that time
+#: RabbitMQ redelivers once the connection closes.
+SHUTDOWN_CALL_TIMEOUT_S = 2.0
 
 
 class RegionMissing(Exception):
@@ -166,11 +169,16 @@ class Downlink:
             self._sweeper.cancel()
         for task in list(self._closers):
             task.cancel()
-        for queue, tag in self._consumers:
-            try:
-                await queue.cancel(tag)
-            except aio_pika.exceptions.AMQPError as e:
-                log.debug("cancel consumer: %s", e)
+        # bounded: with the backend gone, a robust channel would wait for it to come back
+        outcomes = await asyncio.gather(
+            *(asyncio.wait_for(q.cancel(tag), SHUTDOWN_CALL_TIMEOUT_S) for q, tag in self._consumers),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, aio_pika.exceptions.AMQPError | TimeoutError):
+                log.debug("cancel consumer: %r", outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
         self._consumers.clear()
 
     async def rebuild_presence(self) -> None:

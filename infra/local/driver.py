@@ -543,9 +543,10 @@ class LocalFederation:
 
     # --- single nodes (chaos, tests) -------------------------------------------------
 
-    def stop_node(self, name: str) -> None:
+    def stop_node(self, name: str) -> list[int]:
+        """Stop one node; returns the pids that did not stop on SIGTERM in time and were killed."""
         self.progress(f"stopping {name}")
-        self.node(name).stop()
+        return self.node(name).stop()
 
     def start_node(self, name: str) -> None:
         """Start one stopped node again and wait until it is ready (wiring persists in its data)."""
@@ -666,7 +667,7 @@ class LocalFederation:
                     self.progress(f"stopping {n.name}")
                 # nodes of one role stop in parallel: each takes seconds
                 with ThreadPoolExecutor(max_workers=max(1, len(group))) as pool:
-                    list(pool.map(lambda n: n.stop(), group))
+                    killed += [pid for pids in pool.map(lambda n: n.stop(), group) for pid in pids]
             # anything else carrying this state dir's marker (a crashed node's children)
             leftovers = self.leftover_pids()
             if leftovers:

@@ -203,13 +203,15 @@ class Node:
         if pid is not None:
             processes.forget(pid)
 
-    def stop(self, grace: float = 30.0) -> None:
+    def stop(self, grace: float = 30.0) -> list[int]:
+        """SIGTERM, then SIGKILL after `grace`; returns the pids that had to be killed."""
         pid = self.pid()
         primary = [pid] if pid is not None and processes.pid_alive(pid, self.marker) else []
-        processes.stop_marked(self.marker, primary=primary, grace=grace)
+        killed = processes.stop_marked(self.marker, primary=primary, grace=grace)
         if pid is not None:
             processes.forget(pid)
         self.pid_file.unlink(missing_ok=True)
+        return killed
 
     def base_env(self) -> dict[str, str]:
         keep = ("PATH", "LANG", "LC_ALL", "TZ", "JAVA_HOME")
@@ -509,8 +511,8 @@ class SparkNode(Node):
         queries = p.get("queries", {})
         return p.get("state") == "running" and bool(queries) and all(q["active"] for q in queries.values())
 
-    def stop(self, grace: float = 60.0) -> None:
-        super().stop(grace)
+    def stop(self, grace: float = 60.0) -> list[int]:
+        return super().stop(grace)
 
 
 def kraft_cluster_id() -> str:

@@ -1,19 +1,43 @@
-"""`make bench QUICK=1` runs end to end, so the benchmarks cannot rot."""
+"""`make bench QUICK=1` runs end to end, so the benchmarks cannot rot.
+
+One test, as `make bench QUICK=1` runs them: the three benchmarks in turn on
+one federation, each finding it as the one before left it.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bench.router_bench import run, to_markdown
+from bench import army_bench, router_bench, spark_bench
+from bench.suite import run_suite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_quick_router_benchmark_produces_figures_and_ratios(monkeypatch):
+def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")  # clear of the test federation and `make bench`
-    r = run(quick=True)
+    results = run_suite(quick=True)
+    assert list(results) == ["spark", "router", "army"]
+    for name, r in results.items():
+        files = [Path(f) for f in r["files"]]
+        assert json.loads(files[0].read_text())["quick"] is True, name
+        assert files[1].read_text().startswith("#"), f"{name}: the Markdown table"
+
+    # spark: raises if a reading or a burst record is missing or doubled
+    r = results["spark"]
+    s = r["steady"]
+    assert s["rows"] == s["sent"] > 0, "every reading sent at the steady rate is a row, once"
+    assert 0 < s["freshness_p50_ms"] <= s["freshness_p95_ms"] <= s["freshness_max_ms"]
+    assert s["device_to_kafka_p50_ms"] < s["freshness_p50_ms"], "a row is queryable only after Kafka had it"
+    assert r["ingest"]["raw_rows_per_s"] > 0 and r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
+    assert r["raw_vs_spark_batch"] > 0
+    assert "row queryable" in spark_bench.to_markdown(r)
+
+    # router: measured alone, after the Spark benchmark had the federation's routers running
+    r = results["router"]
     for key in ("kafka_produce_raw_per_s", "amqp_consume_raw_per_s", "router_bridged_per_s"):
         assert r[key] > 0, key
     assert r["router_vs_slowest_reference"] > 0
@@ -21,31 +45,11 @@ def test_quick_router_benchmark_produces_figures_and_ratios(monkeypatch):
     assert d["router"]["received"] == d["router"]["sent"], "every command reached the device"
     assert d["direct"]["received"] == d["direct"]["sent"]
     assert r["router_profile_top"], "the profiled run says where the time goes"
-    md = to_markdown(r)
+    md = router_bench.to_markdown(r)
     assert "fedgate router" in md and "| direct |" in md
 
-
-def test_quick_spark_benchmark_lands_every_row_and_reports_freshness(monkeypatch):
-    from bench.spark_bench import run as run_spark
-    from bench.spark_bench import to_markdown as spark_markdown
-
-    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")
-    r = run_spark(quick=True)  # raises if a reading or a burst record is missing or doubled
-    s = r["steady"]
-    assert s["rows"] == s["sent"] > 0, "every reading sent at the steady rate is a row, once"
-    assert 0 < s["freshness_p50_ms"] <= s["freshness_p95_ms"] <= s["freshness_max_ms"]
-    assert s["device_to_kafka_p50_ms"] < s["freshness_p50_ms"], "a row is queryable only after Kafka had it"
-    assert r["ingest"]["raw_rows_per_s"] > 0 and r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
-    assert r["raw_vs_spark_batch"] > 0
-    assert "row queryable" in spark_markdown(r)
-
-
-def test_quick_army_benchmark_compares_fedgate_with_the_baseline_and_loses_nothing(monkeypatch):
-    from bench.army_bench import run as run_army_bench
-    from bench.army_bench import to_markdown as army_markdown
-
-    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")
-    r = run_army_bench(quick=True)
+    # army: the routers are back for it
+    r = results["army"]
     for name in ("fedgate", "baseline"):
         steps = r[name]["steps"]
         assert [s["offered"] for s in steps] == [200, 400]
@@ -62,5 +66,5 @@ def test_quick_army_benchmark_compares_fedgate_with_the_baseline_and_loses_nothi
     assert len(r["plots"]) == 3 and all(Path(p).stat().st_size > 0 for p in r["plots"])
     cdf = r["fedgate"]["steps"][0]["latency_cdf_ms"]
     assert len(cdf) == 100 and cdf == sorted(cdf), "the CDF the plot draws"
-    md = army_markdown(r)
+    md = army_bench.to_markdown(r)
     assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md

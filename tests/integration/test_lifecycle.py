@@ -93,6 +93,7 @@ def test_down_leaves_no_process_and_is_a_no_op_when_down(tmp_path):
 
     down = fedgate(state, base, "down")
     assert down.returncode == 0, down.stderr
+    assert "had to kill" not in down.stderr, "every node stops on SIGTERM"
     assert fed.leftover_pids() == []
     assert not any(n.is_running() for n in fed.nodes())
 

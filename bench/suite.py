@@ -1,0 +1,114 @@
+"""The benchmarks of `make bench`, run in turn on one federation.
+
+Booting a federation takes 15-25 s and stopping it another 15, so the
+benchmarks share one (state in a temporary folder, ports from
+FEDGATE_BENCH_PORT_BASE, default 19000: clear of `make up`'s and the tests').
+Each benchmark says which of the federation's services it wants running
+(`services`), so one benchmark's leftovers never run beside another's
+measurement: the router benchmark runs its own router process with the
+federation's routers and Spark job stopped; the army wants the routers and
+not the Spark job.  The order is fixed, cheapest restarts first: the Spark
+job boots once, for the Spark benchmark, and is then stopped for good.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from bench import army_bench, router_bench, spark_bench
+from infra.local.driver import LocalFederation
+from infra.local.nodes import ROLE_ROUTER, ROLE_SPARK
+from infra.local.settings import PROJECT_ROOT, load_settings
+
+#: In the order they run.
+BENCHMARKS: dict[str, ModuleType] = {"spark": spark_bench, "router": router_bench, "army": army_bench}
+#: The army runs two routers, as a production backend would.
+ROUTERS = 2
+RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
+
+
+def progress(msg: str) -> None:
+    router_bench.progress(msg)
+
+
+def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
+    """One gateway, two routers, Kafka, and the Spark job when the Spark benchmark runs."""
+    base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
+    settings = load_settings(
+        env={},
+        state_dir=workdir / "state",
+        port_base=base,
+        regions="local-eu",
+        routers=ROUTERS,
+        spark=1 if spark else 0,
+    )
+    return LocalFederation(settings, progress=progress)
+
+
+def set_services(fed: LocalFederation, *, routers: bool, spark: bool) -> None:
+    """Every broker running (a benchmark may have stopped one to measure a reference), and
+    the federation's routers and Spark job started or stopped as the next benchmark wants."""
+    restarted = False
+    for spec in fed.specs():
+        running = fed.node(spec.name).is_running()
+        want = {ROLE_ROUTER: routers, ROLE_SPARK: spark}.get(spec.role, True)
+        if want and not running:
+            fed.start_node(spec.name)
+            restarted = restarted or spec.role not in (ROLE_ROUTER, ROLE_SPARK)
+        elif running and not want:
+            fed.stop_node(spec.name)
+    if restarted:
+        fed.wait_for_links()
+
+
+def choose(names: Iterable[str] | None) -> list[str]:
+    """The named benchmarks in run order (all of them for None); ValueError for an unknown name."""
+    wanted = set(BENCHMARKS) if names is None else {n.strip() for n in names if n.strip()}
+    unknown = wanted - set(BENCHMARKS)
+    if unknown:
+        raise ValueError(f"unknown benchmark {sorted(unknown)}; choose from {list(BENCHMARKS)}")
+    return [n for n in BENCHMARKS if n in wanted]
+
+
+def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dict[str, dict[str, Any]]:
+    """Run the benchmarks on one federation; write each one's results/<name>-<stamp>.json and .md."""
+    chosen = choose(names)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
+    fed = bench_federation(workdir, spark="spark" in chosen)
+    out: dict[str, dict[str, Any]] = {}
+    t_suite = time.monotonic()
+    try:
+        fed.up()
+        for name in chosen:
+            started = time.monotonic()
+            module = BENCHMARKS[name]
+            progress(f"{name} benchmark ({'quick' if quick else 'full'})")
+            set_services(fed, **module.SERVICES)
+            (workdir / name).mkdir()
+            results = module.run(fed, workdir / name, quick=quick)
+            results["duration_s"] = round(time.monotonic() - started, 1)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            md = module.to_markdown(results)
+            results["files"] = [str(RESULTS_DIR / f"{name}-{stamp}.{ext}") for ext in ("json", "md")]
+            (RESULTS_DIR / f"{name}-{stamp}.json").write_text(json.dumps(results, indent=2))
+            (RESULTS_DIR / f"{name}-{stamp}.md").write_text(md)
+            print(md, flush=True)
+            progress(f"{name}: results in {results['files'][0]} and .md ({results['duration_s']} s)")
+            out[name] = results
+    except BaseException:
+        fed.down()
+        progress(f"benchmark failed; the federation's logs are kept in {workdir}/state")
+        raise
+    fed.down()
+    shutil.rmtree(workdir, ignore_errors=True)
+    progress(f"benchmarks done in {time.monotonic() - t_suite:.0f} s: {', '.join(chosen)}")
+    return out
