@@ -34,20 +34,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from backend import contract as c
 from bench.baseline import Baseline
 from bench.router_bench import kafka_produce, progress
 from fedgate import army
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT
+from infra.rabbitmq_admin import AdminError
 
 #: The baseline broker's port, beside the bench federation's block.
 BASELINE_PORT_OFFSET = 600
 SUSTAINED_P99_MS = 2000.0
+#: Extra steps that narrow the ceiling down once a step was not carried.
+CEILING_PROBES = 2
 
 
 #: Left out of each step's latency percentiles: the devices have just connected, and the
@@ -88,15 +93,73 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def sustained(steps: list[dict[str, Any]]) -> float | None:
-    ok = [
-        s["offered"]
-        for s in steps
-        if s["lost"] == 0
+def carried(s: dict[str, Any]) -> bool:
+    """A step carried its offered load: nothing lost, 95% acknowledged, p99 under 2 s."""
+    return bool(
+        s["lost"] == 0
         and s["acked_per_s"] >= 0.95 * s["offered"]
         and (s["latency_ms"]["p99"] or 0) <= SUSTAINED_P99_MS
-    ]
+    )
+
+
+def sustained(steps: list[dict[str, Any]]) -> float | None:
+    ok = [s["offered"] for s in steps if carried(s)]
     return max(ok) if ok else None
+
+
+def next_probe(steps: list[dict[str, Any]], resolution: float) -> int | None:
+    """The rate halfway between the highest step carried and the lowest above it that was not,
+    while they are more than `resolution` apart (a bisection of the ceiling)."""
+    best = sustained(steps) or 0
+    above = [s["offered"] for s in steps if s["offered"] > best and not carried(s)]
+    if not above or min(above) - best <= resolution:
+        return None
+    return int(round((best + min(above)) / 2 / 50) * 50)
+
+
+#: The hops of fedgate's uplink where readings can wait, in path order.
+HOPS = {
+    "devices": "the gateway acknowledges slower than the devices publish (MQTT in-flight window)",
+    "gateway_federation": "gateway -> backend: the federation link's queue on the gateway",
+    "backend_shards": "backend -> Kafka: the uplink shard queues, read by the routers",
+}
+#: RabbitMQ names the queue an exchange federation link reads from on the upstream so.
+FEDERATION_QUEUE_PREFIX = "federation:"
+#: A backlog smaller than this is noise, not a queue.
+BACKLOG_FLOOR = 200
+
+
+class HopSampler(threading.Thread):
+    """Once a second during a step, the readings waiting at each hop of fedgate's uplink
+    (the management API's queue depths, which RabbitMQ refreshes every few seconds)."""
+
+    def __init__(self, fed: LocalFederation):
+        super().__init__(daemon=True, name="hop-sampler")
+        self.gateway = fed.gateways()[0].admin(timeout=3)
+        self.backend = fed.backend().admin(timeout=3)
+        self.shards = {c.uplink_shard_queue(i) for i in range(fed.settings.uplink_shards)}
+        self.peak = {"gateway_federation": 0, "backend_shards": 0}
+        self.stop = threading.Event()
+
+    def _depth(self, admin: Any, wanted: Any) -> int:
+        try:
+            queues = admin.get("queues?columns=name,messages")
+        except AdminError:
+            return 0  # the backend stopped for the raw reference: nothing to read
+        return sum(q.get("messages") or 0 for q in queues if wanted(q["name"]))
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            gw = self._depth(self.gateway, lambda n: n.startswith(FEDERATION_QUEUE_PREFIX))
+            shards = self._depth(self.backend, lambda n: n in self.shards)
+            self.peak["gateway_federation"] = max(self.peak["gateway_federation"], gw)
+            self.peak["backend_shards"] = max(self.peak["backend_shards"], shards)
+
+
+def held_at(backlog: dict[str, int]) -> str | None:
+    """The hop holding the largest backlog, None when no hop holds one."""
+    hop, depth = max(backlog.items(), key=lambda kv: kv[1])
+    return hop if depth >= BACKLOG_FLOOR else None
 
 
 #: The federation as a fleet meets it: both routers; the Spark job would only take CPU.
@@ -127,13 +190,37 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         base_target = baseline.target(fed_target.specs)
         targets = {"fedgate": fed_target, "baseline": base_target}
 
+        def step(name: str, rate: int) -> None:
+            progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
+            sampler = HopSampler(fed) if name == "fedgate" else None
+            if sampler is not None:
+                sampler.start()
+            try:
+                r = army.run_fleet(
+                    _subset(targets[name], devices),
+                    _plan(devices, quick, rate=rate, duration_s=step_s, prefix="bench"),
+                )
+            finally:
+                if sampler is not None:
+                    sampler.stop.set()
+                    sampler.join()
+            backlog = {"devices": r["uplink"]["inflight_peak"], **(sampler.peak if sampler else {})}
+            results[name]["steps"].append(
+                {"offered": rate, **_brief(r), "backlog_peak": backlog, "held_at": held_at(backlog)}
+            )
+            results[name]["steps"].sort(key=lambda s: s["offered"])
+
         # sustained rate and latency: the same devices, the same steps, one target after the other
         for rate in rates:
-            for name, target in targets.items():
-                progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
-                t = _subset(target, devices)
-                r = army.run_fleet(t, _plan(devices, quick, rate=rate, duration_s=step_s, prefix="bench"))
-                results[name]["steps"].append({"offered": rate, **_brief(r)})
+            for name in targets:
+                step(name, rate)
+        # then the ceiling between the last step carried and the first that was not, to 1/8 of it
+        for name in targets:
+            for _ in range(0 if quick else CEILING_PROBES):
+                probe = next_probe(results[name]["steps"], resolution=rates[-1] / 8)
+                if probe is None:
+                    break
+                step(name, probe)
         for name in targets:
             results[name]["sustained_per_s"] = sustained(results[name]["steps"])
             results[name]["latency_at_moderate_ms"] = results[name]["steps"][0]["latency_ms"]
@@ -313,16 +400,30 @@ def to_markdown(r: dict[str, Any]) -> str:
         "(the whole step's p99 in brackets). Kafka's record timestamps are whole milliseconds, so a "
         "latency under 1 ms can read as slightly negative.",
         "",
-        "| offered/s | fedgate acked/s | lost | p50 / p99 | baseline acked/s | lost | p50 / p99 |",
-        "|---|---|---|---|---|---|---|",
+        "| offered/s | fedgate acked/s | lost | p50 / p99 | baseline acked/s | lost | p50 / p99 "
+        "| fedgate's backlog held at (peak readings waiting per hop) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for fs, bs in zip(f["steps"], b["steps"], strict=True):
-        lines.append(
-            f"| {fs['offered']} | {fs['acked_per_s']} | {fs['lost']} | {lat(fs['latency_ms'])} "
-            f"({fs['latency_all_ms']['p99']}) "
-            f"| {bs['acked_per_s']} | {bs['lost']} | {lat(bs['latency_ms'])} "
-            f"({bs['latency_all_ms']['p99']}) |"
-        )
+
+    def cells(x: dict[str, Any] | None) -> str:
+        if x is None:
+            return "| | | "
+        return f"| {x['acked_per_s']} | {x['lost']} | {lat(x['latency_ms'])} ({x['latency_all_ms']['p99']}) "
+
+    def where(x: dict[str, Any] | None) -> str:
+        if x is None or "backlog_peak" not in x:
+            return ""
+        depth = ", ".join(f"{k} {v}" for k, v in x["backlog_peak"].items())
+        return f"**{x['held_at']}** ({depth})" if x["held_at"] else f"nowhere ({depth})"
+
+    by_rate = {name: {s["offered"]: s for s in r[name]["steps"]} for name in ("fedgate", "baseline")}
+    for rate in sorted(set(by_rate["fedgate"]) | set(by_rate["baseline"])):
+        fs, bs = by_rate["fedgate"].get(rate), by_rate["baseline"].get(rate)
+        lines.append(f"| {rate} {cells(fs)}{cells(bs)}| {where(fs)} |")
+    lines += [
+        "",
+        "Where readings wait, peak over a step: " + "; ".join(f"*{k}*: {v}" for k, v in HOPS.items()) + ".",
+    ]
     fc, bc = f["connections"], b["connections"]
     fd, bd = f["downlink"], b["downlink"]
     lines += [

@@ -703,6 +703,7 @@ def run_fleet(
     dl_recent: dict[int, list[float]] = {}
     done: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
+    peak_inflight = [0]
 
     def pump(timeout: float) -> None:
         try:
@@ -711,6 +712,8 @@ def run_fleet(
             return
         if item[0] == "tick":
             ticks[item[1]] = item[2]
+            # readings the gateways have not acknowledged yet: the devices' side of a backlog
+            peak_inflight[0] = max(peak_inflight[0], total("inflight"))
             dl_recent[item[1]] = item[3]
         elif item[0] == "done":
             done[item[1]] = item[2]
@@ -811,6 +814,7 @@ def run_fleet(
 
     report = _report(plan, target.regions, done, failed, verifier, commands, ticks, killed_at, t0)
     report["target"] = target.name
+    report["uplink"]["inflight_peak"] = peak_inflight[0]
     if not target.verify:
         report["uplink"].update(in_kafka=None, lost=None, duplicated=None)
     return report

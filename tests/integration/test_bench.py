@@ -55,6 +55,7 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
         assert [s["offered"] for s in steps] == [200, 400]
         for s in steps:
             assert s["workers_failed"] == {} and s["acked"] > 0
+            assert set(s["backlog_peak"]) >= {"devices"}, "where readings waited"
             assert s["lost"] == 0, f"{name} lost acknowledged readings at {s['offered']}/s"
             assert s["latency_ms"]["p50"] <= s["latency_ms"]["p99"]
         d = r[name]["downlink"]
@@ -62,6 +63,8 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
         conn = r[name]["connections"]
         assert conn["connected"] == conn["devices"] == 300
         assert conn["kb_per_connection"] > 0
+    hops = set(r["fedgate"]["steps"][0]["backlog_peak"])
+    assert hops == {"devices", "gateway_federation", "backend_shards"}
     assert r["kafka_produce_raw_per_s"] > 0 and r["rabbitmq_mqtt_raw"]["acked_per_s"] > 0
     assert len(r["plots"]) == 3 and all(Path(p).stat().st_size > 0 for p in r["plots"])
     cdf = r["fedgate"]["steps"][0]["latency_cdf_ms"]
