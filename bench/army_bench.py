@@ -33,6 +33,7 @@ run also puts them in docs/img/ for docs/benchmarks.md.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import os
 import threading
 import time
@@ -41,10 +42,11 @@ from typing import Any
 
 from backend import contract as c
 from bench.baseline import Baseline
-from bench.router_bench import kafka_produce, progress
+from bench.router_bench import cpu_seconds, kafka_produce, progress
 from fedgate import army
 from infra.local import processes
 from infra.local.driver import LocalFederation
+from infra.local.nodes import ROLE_ROUTER
 from infra.local.settings import PROJECT_ROOT
 from infra.rabbitmq_admin import AdminError
 
@@ -130,8 +132,9 @@ BACKLOG_FLOOR = 200
 
 
 class HopSampler(threading.Thread):
-    """Once a second during a step, the readings waiting at each hop of fedgate's uplink
-    (the management API's queue depths, which RabbitMQ refreshes every few seconds)."""
+    """Once a second during a step: the readings waiting at each hop of fedgate's uplink (the
+    management API's queue depths, which RabbitMQ refreshes every few seconds), and the CPU
+    each part of the machine used (two cores, shared by all of them)."""
 
     def __init__(self, fed: LocalFederation):
         super().__init__(daemon=True, name="hop-sampler")
@@ -139,7 +142,35 @@ class HopSampler(threading.Thread):
         self.backend = fed.backend().admin(timeout=3)
         self.shards = {c.uplink_shard_queue(i) for i in range(fed.settings.uplink_shards)}
         self.peak = {"gateway_federation": 0, "backend_shards": 0}
+        self.markers = {
+            "gateway": [fed.gateways()[0].marker],
+            "backend": [fed.backend().marker],
+            "routers": [fed.node(s.name).marker for s in fed.specs() if s.role == ROLE_ROUTER],
+            "kafka": [fed.kafka().marker],
+        }
+        #: (part, pid) -> CPU seconds when first and last seen: the army's workers exit
+        #: before the sampler stops, so their last reading is kept
+        self.cpu_first: dict[tuple[str, int], float] = {}
+        self.cpu_last: dict[tuple[str, int], float] = {}
         self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def _sample_cpu(self) -> None:
+        parts = {part: [p for m in ms for p in processes.marked_pids(m)] for part, ms in self.markers.items()}
+        parts["army"] = [p.pid for p in mp.active_children() if p.pid is not None]
+        for part, pids in parts.items():
+            for pid in pids:
+                cpu = cpu_seconds([pid])
+                self.cpu_first.setdefault((part, pid), cpu)
+                self.cpu_last[(part, pid)] = cpu
+
+    def cpu_cores(self) -> dict[str, float]:
+        """Cores each part used over the step (2.0 = both cores all the time)."""
+        elapsed = max(time.monotonic() - self.t0, 1e-3)
+        used: dict[str, float] = dict.fromkeys([*self.markers, "army"], 0.0)
+        for key, last in self.cpu_last.items():
+            used[key[0]] += last - self.cpu_first[key]
+        return {part: round(sec / elapsed, 2) for part, sec in used.items()}
 
     def _depth(self, admin: Any, wanted: Any) -> int:
         try:
@@ -149,7 +180,9 @@ class HopSampler(threading.Thread):
         return sum(q.get("messages") or 0 for q in queues if wanted(q["name"]))
 
     def run(self) -> None:
+        self._sample_cpu()
         while not self.stop.wait(1.0):
+            self._sample_cpu()
             gw = self._depth(self.gateway, lambda n: n.startswith(FEDERATION_QUEUE_PREFIX))
             shards = self._depth(self.backend, lambda n: n in self.shards)
             self.peak["gateway_federation"] = max(self.peak["gateway_federation"], gw)
@@ -206,7 +239,13 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
                     sampler.join()
             backlog = {"devices": r["uplink"]["inflight_peak"], **(sampler.peak if sampler else {})}
             results[name]["steps"].append(
-                {"offered": rate, **_brief(r), "backlog_peak": backlog, "held_at": held_at(backlog)}
+                {
+                    "offered": rate,
+                    **_brief(r),
+                    "backlog_peak": backlog,
+                    "held_at": held_at(backlog),
+                    "cpu_cores": sampler.cpu_cores() if sampler else None,
+                }
             )
             results[name]["steps"].sort(key=lambda s: s["offered"])
 
@@ -424,6 +463,23 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         "Where readings wait, peak over a step: " + "; ".join(f"*{k}*: {v}" for k, v in HOPS.items()) + ".",
     ]
+    cpu_steps = [x for x in f["steps"] if x.get("cpu_cores")]
+    if cpu_steps:
+        parts = list(cpu_steps[0]["cpu_cores"])
+        lines += [
+            "",
+            f"CPU of each part during fedgate's steps, in cores ({r['machine']['cpus']} on this machine):",
+            "",
+            "| offered/s | " + " | ".join(parts) + " | total |",
+            "|---|" + "---|" * (len(parts) + 1),
+        ]
+        for x in cpu_steps:
+            cores = x["cpu_cores"]
+            lines.append(
+                f"| {x['offered']} | "
+                + " | ".join(str(cores[p]) for p in parts)
+                + f" | {round(sum(cores.values()), 2)} |"
+            )
     fc, bc = f["connections"], b["connections"]
     fd, bd = f["downlink"], b["downlink"]
     lines += [

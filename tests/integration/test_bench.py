@@ -65,6 +65,8 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
         assert conn["kb_per_connection"] > 0
     hops = set(r["fedgate"]["steps"][0]["backlog_peak"])
     assert hops == {"devices", "gateway_federation", "backend_shards"}
+    cores = r["fedgate"]["steps"][0]["cpu_cores"]
+    assert cores["gateway"] > 0 and cores["army"] > 0, "the CPU each part used during the step"
     assert r["kafka_produce_raw_per_s"] > 0 and r["rabbitmq_mqtt_raw"]["acked_per_s"] > 0
     assert len(r["plots"]) == 3 and all(Path(p).stat().st_size > 0 for p in r["plots"])
     cdf = r["fedgate"]["steps"][0]["latency_cdf_ms"]
