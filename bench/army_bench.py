@@ -53,6 +53,7 @@ from infra.rabbitmq_admin import AdminError
 #: The baseline broker's port, beside the bench federation's block.
 BASELINE_PORT_OFFSET = 600
 SUSTAINED_P99_MS = 2000.0
+STEADY_SLACK_MS = 100.0
 #: Extra steps that narrow the ceiling down once a step was not carried.
 CEILING_PROBES = 2
 
@@ -87,6 +88,7 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
         "duplicated": up["duplicated"],
         "latency_ms": up["latency_ms"],
         "latency_all_ms": up["latency_all_ms"],
+        "latency_p50_by_third_ms": up["latency_p50_by_third_ms"],
         "latency_cdf_ms": up["latency_cdf_ms"],
         "commands": {k: down[k] for k in ("sent", "received", "lost", "latency_ms")},
         "connect_per_s": conn["connect_per_s"],
@@ -95,12 +97,24 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def steady(thirds: list[float | None]) -> bool:
+    """The latency did not grow through the step: the median of its last third is at most
+    twice that of its first, plus 100 ms.  A queue building up at some hop fails this long
+    before its p99 reaches 2 s within a 15 s step."""
+    first, last = thirds[0], thirds[-1]
+    if first is None or last is None:
+        return True  # too few readings to tell (a very low rate)
+    return last <= 2 * first + STEADY_SLACK_MS
+
+
 def carried(s: dict[str, Any]) -> bool:
-    """A step carried its offered load: nothing lost, 95% acknowledged, p99 under 2 s."""
+    """A step carried its offered load: nothing lost, 95% acknowledged, p99 under 2 s, and
+    no queue building up (steady)."""
     return bool(
         s["lost"] == 0
         and s["acked_per_s"] >= 0.95 * s["offered"]
         and (s["latency_ms"]["p99"] or 0) <= SUSTAINED_P99_MS
+        and steady(s.get("latency_p50_by_third_ms", [None]))
     )
 
 
@@ -127,8 +141,11 @@ HOPS = {
 }
 #: RabbitMQ names the queue an exchange federation link reads from on the upstream so.
 FEDERATION_QUEUE_PREFIX = "federation:"
-#: A backlog smaller than this is noise, not a queue.
+#: A backlog smaller than this is noise, not a queue; nor is one under half a second of
+#: the offered load (readings on their way, e.g. the devices' in-flight window at the
+#: gateway's round trip).
 BACKLOG_FLOOR = 200
+BACKLOG_FLOOR_S = 0.5
 
 
 class HopSampler(threading.Thread):
@@ -189,10 +206,10 @@ class HopSampler(threading.Thread):
             self.peak["backend_shards"] = max(self.peak["backend_shards"], shards)
 
 
-def held_at(backlog: dict[str, int]) -> str | None:
+def held_at(backlog: dict[str, int], offered: float) -> str | None:
     """The hop holding the largest backlog, None when no hop holds one."""
     hop, depth = max(backlog.items(), key=lambda kv: kv[1])
-    return hop if depth >= BACKLOG_FLOOR else None
+    return hop if depth >= max(BACKLOG_FLOOR, BACKLOG_FLOOR_S * offered) else None
 
 
 #: The federation as a fleet meets it: both routers; the Spark job would only take CPU.
@@ -243,7 +260,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
                     "offered": rate,
                     **_brief(r),
                     "backlog_peak": backlog,
-                    "held_at": held_at(backlog),
+                    "held_at": held_at(backlog, rate),
                     "cpu_cores": sampler.cpu_cores() if sampler else None,
                 }
             )
@@ -436,8 +453,10 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"{r['devices']} devices, QoS 1, {r['step_s']} s per step, {r['machine']['cpus']} cores shared by "
         "everything; every acknowledged reading looked up in Kafka. Latency: device send to the Kafka "
         f"record's timestamp, after a {WARMUP_S['quick' if r['quick'] else 'full']:g} s warm-up "
-        "(the whole step's p99 in brackets). Kafka's record timestamps are whole milliseconds, so a "
-        "latency under 1 ms can read as slightly negative.",
+        "(the whole step's p99 in brackets). A step is carried with nothing lost, 95% of the offered "
+        "rate acknowledged, p99 under 2 s and the latency not growing through the step (the median "
+        "of its last third at most twice that of its first + 100 ms). Kafka's record timestamps are "
+        "whole milliseconds, so a latency under 1 ms can read as slightly negative.",
         "",
         "| offered/s | fedgate acked/s | lost | p50 / p99 | baseline acked/s | lost | p50 / p99 "
         "| fedgate's backlog held at (peak readings waiting per hop) |",
@@ -453,7 +472,11 @@ def to_markdown(r: dict[str, Any]) -> str:
         if x is None or "backlog_peak" not in x:
             return ""
         depth = ", ".join(f"{k} {v}" for k, v in x["backlog_peak"].items())
-        return f"**{x['held_at']}** ({depth})" if x["held_at"] else f"nowhere ({depth})"
+        text = f"**{x['held_at']}** ({depth})" if x["held_at"] else f"nowhere ({depth})"
+        thirds = x.get("latency_p50_by_third_ms") or [None]
+        if not steady(thirds):
+            text += f"; latency growing, p50 {thirds[0]} -> {thirds[-1]} ms"
+        return text
 
     by_rate = {name: {s["offered"]: s for s in r[name]["steps"]} for name in ("fedgate", "baseline")}
     for rate in sorted(set(by_rate["fedgate"]) | set(by_rate["baseline"])):

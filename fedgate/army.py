@@ -820,6 +820,15 @@ def run_fleet(
     return report
 
 
+def _p50_by_third(verifier: KafkaVerifier, start_ms: float, end_ms: float) -> list[float | None]:
+    thirds: list[list[float]] = [[], [], []]
+    span = max(end_ms - start_ms, 1e-3)
+    for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True):
+        if start_ms <= sent < end_ms:
+            thirds[min(2, int(3 * (sent - start_ms) / span))].append(lat)
+    return [percentiles(t)["p50"] for t in thirds]
+
+
 def _report(
     plan: ArmyPlan,
     regions: list[str],
@@ -869,6 +878,11 @@ def _report(
                 ]
             ),
             "latency_all_ms": percentiles(verifier.latency_ms),
+            # the median of each third of the run after the warm-up, by send time: a latency
+            # that grows from third to third is a queue building up, not a steady state
+            "latency_p50_by_third_ms": _p50_by_third(
+                verifier, (t0 + plan.warmup_s) * 1000, (t0 + plan.duration_s) * 1000
+            ),
             # the latency after the warm-up at 1%, 2%, ... 100%: the CDF
             "latency_cdf_ms": quantiles(
                 [

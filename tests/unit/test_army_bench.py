@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.army_bench import BACKLOG_FLOOR, carried, held_at, next_probe, sustained
+from bench.army_bench import BACKLOG_FLOOR, carried, held_at, next_probe, steady, sustained
 
 
 def step(offered: int, acked: float, *, lost: int = 0, p99: float = 50.0) -> dict[str, Any]:
@@ -38,5 +38,17 @@ def test_no_probe_when_every_step_was_carried():
 
 
 def test_the_backlog_is_named_where_the_most_readings_wait_and_nowhere_below_the_floor():
-    assert held_at({"devices": 900, "gateway_federation": 120, "backend_shards": 30_000}) == "backend_shards"
-    assert held_at({"devices": BACKLOG_FLOOR - 1, "gateway_federation": 0, "backend_shards": 5}) is None
+    queued = {"devices": 900, "gateway_federation": 120, "backend_shards": 30_000}
+    assert held_at(queued, 1000) == "backend_shards"
+    assert held_at({"devices": BACKLOG_FLOOR - 1, "gateway_federation": 0, "backend_shards": 5}, 100) is None
+    # 1,300 readings in flight at 4,000/s is a third of a second of load: on their way, not queued
+    assert held_at({"devices": 1300, "gateway_federation": 40, "backend_shards": 100}, 4000) is None
+    assert held_at({"devices": 1300, "gateway_federation": 40, "backend_shards": 100}, 2000) == "devices"
+
+
+def test_a_step_whose_latency_grows_through_it_is_a_queue_building_up_not_carried():
+    growing = {**step(3000, 3020, p99=1480), "latency_p50_by_third_ms": [650.0, 1200.0, 1750.0]}
+    assert not carried(growing), "p99 under 2 s, but the queue grows: a longer step would exceed it"
+    flat = {**step(2000, 2010, p99=205), "latency_p50_by_third_ms": [30.0, 41.0, 36.0]}
+    assert carried(flat)
+    assert steady([None, None, None]), "too few readings to tell"
