@@ -53,6 +53,8 @@ from infra.rabbitmq_admin import AdminError
 #: The baseline broker's port, beside the bench federation's block.
 BASELINE_PORT_OFFSET = 600
 SUSTAINED_P99_MS = 2000.0
+#: The second headline: the highest rate carried with a p99 a person would not notice.
+LOW_LATENCY_P99_MS = 250.0
 STEADY_SLACK_MS = 100.0
 #: Extra steps that narrow the ceiling down once a step was not carried.
 CEILING_PROBES = 2
@@ -107,19 +109,19 @@ def steady(thirds: list[float | None]) -> bool:
     return last <= 2 * first + STEADY_SLACK_MS
 
 
-def carried(s: dict[str, Any]) -> bool:
+def carried(s: dict[str, Any], p99_ms: float = SUSTAINED_P99_MS) -> bool:
     """A step carried its offered load: nothing lost, 95% acknowledged, p99 under 2 s, and
     no queue building up (steady)."""
     return bool(
         s["lost"] == 0
         and s["acked_per_s"] >= 0.95 * s["offered"]
-        and (s["latency_ms"]["p99"] or 0) <= SUSTAINED_P99_MS
+        and (s["latency_ms"]["p99"] or 0) <= p99_ms
         and steady(s.get("latency_p50_by_third_ms", [None]))
     )
 
 
-def sustained(steps: list[dict[str, Any]]) -> float | None:
-    ok = [s["offered"] for s in steps if carried(s)]
+def sustained(steps: list[dict[str, Any]], p99_ms: float = SUSTAINED_P99_MS) -> float | None:
+    ok = [s["offered"] for s in steps if carried(s, p99_ms)]
     return max(ok) if ok else None
 
 
@@ -279,6 +281,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
                 step(name, probe)
         for name in targets:
             results[name]["sustained_per_s"] = sustained(results[name]["steps"])
+            results[name]["low_latency_per_s"] = sustained(results[name]["steps"], LOW_LATENCY_P99_MS)
             results[name]["latency_at_moderate_ms"] = results[name]["steps"][0]["latency_ms"]
 
         # downlink: commands through the router, and straight into Mosquitto
@@ -329,6 +332,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     f, b = results["fedgate"], results["baseline"]
     results["ratios"] = {
         "sustained_fedgate_vs_baseline": _ratio(f.get("sustained_per_s"), b.get("sustained_per_s")),
+        "low_latency_fedgate_vs_baseline": _ratio(f.get("low_latency_per_s"), b.get("low_latency_per_s")),
         "sustained_fedgate_vs_rabbitmq_raw": _ratio(
             f.get("sustained_per_s"), results["rabbitmq_mqtt_raw"]["acked_per_s"]
         ),
@@ -511,6 +515,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         "|---|---|---|---|",
         f"| sustained QoS 1 rate, nothing lost, p99 under 2 s | {f['sustained_per_s']}/s "
         f"| {b['sustained_per_s']}/s | {r['ratios']['sustained_fedgate_vs_baseline']} |",
+        f"| the same with p99 under {LOW_LATENCY_P99_MS:g} ms | {f['low_latency_per_s']}/s "
+        f"| {b['low_latency_per_s']}/s | {r['ratios']['low_latency_fedgate_vs_baseline']} |",
         f"| latency at {f['steps'][0]['offered']}/s, p50 / p99 | {lat(f['latency_at_moderate_ms'])} "
         f"| {lat(b['latency_at_moderate_ms'])} | {r['ratios']['p99_latency_fedgate_vs_baseline']} (p99) |",
         f"| {fc['devices']} idle connections: connect rate | {fc['connect_per_s']}/s "

@@ -21,6 +21,7 @@ def test_a_step_is_carried_only_with_nothing_lost_95_percent_acked_and_p99_under
 def test_the_sustained_rate_is_the_highest_step_carried():
     steps = [step(500, 500), step(1000, 1000), step(2000, 1990), step(4000, 2700)]
     assert sustained(steps) == 2000
+    assert sustained(steps, p99_ms=40) is None, "p99 50 ms: none carried under 40 ms"
     assert sustained([step(500, 100)]) is None
 
 
