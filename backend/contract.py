@@ -244,6 +244,9 @@ KAFKA_MESSAGE_ID_HEADER = "fedgate.message_id"
 #: Kafka topics the bridge always has.
 KAFKA_UNMATCHED_TOPIC = "fedgate.unmatched"
 KAFKA_DEADLETTER_TOPIC = "fedgate.deadletter"
+#: Where the default topic mapping (router/topics.py DEFAULT_RULES, "telemetry.{stream}")
+#: puts devices/<id>/telemetry: what the demo, the army and the tests read back.
+KAFKA_TELEMETRY_TOPIC = "telemetry.telemetry"
 
 
 def message_id(mqtt_topic: str, payload: bytes) -> str:

@@ -1,7 +1,9 @@
-"""Reading a Kafka topic back from its start: for the demo, tools and tests.
+"""Reading a Kafka topic from the outside: how the demo, the army, the benchmarks and the
+tests count what arrived.
 
-A throw-away consumer (its own group, nothing committed) assigned every
-partition from the beginning, kept only for the records `match` accepts.
+Every reader here is a throw-away consumer: a group of its own that never
+joins (partitions are assigned, not subscribed) and commits nothing, so it
+costs no rebalance and leaves no trace.
 """
 
 from __future__ import annotations
@@ -10,35 +12,95 @@ import time
 import uuid
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 Match = Callable[[Message, dict[str, str]], bool]
 
+#: A topic created a moment ago has partitions without a leader for a while; its offsets
+#: are asked for again this often, half a second apart.
+LEADER_RETRIES = 60
 
-def read_records(
-    bootstrap: str, topic: str, match: Match, expect: int, timeout: float = 20.0
-) -> list[tuple[Message, dict[str, str]]]:
-    """Records of `topic` that `match` (with their headers decoded), until `expect` of them or `timeout`."""
-    consumer = Consumer(
+
+def throwaway_consumer(bootstrap: str, purpose: str = "read") -> Consumer:
+    return Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"fedgate-read-{uuid.uuid4().hex}",
+            "group.id": f"fedgate-{purpose}-{uuid.uuid4().hex[:12]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
         }
     )
-    md = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.topics[topic].partitions])
+
+
+def partitions(consumer: Consumer, topic: str, timeout: float = 15.0) -> list[int]:
+    """The topic's partitions; RuntimeError if Kafka does not know the topic."""
+    md = consumer.list_topics(topic, timeout=timeout)
+    meta = md.topics.get(topic)
+    if meta is None or meta.error is not None:
+        raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
+    return sorted(meta.partitions)
+
+
+def end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:
+    """Each partition's end offset (the next record's), waiting for leaders a new topic lacks."""
+    out = {}
+    for p in partitions(consumer, topic):
+        for attempt in range(LEADER_RETRIES):
+            try:
+                out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                break
+            except KafkaException:
+                if attempt == LEADER_RETRIES - 1:
+                    raise
+                time.sleep(0.5)
+    return out
+
+
+def topic_end(bootstrap: str, topic: str) -> int:
+    """Records ever written to the topic (the sum of its end offsets)."""
+    consumer = throwaway_consumer(bootstrap, "offsets")
+    try:
+        return sum(end_offsets(consumer, topic).values())
+    finally:
+        consumer.close()
+
+
+def assign_from_start(consumer: Consumer, topic: str) -> None:
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions(consumer, topic)])
+
+
+def assign_from_end(consumer: Consumer, topic: str) -> None:
+    """Only what is written from now on."""
+    consumer.assign([TopicPartition(topic, p, end) for p, end in end_offsets(consumer, topic).items()])
+
+
+def read_records(
+    bootstrap: str,
+    topic: str,
+    match: Match,
+    expect: int,
+    timeout: float = 20.0,
+    settle_s: float = 0.0,
+) -> list[tuple[Message, dict[str, str]]]:
+    """Records of `topic` from its start that `match` (with their headers decoded), in partition
+    order, until `expect` of them arrived and then `settle_s` passed with no new match (a
+    duplicate would arrive then), or until `timeout`."""
+    consumer = throwaway_consumer(bootstrap)
+    assign_from_start(consumer, topic)
     out: list[tuple[Message, dict[str, str]]] = []
     deadline = time.monotonic() + timeout
+    last_match = time.monotonic()
     try:
-        while len(out) < expect and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if len(out) >= expect and time.monotonic() - last_match >= settle_s:
+                break
             msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
             headers = {k: v.decode(errors="replace") for k, v in (msg.headers() or [])}
             if match(msg, headers):
                 out.append((msg, headers))
+                last_match = time.monotonic()
     finally:
         consumer.close()
     return out

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import pstats
-import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import aiormq.abc
 from confluent_kafka import Producer
 
 from backend import contract as c
+from fedgate.army import percentile
 from fedgate.devices import SimDevice
 from infra.local import processes
 from infra.local.driver import LocalFederation
@@ -297,12 +297,12 @@ def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, p
             dev.received.clear()
             asyncio.run(_send_commands(ep["backend"]["url"], mode, topic, n, rate))
             got = dev.wait_for(n, timeout=60)
-            lat = sorted((r.at - json.loads(r.payload)["t"]) * 1000 for r in got)
+            lat = [(r.at - json.loads(r.payload)["t"]) * 1000 for r in got]
             out[mode] = {
                 "sent": n,
                 "received": len(got),
-                "p50_ms": round(statistics.median(lat), 2) if lat else None,
-                "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2) if lat else None,
+                "p50_ms": percentile(lat, 0.50),
+                "p99_ms": percentile(lat, 0.99),
             }
         return out
     finally:

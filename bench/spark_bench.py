@@ -31,38 +31,32 @@ Every message is counted: the bench fails if a row is missing or doubled.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from backend import contract as c
+from backend import kafka_read
+from backend.kafka_read import topic_end
 from bench.router_bench import cpu_seconds, progress
+from fedgate.army import percentile
 from fedgate.devices import SimDevice
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from router.kafka import ensure_topics
 
 #: The Kafka topic the bridge maps device telemetry to (topic mapping "telemetry").
-TELEMETRY_TOPIC = "telemetry.telemetry"
+TELEMETRY_TOPIC = c.KAFKA_TELEMETRY_TOPIC
 #: Where the references read the same records: the job's topic pattern does not match it.
 REFERENCE_TOPIC = "bench.spark-reference"
 SPARK_NODE = "spark"
 FRESH_PREFIX = "fresh-"
 WARMUP_PREFIX = "warmup-"
 BACKLOG_PREFIX = "backlog-"
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
 
 
 def rss_mb(pids: list[int]) -> float:
@@ -215,55 +209,19 @@ def produce_records(bootstrap: str, topic: str, n: int, devices: int = 1000) -> 
         raise RuntimeError("backlog: Kafka did not confirm every record")
 
 
-@contextlib.contextmanager
-def metadata_consumer(bootstrap: str) -> Iterator[Consumer]:
-    """A consumer for metadata and offsets only (it joins no group)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fedgate-bench-offsets"})
+def topic_partitions(bootstrap: str, topic: str) -> int:
+    consumer = kafka_read.throwaway_consumer(bootstrap, "bench-offsets")
     try:
-        yield consumer
+        return len(kafka_read.partitions(consumer, topic))
     finally:
         consumer.close()
 
 
-def topic_partitions(bootstrap: str, topic: str) -> int:
-    with metadata_consumer(bootstrap) as consumer:
-        return len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-
-
-def wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
-    """A topic just created is unknown to a producer until its partitions have leaders."""
-    deadline = time.monotonic() + timeout
-    with metadata_consumer(bootstrap) as consumer:
-        while time.monotonic() < deadline:
-            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-            ready = meta and not meta.error and len(meta.partitions) == partitions
-            if ready and all(pm.leader >= 0 for pm in meta.partitions.values()):
-                return
-            time.sleep(0.2)
-    raise TimeoutError(f"{topic}: partitions without a leader after {timeout} s")
-
-
-def topic_end(bootstrap: str, topic: str) -> int:
-    """Sum of the topic's end offsets (records ever written to it)."""
-    with metadata_consumer(bootstrap) as consumer:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions
-        )
-
-
 def python_consume(bootstrap: str, topic: str, total: int) -> float:
     """Records/s one confluent-kafka consumer reads the topic's `total` records at."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fedgate-bench-{time.time_ns()}",
-            "enable.auto.commit": False,
-        }
-    )
     # assigned, not subscribed: a group join would only add seconds before the first record
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    consumer = kafka_read.throwaway_consumer(bootstrap, "bench")
+    kafka_read.assign_from_start(consumer, topic)
     got = 0
     t0 = time.perf_counter()
     deadline = time.monotonic() + 300
@@ -378,7 +336,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     # as many partitions as the bridge's topics, so that Spark reads both with the same parallelism
     partitions = topic_partitions(bootstrap, TELEMETRY_TOPIC)
     ensure_topics(bootstrap, [REFERENCE_TOPIC], partitions, 1)
-    wait_for_leaders(bootstrap, REFERENCE_TOPIC, partitions)
+    topic_end(bootstrap, REFERENCE_TOPIC)  # returns once every partition has its leader
     produce_records(bootstrap, REFERENCE_TOPIC, n_backlog)
     progress("reference: one Python consumer reading them")
     results["python_consume_per_s"] = round(python_consume(bootstrap, REFERENCE_TOPIC, n_backlog))

@@ -38,7 +38,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -49,7 +48,7 @@ import paho.mqtt.client as mqtt
 from backend import contract as c
 
 #: The Kafka topic the bridge maps `devices/<id>/telemetry` to.
-TELEMETRY_TOPIC = "telemetry.telemetry"
+TELEMETRY_TOPIC = c.KAFKA_TELEMETRY_TOPIC
 REPORT_EVERY_S = 0.5
 
 
@@ -123,15 +122,22 @@ def quantiles(values: list[float], points: int = 100) -> list[float]:
     return [round(v[min(len(v) - 1, int(len(v) * (i + 1) / points))], 2) for i in range(points)]
 
 
-def percentiles(values: list[float]) -> dict[str, float | None]:
+def percentile(values: list[float], q: float) -> float | None:
+    """The value at quantile q (nearest rank, no interpolation), to 0.1; None for no values."""
     if not values:
-        return {"p50": None, "p95": None, "p99": None, "max": None}
+        return None
     v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 1)
 
-    def at(q: float) -> float:
-        return round(v[min(len(v) - 1, int(q * len(v)))], 1)
 
-    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(v[-1], 1)}
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    v = sorted(values)
+    return {
+        "p50": percentile(v, 0.50),
+        "p95": percentile(v, 0.95),
+        "p99": percentile(v, 0.99),
+        "max": round(v[-1], 1) if v else None,
+    }
 
 
 # --- the worker: thousands of paho clients on one asyncio loop ------------------------------------
@@ -446,32 +452,12 @@ class KafkaVerifier(threading.Thread):
 
     def __init__(self, bootstrap: str, prefix: str, topic: str = TELEMETRY_TOPIC):
         super().__init__(daemon=True, name="army-kafka")
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        # imported here: the worker processes import this module and never read Kafka
+        from backend import kafka_read
 
         self.prefix = prefix + "-"
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"fedgate-army-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        md = self.consumer.list_topics(topic, timeout=15)
-        if topic not in md.topics or md.topics[topic].error is not None:
-            raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
-        parts = []
-        for p in md.topics[topic].partitions:
-            for attempt in range(60):  # a topic created a moment ago may not have its leader yet
-                try:
-                    _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                    break
-                except KafkaException:
-                    if attempt == 59:
-                        raise
-                    time.sleep(0.5)
-            parts.append(TopicPartition(topic, p, high))
-        self.consumer.assign(parts)
+        self.consumer = kafka_read.throwaway_consumer(bootstrap, "army")
+        kafka_read.assign_from_end(self.consumer, topic)
         self.seen: dict[str, list[int]] = defaultdict(list)
         self.latency_ms: list[float] = []
         #: the device's send time (ms) of each latency sample, to leave a warm-up out
@@ -720,6 +706,15 @@ def run_fleet(
         elif item[0] == "failed":
             failed[item[1]] = item[2]
 
+    def check_workers() -> None:
+        """A worker that reported a failure, or died before it could (an import error in a
+        spawned process, the OOM killer), ends the run: its devices would count as silent."""
+        if failed:
+            raise RuntimeError(f"army worker failed: {failed}")
+        dead = {p.name: p.exitcode for p in workers if p.exitcode is not None and p.exitcode != 0}
+        if dead:
+            raise RuntimeError(f"army worker process exited before the end of the run: {dead}")
+
     def total(name: str) -> int:
         return sum(t.get(name, 0) for t in ticks.values())
 
@@ -750,8 +745,7 @@ def run_fleet(
         deadline = time.monotonic() + 120
         while total("connected") < len(specs) and time.monotonic() < deadline:
             pump(0.2)
-            if failed:
-                raise RuntimeError(f"army worker failed: {failed}")
+            check_workers()
             tick_line("connecting")
         if total("connected") < len(specs):
             say(f"only {total('connected')} of {len(specs)} devices connected in 120 s; running with them")
@@ -763,8 +757,7 @@ def run_fleet(
         end = t0 + plan.duration_s
         while time.time() < end:
             pump(0.2)
-            if failed:
-                raise RuntimeError(f"army worker failed: {failed}")
+            check_workers()
             if plan.kill_gateway and killed_at is None and time.time() - t0 >= plan.kill_gateway[1]:
                 if target.kill is None:
                     raise ValueError(f"{target.name}: no gateway to kill")

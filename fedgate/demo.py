@@ -234,7 +234,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
                 d.close()
 
     # 4. telemetry in Kafka
-    records = read_kafka(ep["kafka"]["bootstrap"], "telemetry.telemetry", run_id, expect=sent)
+    records = read_kafka(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC, run_id, expect=sent)
     say(
         f"\n4. the routers bridged the telemetry into Kafka: {len(records)} records of this run in "
         "topic telemetry.telemetry"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
+from backend.definitions import NodeDefinitions
 from backend.devices import (
     PUBLISH_PATTERN,
     DeviceRegistryError,
@@ -81,6 +82,16 @@ class DeviceRegistry:
         gone = [d for d in ids if devices.pop(d, None) is not None]
         self._write(devices)
         return gone
+
+
+def apply_to_gateway(
+    admin: RabbitAdmin, added: NodeDefinitions | None, revoked: Iterable[str]
+) -> dict[str, int]:
+    """New or re-keyed device users in one request, then revoked ones deleted with their
+    connections closed; returns the connections closed per revoked device."""
+    if added is not None and added.users:
+        admin.import_users(added)
+    return {device: admin.remove_user(device, "device revoked") for device in revoked}
 
 
 def sync_gateway(admin: RabbitAdmin, hashes: Mapping[str, str]) -> list[str]:

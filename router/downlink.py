@@ -28,6 +28,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import quote
 
@@ -115,6 +116,15 @@ class Downlink:
         self.known: set[str] = set()
         #: desired-state topics already replayed to each live connection; dropped when it ends
         self._replayed: dict[str, set[str]] = {}
+        #: subscription filters of the connections this router saw open, by connection: a
+        #: command for such a device waits (parked) until a filter matches it.  MQTT drops a
+        #: message for a topic nobody subscribes to, and a device subscribes only after its
+        #: connect, which this router learns of first.  Sessions it did not see open (from
+        #: the rebuild at start) are taken as subscribed.
+        self._filters: dict[str, set[str]] = {}
+        #: connections whose existing subscriptions (a persistent session's) were asked for
+        self._filters_asked: set[str] = set()
+        self._checks: set[asyncio.Task[None]] = set()
         self._exchanges: dict[str, AbstractExchange] = {}
         self._channel: AbstractRobustChannel | None = None
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
@@ -167,6 +177,8 @@ class Downlink:
     async def stop_intake(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for check in list(self._checks):
+            check.cancel()
         for task in list(self._closers):
             task.cancel()
         # bounded: with the backend gone, a robust channel would wait for it to come back
@@ -347,6 +359,14 @@ class Downlink:
             await self.desired.set(device, topic, payload)
             self.known.add(device)
         session = self.presence.get(device)
+        if session is not None and not retain and not self._subscribed(session, topic):
+            # held until the device subscribes: parked, and sent by _on_binding (or by the
+            # check of a persistent session's subscriptions); never subscribing, it expires
+            # into the dead-letter topic with the reason, instead of being dropped unseen
+            await self.parking.park(device, topic, payload)
+            self.metrics.inc("fedgate_router_held_total", region=session.region)
+            self._ask_filters_soon(session)
+            return f"held:{session.region}"
         if session is not None:
             try:
                 await self._send(session.region, device, topic, payload, retain=retain)
@@ -391,7 +411,7 @@ class Downlink:
                 region,
             )
             self.presence.closed(session.node, session.connection)
-            self._replayed.pop(session.connection, None)
+            self._forget_connection(session.connection)
             if self.presence_store is not None:
                 await self.presence_store.delete(device)
             session = None
@@ -442,12 +462,24 @@ class Downlink:
     # --- presence events ------------------------------------------------------------------
 
     async def on_presence_event(self, message: AbstractIncomingMessage) -> None:
-        async with message.process(requeue=True), self._lock:
+        async with message.process(requeue=True):
+            written = await self._apply_presence_event(message)
+            if written is not None:
+                # The event is acked only once Kafka has the change (a restarted router
+                # rebuilds from it), but that wait is outside the lock: the next events and
+                # the commands go on meanwhile.  A reconnect wave of thousands of devices
+                # used to hold every command behind one Kafka round trip per connect.
+                await written
+
+    async def _apply_presence_event(self, message: AbstractIncomingMessage) -> Awaitable[None] | None:
+        """Apply one event under the lock; returns its write to Kafka, already produced (so
+        the writes keep the events' order), for the caller to await."""
+        async with self._lock:
             key = message.routing_key or ""
             headers = dict(message.headers or {})
             if key == "binding.created":
                 await self._on_binding(headers)
-                return
+                return None
             change = self.presence.apply_event(key, headers)
             if change.refused:
                 log.warning("presence: %s (region %s)", change.ignored, c.region_from_headers(headers))
@@ -455,30 +487,39 @@ class Downlink:
             elif change.malformed:
                 log.warning("presence: %s: %s; acked and dropped", key, change.ignored)
                 self.metrics.inc("fedgate_router_presence_malformed_total")
-            await self._save_presence(key, change)
+            written = self._write_presence(key, change)
             for ended in (change.session if key == "connection.closed" else None, change.displaced):
                 if ended is not None:
-                    self._replayed.pop(ended.connection, None)
+                    self._forget_connection(ended.connection)
             if change.displaced is not None:
                 await self._close_session(change.displaced)
             if key == "connection.created" and change.session is not None and not change.ignored:
                 device = change.session.client_id
                 self.known.add(device)
+                self._filters[change.session.connection] = set()
                 # A persistent session may already have its subscriptions; asking the
                 # gateway costs a management call under the lock, so only when there
                 # is something to deliver (a reconnect wave would otherwise queue
                 # every command behind thousands of calls).
                 if self.parking.for_device(device) or self.desired.for_device(device):
-                    await self._deliver_pending(change.session, await self._existing_filters(change.session))
+                    filters = await self._existing_filters(change.session)
+                    self._filters_asked.add(change.session.connection)
+                    if filters is None:  # the gateway could not say: route as if subscribed
+                        self._filters.pop(change.session.connection, None)
+                    else:
+                        self._filters[change.session.connection].update(filters)
+                        await self._deliver_pending(change.session, filters)
+            return written
 
-    async def _save_presence(self, key: str, change: Any) -> None:
-        """Write a presence change through to Kafka before the event is acked."""
+    def _write_presence(self, key: str, change: Any) -> Awaitable[None] | None:
+        """Produce a presence change to Kafka now; the event is acked after it is confirmed."""
         if self.presence_store is None or change.session is None or change.ignored:
-            return
+            return None
         if key == "connection.created":
-            await self.presence_store.save(change.session)
-        elif key == "connection.closed":
-            await self.presence_store.delete(change.session.client_id)
+            return self.presence_store.save_soon(change.session)
+        if key == "connection.closed":
+            return self.presence_store.delete_soon(change.session.client_id)
+        return None
 
     async def _on_binding(self, headers: dict[str, Any]) -> None:
         if _text(headers.get("source_name", "")) != c.MQTT_EXCHANGE:
@@ -490,22 +531,70 @@ class Downlink:
         region = c.region_from_headers(headers)
         if session is None or session.region != region:
             return
-        await self._deliver_pending(session, [filter_of_binding_key(_text(headers.get("routing_key", "")))])
+        topic_filter = filter_of_binding_key(_text(headers.get("routing_key", "")))
+        if session.connection in self._filters:
+            self._filters[session.connection].add(topic_filter)
+        await self._deliver_pending(session, [topic_filter])
 
-    async def _existing_filters(self, session: Session) -> list[str]:
+    async def _existing_filters(self, session: Session) -> list[str] | None:
+        """The subscriptions a persistent session kept on its gateway across connections;
+        None when the gateway could not be asked."""
         admin = self.admins.get(session.region)
         if admin is None:
-            return []
+            return None
         loop = asyncio.get_running_loop()
         filters = []
         for qos in (0, 1):
             queue = f"{SUBSCRIPTION_QUEUE_PREFIX}{session.client_id}qos{qos}"
             try:
+                info = await loop.run_in_executor(None, admin.get, f"queues/%2F/{queue}")
+                if info.get("auto_delete"):
+                    # a clean session's queue: it may still be the previous connection's, on its
+                    # way out; this connection's own subscriptions arrive as binding events
+                    continue
                 bindings = await loop.run_in_executor(None, admin.get, f"queues/%2F/{queue}/bindings")
-            except AdminError:
-                continue  # no such queue: a clean session subscribes after connecting
+            except AdminError as e:
+                if e.status == 404:
+                    continue  # no such queue: a clean session subscribes after connecting
+                log.warning("subscriptions of %s on %s: %s", session.client_id, session.region, e)
+                return None
             filters += [filter_of_binding_key(b["routing_key"]) for b in bindings if b.get("source")]
         return filters
+
+    def _subscribed(self, session: Session, topic: str) -> bool:
+        """Whether a command on `topic` reaches the device now (see _filters)."""
+        filters = self._filters.get(session.connection)
+        return filters is None or any(topic_matches(f, topic) for f in filters)
+
+    def _ask_filters_soon(self, session: Session) -> None:
+        """Once per connection, ask its gateway for subscriptions the router has not seen
+        being made (a persistent session's), off the lock, and deliver what they match."""
+        if session.connection in self._filters_asked:
+            return
+        self._filters_asked.add(session.connection)
+
+        async def ask() -> None:
+            filters = await self._existing_filters(session)
+            async with self._lock:
+                if self.presence.get(session.client_id) != session:
+                    return  # the session ended meanwhile; its commands stay parked
+                if filters is None:
+                    # the gateway could not say: send as before subscriptions were tracked
+                    self._filters.pop(session.connection, None)
+                    await self._deliver_pending(session, ["#"])
+                elif filters:
+                    self._filters.setdefault(session.connection, set()).update(filters)
+                    await self._deliver_pending(session, filters)
+
+        task = asyncio.create_task(ask())
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+        task.add_done_callback(_log_check_error)
+
+    def _forget_connection(self, connection: str) -> None:
+        self._replayed.pop(connection, None)
+        self._filters.pop(connection, None)
+        self._filters_asked.discard(connection)
 
     async def _deliver_pending(self, session: Session, filters: list[str]) -> None:
         if not filters:
@@ -583,3 +672,8 @@ class Downlink:
             self.metrics.inc("fedgate_router_sessions_closed_total", region=s.region)
             log.info("closed the older session of %s at %s (%s)", s.client_id, s.region, s.connection)
             return
+
+
+def _log_check_error(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("checking a session's subscriptions failed: %r", task.exception())

@@ -107,6 +107,16 @@ class AsyncProducer:
         headers: list[tuple[str, bytes]] | None = None,
     ) -> Message:
         """Produce and wait for the delivery report."""
+        return await self.send_soon(topic, value, key, headers)
+
+    def send_soon(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Message]:
+        """Produce now, so records keep the order of these calls; the future is the delivery report."""
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
         def done(err: KafkaError | None, msg: Message) -> None:
@@ -118,7 +128,7 @@ class AsyncProducer:
                 fut.set_result(msg)
 
         self.produce(topic, value, key, headers, done)
-        return await fut
+        return fut
 
     async def flush(self, timeout: float) -> int:
         """Wait until every queued record was delivered; returns how many are still queued."""

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -146,8 +146,18 @@ class KafkaTable:
 
     async def put(self, key: str, value: bytes | None) -> None:
         """Write through Kafka (waits for the delivery report), then update the view."""
-        await self.producer.send(self.topic, value, key.encode())
-        self._apply(key, value)
+        await self.put_soon(key, value)
+
+    def put_soon(self, key: str, value: bytes | None) -> Awaitable[None]:
+        """Produce the write now, in call order; awaiting the result waits for Kafka's delivery
+        report and then updates the view."""
+        delivered = self.producer.send_soon(self.topic, value, key.encode())
+
+        async def applied() -> None:
+            await delivered
+            self._apply(key, value)
+
+        return applied()
 
     def items_for(self, device: str) -> Iterator[tuple[str, bytes]]:
         with self._lock:
@@ -224,10 +234,17 @@ class PresenceStore:
         self.table = table
 
     async def save(self, session: Session) -> None:
-        await self.table.put(session.client_id, json.dumps(dataclasses.asdict(session)).encode())
+        await self.save_soon(session)
 
     async def delete(self, client_id: str) -> None:
-        await self.table.put(client_id, None)
+        await self.delete_soon(client_id)
+
+    def save_soon(self, session: Session) -> Awaitable[None]:
+        """Produced now (see KafkaTable.put_soon); await for Kafka's confirmation."""
+        return self.table.put_soon(session.client_id, json.dumps(dataclasses.asdict(session)).encode())
+
+    def delete_soon(self, client_id: str) -> Awaitable[None]:
+        return self.table.put_soon(client_id, None)
 
     def load(self) -> list[Session]:
         with self.table._lock:

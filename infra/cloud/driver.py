@@ -46,7 +46,7 @@ from gateways.wiring import gateway_definitions
 from infra.cloud import registration, route53
 from infra.cloud.regions import UnknownRegionError, validate_aws_region
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
-from infra.device_registry import DeviceRegistry, sync_gateway
+from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.local.tls import LocalCA
 from infra.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
@@ -484,14 +484,7 @@ class CloudDriver:
         stays the truth, and `fedgate devices sync` pushes it again.  A region
         added later gets the whole registry in its boot definitions.
         """
-
-        def push(admin: RabbitAdmin) -> None:
-            if added is not None and added.users:
-                admin.import_users(added)
-            for device in revoked:
-                admin.remove_user(device, "device revoked")
-
-        return self._on_every_region(push)
+        return self._on_every_region(lambda admin: apply_to_gateway(admin, added, revoked))
 
     def sync_devices(self, hashes: Mapping[str, str]) -> dict[str, str]:
         """Make every cloud region's device users exactly the registry's (see sync_gateway)."""

@@ -33,7 +33,7 @@ from backend import contract as c
 from backend.devices import device_users
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
-from infra.device_registry import DeviceRegistry, sync_gateway
+from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
 from infra.local import processes
 from infra.local.nodes import (
     NODE_CLASSES,
@@ -516,7 +516,7 @@ class LocalFederation:
         fleet = device_users({d: hashes[d] for d in issued})
         for gw in self.gateways():
             if gw.is_running():
-                gw.admin().import_users(fleet)
+                apply_to_gateway(gw.admin(), fleet, [])
         return issued
 
     def revoke_devices(self, ids: Iterable[str]) -> dict[str, int]:
@@ -526,9 +526,8 @@ class LocalFederation:
         closed = dict.fromkeys(gone, 0)
         for gw in self.gateways():
             if gw.is_running():
-                admin = gw.admin()
-                for d in gone:
-                    closed[d] += admin.remove_user(d, "device revoked")
+                for d, n in apply_to_gateway(gw.admin(), None, gone).items():
+                    closed[d] += n
         return closed
 
     def sync_devices(self) -> dict[str, list[str]]:

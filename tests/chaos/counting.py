@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
+from backend import contract as c
+from backend.kafka_read import read_records
 from fedgate.devices import DeviceError, SimDevice
 from tests.helpers import device, record_counts
 
-TOPIC = "telemetry.telemetry"
+TOPIC = c.KAFKA_TELEMETRY_TOPIC
 
 
 class Fleet:
@@ -78,34 +77,17 @@ class Fleet:
 
 def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 90.0) -> dict[str, list[int]]:
     """Every seq of these devices in Kafka in partition order, once `expect` arrived and 3 s were quiet."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"t-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
+    records = read_records(
+        bootstrap,
+        TOPIC,
+        lambda m, _h: (m.key() or b"").decode(errors="replace") in devices,
+        expect,
+        timeout=timeout,
+        settle_s=3.0,
     )
-    md = consumer.list_topics(TOPIC, timeout=10)
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in md.topics[TOPIC].partitions])
     got: dict[str, list[int]] = {d: [] for d in devices}
-    n = 0
-    deadline = time.monotonic() + timeout
-    idle_since = time.monotonic()
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                if n >= expect and time.monotonic() - idle_since > 3:
-                    break
-                continue
-            key = (msg.key() or b"").decode()
-            if key in got:
-                got[key].append(json.loads(msg.value())["seq"])
-                n += 1
-                idle_since = time.monotonic()
-    finally:
-        consumer.close()
+    for msg, _ in records:
+        got[(msg.key() or b"").decode()].append(json.loads(msg.value())["seq"])
     return got
 
 

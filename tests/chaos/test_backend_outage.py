@@ -143,7 +143,7 @@ def test_the_routers_resume_bridging_after_the_backend_restart(federation, endpo
             d.publish(f"devices/{dev_id}/telemetry/t{i}", {"seq": i})
     recs = kafka_records(
         endpoints,
-        "telemetry.telemetry",
+        c.KAFKA_TELEMETRY_TOPIC,
         lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id,
         expect=20,
         timeout=60,

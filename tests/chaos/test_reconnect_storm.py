@@ -94,7 +94,7 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
 
         readings = kafka_records(
             endpoints,
-            "telemetry.telemetry",
+            c.KAFKA_TELEMETRY_TOPIC,
             lambda m, h: h.get(c.KAFKA_DEVICE_HEADER, "").startswith(f"storm-{uid}-"),
             expect=DEVICES,
             timeout=60,

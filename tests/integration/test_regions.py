@@ -45,7 +45,7 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
             got = tap.drain(expect=1, timeout=15)
         assert [m.region for m in got] == [region], "telemetry reached the backend tagged with the new region"
         recs = kafka_records(
-            ep, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, 1
+            ep, c.KAFKA_TELEMETRY_TOPIC, lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, 1
         )
         assert recs and recs[0][1][c.KAFKA_REGION_HEADER] == region, "and Kafka"
     finally:

@@ -61,6 +61,30 @@ def test_a_device_that_roams_gets_later_commands_once_at_its_new_gateway(endpoin
         new.close()
 
 
+def test_commands_sent_between_connect_and_subscribe_wait_for_the_subscription(endpoints, uid):
+    """MQTT drops a message for a topic nobody subscribes to: a device that has connected but
+    not subscribed yet would lose commands sent in that window (every reconnect of a clean
+    session has one).  The router holds them and sends them when the subscription appears."""
+    dev_id = f"early-{uid}"
+    d = device(endpoints, "local-eu", dev_id)
+    try:
+        wait_present(endpoints, dev_id, "local-eu")
+        held = router_metrics(endpoints).get('fedgate_router_held_total{region="local-eu"}', 0)
+        for i in range(3):
+            send(endpoints, dev_id, "early", str(i))
+        _wait_metric(endpoints, 'fedgate_router_held_total{region="local-eu"}', held + 3)
+        time.sleep(0.5)
+        assert d.received == [], "nothing reached the device before it subscribed"
+        d.subscribe(c.device_command_topic(dev_id, "#"))
+        d.wait_for(3, timeout=15)
+        send(endpoints, dev_id, "later", "3")  # subscribed now: routed straight to it
+        d.wait_for(4, timeout=15)
+        time.sleep(1.0)
+        assert [r.payload for r in d.received] == [b"0", b"1", b"2", b"3"], "each once, in order"
+    finally:
+        d.close()
+
+
 def test_commands_for_an_offline_device_are_parked_and_delivered_in_order_on_reconnect(endpoints, uid):
     dev_id = f"sleeper-{uid}"
     d = device(endpoints, "local-eu", dev_id)
@@ -113,7 +137,7 @@ def test_telemetry_is_bridged_into_kafka_with_key_and_headers(endpoints, uid):
         for i in range(5):
             d.publish(f"devices/{dev_id}/telemetry/temp", {"seq": i})
     recs = kafka_records(
-        endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=5
+        endpoints, c.KAFKA_TELEMETRY_TOPIC, lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=5
     )
     assert [json.loads(m.value())["seq"] for m, _ in recs] == [0, 1, 2, 3, 4]
     for m, h in recs:
@@ -159,7 +183,7 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_the_router_keeps_run
     assert any("not valid UTF-8" in r for r in reasons)
     assert any("names no device" in r for r in reasons)
     ok = kafka_records(
-        endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=1
+        endpoints, c.KAFKA_TELEMETRY_TOPIC, lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=1
     )
     assert [m.value() for m, _ in ok] == [b'{"after": "poison"}']
 

@@ -100,7 +100,7 @@ def test_a_device_cannot_publish_as_another(endpoints, federation, uid):
         b.publish(c.device_telemetry_topic(b_id), b'{"genuine": true}')
     recs = kafka_records(
         endpoints,
-        "telemetry.telemetry",
+        c.KAFKA_TELEMETRY_TOPIC,
         lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == b_id,
         expect=2,
         timeout=10,

@@ -33,7 +33,7 @@ def test_a_device_over_tls_checks_the_gateway_and_its_readings_arrive(endpoints,
         assert isinstance(sock, ssl.SSLSocket) and sock.version() in ("TLSv1.3", "TLSv1.2")
         d.publish(c.device_telemetry_topic(dev_id), b'{"over": "tls"}')
     recs = kafka_records(
-        endpoints, "telemetry.telemetry", lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=1
+        endpoints, c.KAFKA_TELEMETRY_TOPIC, lambda m, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id, expect=1
     )
     assert [m.value() for m, _ in recs] == [b'{"over": "tls"}']
     assert recs[0][1][c.KAFKA_REGION_HEADER] == "local-eu"
