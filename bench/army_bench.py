@@ -161,11 +161,15 @@ class HopSampler(threading.Thread):
         self.backend = fed.backend().admin(timeout=3)
         self.shards = {c.uplink_shard_queue(i) for i in range(fed.settings.uplink_shards)}
         self.peak = {"gateway_federation": 0, "backend_shards": 0}
-        self.markers = {
-            "gateway": [fed.gateways()[0].marker],
-            "backend": [fed.backend().marker],
-            "routers": [fed.node(s.name).marker for s in fed.specs() if s.role == ROLE_ROUTER],
-            "kafka": [fed.kafka().marker],
+        # the nodes' processes stay the same through a step: looked up once
+        self.pids = {
+            part: [pid for n in nodes for pid in processes.marked_pids(n.marker)]
+            for part, nodes in {
+                "gateway": [fed.gateways()[0]],
+                "backend": [fed.backend()],
+                "routers": [fed.node(s.name) for s in fed.specs() if s.role == ROLE_ROUTER],
+                "kafka": [fed.kafka()],
+            }.items()
         }
         #: (part, pid) -> CPU seconds when first and last seen: the army's workers exit
         #: before the sampler stops, so their last reading is kept
@@ -175,9 +179,9 @@ class HopSampler(threading.Thread):
         self.t0 = time.monotonic()
 
     def _sample_cpu(self) -> None:
-        parts = {part: [p for m in ms for p in processes.marked_pids(m)] for part, ms in self.markers.items()}
-        parts["army"] = [p.pid for p in mp.active_children() if p.pid is not None]
-        for part, pids in parts.items():
+        # the army's worker processes come and go with each run
+        army_pids = [p.pid for p in mp.active_children() if p.pid is not None]
+        for part, pids in {**self.pids, "army": army_pids}.items():
             for pid in pids:
                 cpu = cpu_seconds([pid])
                 self.cpu_first.setdefault((part, pid), cpu)
@@ -186,7 +190,7 @@ class HopSampler(threading.Thread):
     def cpu_cores(self) -> dict[str, float]:
         """Cores each part used over the step (2.0 = both cores all the time)."""
         elapsed = max(time.monotonic() - self.t0, 1e-3)
-        used: dict[str, float] = dict.fromkeys([*self.markers, "army"], 0.0)
+        used: dict[str, float] = dict.fromkeys([*self.pids, "army"], 0.0)
         for key, last in self.cpu_last.items():
             used[key[0]] += last - self.cpu_first[key]
         return {part: round(sec / elapsed, 2) for part, sec in used.items()}

@@ -49,8 +49,6 @@ from infra.local import processes
 from infra.local.driver import LocalFederation
 from router.kafka import ensure_topics
 
-#: The Kafka topic the bridge maps device telemetry to (topic mapping "telemetry").
-TELEMETRY_TOPIC = c.KAFKA_TELEMETRY_TOPIC
 #: Where the references read the same records: the job's topic pattern does not match it.
 REFERENCE_TOPIC = "bench.spark-reference"
 SPARK_NODE = "spark"
@@ -268,9 +266,9 @@ def burst(fed: LocalFederation, log: CommitLog, n: int, *, aggregates: bool) -> 
     spark_node = fed.node(SPARK_NODE)
     log.poll()
     t0 = time.time()
-    produce_records(bootstrap, TELEMETRY_TOPIC, n)
+    produce_records(bootstrap, c.KAFKA_TELEMETRY_TOPIC, n)
     produced_s = time.time() - t0
-    target = topic_end(bootstrap, TELEMETRY_TOPIC)
+    target = topic_end(bootstrap, c.KAFKA_TELEMETRY_TOPIC)
     since_ms = int(t0 * 1000)
     caught_up: dict[str, float] = {}
     deadline = time.monotonic() + 900
@@ -334,7 +332,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
 
     progress(f"reference: {n_backlog} bridge records into {REFERENCE_TOPIC}")
     # as many partitions as the bridge's topics, so that Spark reads both with the same parallelism
-    partitions = topic_partitions(bootstrap, TELEMETRY_TOPIC)
+    partitions = topic_partitions(bootstrap, c.KAFKA_TELEMETRY_TOPIC)
     ensure_topics(bootstrap, [REFERENCE_TOPIC], partitions, 1)
     topic_end(bootstrap, REFERENCE_TOPIC)  # returns once every partition has its leader
     produce_records(bootstrap, REFERENCE_TOPIC, n_backlog)

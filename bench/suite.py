@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from bench import army_bench, router_bench, spark_bench
+from bench.router_bench import progress
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER, ROLE_SPARK
 from infra.local.settings import PROJECT_ROOT, load_settings
@@ -33,10 +34,6 @@ BENCHMARKS: dict[str, ModuleType] = {"spark": spark_bench, "router": router_benc
 #: The army runs two routers, as a production backend would.
 ROUTERS = 2
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
-
-
-def progress(msg: str) -> None:
-    router_bench.progress(msg)
 
 
 def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
@@ -56,16 +53,17 @@ def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
 def set_services(fed: LocalFederation, *, routers: bool, spark: bool) -> None:
     """Every broker running (a benchmark may have stopped one to measure a reference), and
     the federation's routers and Spark job started or stopped as the next benchmark wants."""
-    restarted = False
+    services = {ROLE_ROUTER: routers, ROLE_SPARK: spark}
+    broker_started = False
     for spec in fed.specs():
         running = fed.node(spec.name).is_running()
-        want = {ROLE_ROUTER: routers, ROLE_SPARK: spark}.get(spec.role, True)
+        want = services.get(spec.role, True)  # a broker is always wanted
         if want and not running:
             fed.start_node(spec.name)
-            restarted = restarted or spec.role not in (ROLE_ROUTER, ROLE_SPARK)
+            broker_started = broker_started or spec.role not in services
         elif running and not want:
             fed.stop_node(spec.name)
-    if restarted:
+    if broker_started:
         fed.wait_for_links()
 
 

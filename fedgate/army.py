@@ -47,8 +47,6 @@ import paho.mqtt.client as mqtt
 
 from backend import contract as c
 
-#: The Kafka topic the bridge maps `devices/<id>/telemetry` to.
-TELEMETRY_TOPIC = c.KAFKA_TELEMETRY_TOPIC
 REPORT_EVERY_S = 0.5
 
 
@@ -450,7 +448,7 @@ def worker_main(cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: 
 class KafkaVerifier(threading.Thread):
     """Reads the telemetry topic from where it ended before the run: what each army device has there."""
 
-    def __init__(self, bootstrap: str, prefix: str, topic: str = TELEMETRY_TOPIC):
+    def __init__(self, bootstrap: str, prefix: str, topic: str = c.KAFKA_TELEMETRY_TOPIC):
         super().__init__(daemon=True, name="army-kafka")
         # imported here: the worker processes import this module and never read Kafka
         from backend import kafka_read
@@ -592,7 +590,7 @@ class Target:
     specs: list[DeviceSpec]
     regions: list[str]
     kafka_bootstrap: str
-    kafka_topic: str = TELEMETRY_TOPIC
+    kafka_topic: str = c.KAFKA_TELEMETRY_TOPIC
     commands: CommandOpener | None = None
     ca_file: str | None = None
     #: kill(region) and restart(region) for plan.kill_gateway
@@ -813,13 +811,14 @@ def run_fleet(
     return report
 
 
-def _p50_by_third(verifier: KafkaVerifier, start_ms: float, end_ms: float) -> list[float | None]:
+def _p50_by_third(samples: list[tuple[float, float]], start_ms: float, end_ms: float) -> list[float | None]:
+    """The median latency of each third of [start_ms, end_ms), by send time."""
     thirds: list[list[float]] = [[], [], []]
     span = max(end_ms - start_ms, 1e-3)
-    for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True):
+    for lat, sent in samples:
         if start_ms <= sent < end_ms:
             thirds[min(2, int(3 * (sent - start_ms) / span))].append(lat)
-    return [percentiles(t)["p50"] for t in thirds]
+    return [percentile(t, 0.50) for t in thirds]
 
 
 def _report(
@@ -834,6 +833,13 @@ def _report(
     t0: float,
 ) -> dict[str, Any]:
     acked = {d: seqs for w in done.values() for d, seqs in w["acked"].items()}
+    # (latency, send time) of the readings sent after the warm-up (plan.warmup_s)
+    warm_from_ms = (t0 + plan.warmup_s) * 1000
+    after_warmup = [
+        (lat, sent)
+        for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True)
+        if sent >= warm_from_ms
+    ]
     lost = sum(len(set(seqs) - set(verifier.seen.get(d, []))) for d, seqs in acked.items())
     in_kafka = sum(len(v) for v in verifier.seen.values())
     distinct = sum(len(set(v)) for v in verifier.seen.values())
@@ -863,27 +869,15 @@ def _report(
             "duplicated": in_kafka - distinct,
             "acked_per_s": round(total_acked / plan.duration_s, 1),
             # after the warm-up (plan.warmup_s), and over the whole run
-            "latency_ms": percentiles(
-                [
-                    lat
-                    for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True)
-                    if sent >= (t0 + plan.warmup_s) * 1000
-                ]
-            ),
+            "latency_ms": percentiles([lat for lat, _ in after_warmup]),
             "latency_all_ms": percentiles(verifier.latency_ms),
             # the median of each third of the run after the warm-up, by send time: a latency
             # that grows from third to third is a queue building up, not a steady state
             "latency_p50_by_third_ms": _p50_by_third(
-                verifier, (t0 + plan.warmup_s) * 1000, (t0 + plan.duration_s) * 1000
+                after_warmup, warm_from_ms, (t0 + plan.duration_s) * 1000
             ),
             # the latency after the warm-up at 1%, 2%, ... 100%: the CDF
-            "latency_cdf_ms": quantiles(
-                [
-                    lat
-                    for lat, sent in zip(verifier.latency_ms, verifier.sent_ms, strict=True)
-                    if sent >= (t0 + plan.warmup_s) * 1000
-                ]
-            ),
+            "latency_cdf_ms": quantiles([lat for lat, _ in after_warmup]),
         },
         "downlink": {
             "sent": commands.total if commands else 0,

@@ -502,13 +502,7 @@ class Downlink:
                 # is something to deliver (a reconnect wave would otherwise queue
                 # every command behind thousands of calls).
                 if self.parking.for_device(device) or self.desired.for_device(device):
-                    filters = await self._existing_filters(change.session)
-                    self._filters_asked.add(change.session.connection)
-                    if filters is None:  # the gateway could not say: route as if subscribed
-                        self._filters.pop(change.session.connection, None)
-                    else:
-                        self._filters[change.session.connection].update(filters)
-                        await self._deliver_pending(change.session, filters)
+                    await self._use_filters(change.session, await self._existing_filters(change.session))
             return written
 
     def _write_presence(self, key: str, change: Any) -> Awaitable[None] | None:
@@ -578,18 +572,26 @@ class Downlink:
             async with self._lock:
                 if self.presence.get(session.client_id) != session:
                     return  # the session ended meanwhile; its commands stay parked
-                if filters is None:
-                    # the gateway could not say: send as before subscriptions were tracked
-                    self._filters.pop(session.connection, None)
+                if not await self._use_filters(session, filters):
+                    # the held commands go out as they did before subscriptions were tracked
                     await self._deliver_pending(session, ["#"])
-                elif filters:
-                    self._filters.setdefault(session.connection, set()).update(filters)
-                    await self._deliver_pending(session, filters)
 
         task = asyncio.create_task(ask())
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
         task.add_done_callback(_log_check_error)
+
+    async def _use_filters(self, session: Session, filters: list[str] | None) -> bool:
+        """Take what the gateway said about a session's subscriptions and deliver what they
+        match; False when it could not say (the session then counts as subscribed)."""
+        self._filters_asked.add(session.connection)
+        if filters is None:
+            self._filters.pop(session.connection, None)
+            return False
+        if session.connection in self._filters:
+            self._filters[session.connection].update(filters)
+        await self._deliver_pending(session, filters)
+        return True
 
     def _forget_connection(self, connection: str) -> None:
         self._replayed.pop(connection, None)

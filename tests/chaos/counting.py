@@ -21,8 +21,6 @@ from backend.kafka_read import read_records
 from fedgate.devices import DeviceError, SimDevice
 from tests.helpers import device, record_counts
 
-TOPIC = c.KAFKA_TELEMETRY_TOPIC
-
 
 class Fleet:
     """Devices publishing numbered messages from background threads, one thread each."""
@@ -79,7 +77,7 @@ def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 9
     """Every seq of these devices in Kafka in partition order, once `expect` arrived and 3 s were quiet."""
     records = read_records(
         bootstrap,
-        TOPIC,
+        c.KAFKA_TELEMETRY_TOPIC,
         lambda m, _h: (m.key() or b"").decode(errors="replace") in devices,
         expect,
         timeout=timeout,

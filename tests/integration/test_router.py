@@ -72,9 +72,8 @@ def test_commands_sent_between_connect_and_subscribe_wait_for_the_subscription(e
         held = router_metrics(endpoints).get('fedgate_router_held_total{region="local-eu"}', 0)
         for i in range(3):
             send(endpoints, dev_id, "early", str(i))
+        # held, not routed: routed now, MQTT would drop them (nobody subscribes to the topic yet)
         _wait_metric(endpoints, 'fedgate_router_held_total{region="local-eu"}', held + 3)
-        time.sleep(0.5)
-        assert d.received == [], "nothing reached the device before it subscribed"
         d.subscribe(c.device_command_topic(dev_id, "#"))
         d.wait_for(3, timeout=15)
         send(endpoints, dev_id, "later", "3")  # subscribed now: routed straight to it
