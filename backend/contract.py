@@ -22,6 +22,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from backend.errors import FedgateError
+
 # --- backend -------------------------------------------------------------
 
 #: Cluster name of the backend; federation uses cluster names to detect cycles.
@@ -116,7 +118,7 @@ RECEIVED_FROM_HEADER = "x-received-from"
 REGION_RE = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
 
 
-class InvalidRegionError(ValueError):
+class InvalidRegionError(FedgateError, ValueError):
     """A region name that cannot name exchanges, users and nodes."""
 
 

@@ -1,7 +1,7 @@
 """Declarative RabbitMQ objects: what a node must hold, as plain data.
 
 The federation wiring (backend/wiring.py, gateways/wiring.py) returns these;
-an applier (infra/rabbitmq_admin.py) makes a live node match them through the
+an applier (backend/rabbitmq_admin.py) makes a live node match them through the
 management API.  Keeping the wiring as data lets the local driver and the
 cloud driver share it and lets unit tests check it without a broker.
 """

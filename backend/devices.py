@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from backend import contract as c
 from backend.definitions import NodeDefinitions, Permission, TopicPermission, User
+from backend.errors import FedgateError
 
 #: Device ids: they are MQTT user names and topic segments, and RabbitMQ
 #: puts them into the topic regexes as they are, so no regex characters.
@@ -39,7 +40,7 @@ PUBLISH_PATTERN = r"^devices\.{username}\."
 SUBSCRIBE_PATTERN = r"^devices\.{username}\.commands\."
 
 
-class DeviceRegistryError(ValueError):
+class DeviceRegistryError(FedgateError, ValueError):
     pass
 
 

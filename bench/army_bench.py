@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
+from backend.rabbitmq_admin import AdminError
 from bench.baseline import Baseline
 from bench.router_bench import cpu_seconds, kafka_produce, progress
 from fedgate import army
@@ -48,7 +49,6 @@ from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER
 from infra.local.settings import PROJECT_ROOT
-from infra.rabbitmq_admin import AdminError
 
 #: The baseline broker's port, beside the bench federation's block.
 BASELINE_PORT_OFFSET = 600

@@ -16,10 +16,11 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
+from backend.errors import FedgateError
 from fedgate.resolver import Endpoint, NearestHealthyResolver
 
 
-class DeviceError(RuntimeError):
+class DeviceError(FedgateError):
     pass
 
 

@@ -25,7 +25,7 @@ from backend.devices import (
     password_hash,
     validate_device_id,
 )
-from infra.rabbitmq_admin import RabbitAdmin
+from backend.rabbitmq_admin import RabbitAdmin
 from infra.secrets_file import write_private_json
 
 

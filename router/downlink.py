@@ -37,7 +37,13 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
-from infra.rabbitmq_admin import AdminError, RabbitAdmin
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
+from gateways.mqtt_plugin import (
+    SUBSCRIPTION_QUEUE_PREFIX,
+    client_id_of_queue,
+    filter_of_binding_key,
+)
+from gateways.mqtt_plugin import text as _text
 from router.kafka import AsyncProducer
 from router.metrics import Metrics
 from router.presence import PresenceTable, Session
@@ -45,8 +51,6 @@ from router.settings import RouterSettings
 from router.stores import DesiredState, Parked, ParkingLot, PresenceStore
 
 log = logging.getLogger(__name__)
-
-SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"
 
 #: How long the gateways' management API may take to list a new connection.
 LISTING_LAG_S = 10.0
@@ -76,21 +80,6 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if i >= len(t) or (part != "+" and part != t[i]):
             return False
     return len(f) == len(t)
-
-
-def client_id_of_queue(queue: str) -> str | None:
-    """mqtt-subscription-<client id>qos<0|1> -> client id."""
-    if not queue.startswith(SUBSCRIPTION_QUEUE_PREFIX) or queue[-4:-1] != "qos":
-        return None
-    return queue[len(SUBSCRIPTION_QUEUE_PREFIX) : -4] or None
-
-
-def filter_of_binding_key(key: str) -> str:
-    return "".join("/" if ch == "." else "." if ch == "/" else "+" if ch == "*" else ch for ch in key)
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class Downlink:

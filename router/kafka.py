@@ -18,12 +18,14 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from backend.errors import FedgateError
+
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(FedgateError):
     """Kafka cannot be reached (retriable)."""
 
     retriable = True

@@ -12,7 +12,6 @@ and whose old connection closes later stays where it is now).
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -20,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend import contract as c
-
-_CLIENT_ID_IN_MAP = re.compile(r'<<"client_id">>\s*=>\s*<<"((?:[^"\\]|\\.)*)">>')
+from gateways import mqtt_plugin
+from gateways.mqtt_plugin import text as _text
 
 
 @dataclass(frozen=True)
@@ -48,28 +47,6 @@ class Change:
     refused: bool = False
     #: the event lacked what every gateway event carries (ignored says what)
     malformed: bool = False
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def client_id_from_event(headers: Mapping[str, Any]) -> str | None:
-    """The MQTT client id of a connection.created event, None for non-MQTT connections.
-
-    RabbitMQ 3.10 sends `variable_map` as Erlang-formatted text
-    (#{<<"client_id">> => <<"dev-1">>}); newer versions send a table.
-    """
-    if "MQTT" not in _text(headers.get("protocol", "")):
-        return None
-    vm = headers.get("variable_map")
-    if isinstance(vm, Mapping):
-        cid = vm.get("client_id")
-        return _text(cid) if cid is not None else None
-    if vm is None:
-        return None
-    m = _CLIENT_ID_IN_MAP.search(_text(vm))
-    return m.group(1).encode().decode("unicode_escape") if m else None
 
 
 class PresenceTable:
@@ -132,7 +109,7 @@ class PresenceTable:
         if region is None or not node or not name:
             return Change(None, ignored="event without region, node or connection name", malformed=True)
         if routing_key == "connection.created":
-            cid = client_id_from_event(headers)
+            cid = mqtt_plugin.client_id_from_event(headers)
             if cid is None:
                 return Change(None, ignored="not an MQTT connection")
             refused = impersonation(cid, _text(headers.get("user", "")))
@@ -159,14 +136,9 @@ def impersonation(client_id: str, user: str) -> str:
 
 
 def sessions_from_management(region: str, connections: list[dict[str, Any]]) -> list[Session]:
-    """Sessions from a gateway's /api/connections (rebuild at start)."""
-    out = []
-    for conn in connections:
-        if "MQTT" not in str(conn.get("protocol", "")):
-            continue
-        props = conn.get("client_properties") or {}
-        cid = props.get("client_id") or (conn.get("variable_map") or {}).get("client_id")
-        if not cid or impersonation(str(cid), str(conn.get("user") or "")):
-            continue
-        out.append(Session(str(cid), region, conn["node"], conn["name"], int(conn.get("connected_at") or 0)))
-    return out
+    """Sessions from a gateway's /api/connections (rebuild at start); impostors left out."""
+    return [
+        Session(conn.client_id, region, conn.node, conn.name, conn.connected_at)
+        for conn in mqtt_plugin.mqtt_connections(connections)
+        if not impersonation(conn.client_id, conn.user)
+    ]

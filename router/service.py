@@ -25,6 +25,7 @@ from pathlib import Path
 import aio_pika
 import aio_pika.exceptions
 
+from backend.errors import FedgateError
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, producer_config
@@ -47,7 +48,7 @@ log = logging.getLogger("router")
 DRAIN_TIMEOUT_S = 30.0
 
 
-class StartupError(RuntimeError):
+class StartupError(FedgateError):
     pass
 
 

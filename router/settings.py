@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from backend import contract as c
+from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
 from router.topics import DEFAULT_RULES, Rule, RuleError, parse_rules
 
 
-class RouterSettingsError(ValueError):
+class RouterSettingsError(FedgateError, ValueError):
     pass
 
 

@@ -27,13 +27,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.errors import FedgateError
+
 KAFKA_TOPIC_MAX = 249
 _LEGAL = re.compile(r"[a-zA-Z0-9.-]")
 _VAR = re.compile(r"^\{([a-z_][a-z0-9_]*)(?::([^{}]+))?\}$")
 _TEMPLATE_VAR = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
-class RuleError(ValueError):
+class RuleError(FedgateError, ValueError):
     """A mapping rule is malformed; raised when settings are loaded, not per message."""
 
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from backend.errors import FedgateError
 from spark.settings import SparkSettings
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 
 
-class SparkSetupError(RuntimeError):
+class SparkSetupError(FedgateError):
     pass
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
+from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def default_jars_dir() -> str:
     return str(cache / SPARK_KAFKA_JARS)
 
 
-class SparkSettingsError(ValueError):
+class SparkSettingsError(FedgateError, ValueError):
     pass
 
 

@@ -14,7 +14,7 @@
    exists already plans no changes and applies nothing;
 4. records the outputs (``outputs.json``);
 5. registers the region with the backend (backend/wiring.py definitions,
-   applied by infra/rabbitmq_admin.py) and checks with boto3 that the
+   applied by backend/rabbitmq_admin.py) and checks with boto3 that the
    latency record and its health check are what devices need.
 
 ``remove(region)`` deregisters it from the backend, plans a destroy, applies
@@ -41,6 +41,8 @@ from python_terraform import IsFlagged, Terraform
 from backend import contract as c
 from backend.definitions import NodeDefinitions
 from backend.devices import device_users
+from backend.errors import FedgateError
+from backend.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
 from backend.wiring import AmqpEndpoint
 from gateways.wiring import gateway_definitions
 from infra.cloud import registration, route53
@@ -49,7 +51,6 @@ from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.local.tls import LocalCA
-from infra.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
 from infra.secrets_file import SecretsFile, write_private_json
 
 MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"
@@ -62,7 +63,7 @@ Progress = Callable[[str], None]
 Confirm = Callable[[str], bool]
 
 
-class CloudError(RuntimeError):
+class CloudError(FedgateError):
     """A cloud region could not be added, removed or read; the message says what to do."""
 
 

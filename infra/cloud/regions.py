@@ -7,10 +7,12 @@ import functools
 
 import boto3
 
+from backend.errors import FedgateError
+
 LOCAL_PREFIX = "local-"
 
 
-class UnknownRegionError(ValueError):
+class UnknownRegionError(FedgateError, ValueError):
     """Not a region fedgate can stamp out; the message lists the closest names."""
 
 

@@ -1,7 +1,7 @@
 """The backend's side of a cloud region, through the backend's management API.
 
 The same definitions the local driver applies (backend/wiring.py), applied
-with infra/rabbitmq_admin.py: an upstream per region pointing at the region's
+with backend/rabbitmq_admin.py: an upstream per region pointing at the region's
 load balancer, the region's downlink exchange and its link user, and the
 upstream sets listing every registered region.  Idempotent.
 """
@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from backend import contract as c
 from backend.definitions import NodeDefinitions
+from backend.rabbitmq_admin import VHOST, RabbitAdmin
 from backend.wiring import (
     PRESENCE_POLICY,
     PRESENCE_UPSTREAM_SET,
@@ -23,7 +24,6 @@ from backend.wiring import (
     GatewayLink,
     backend_definitions,
 )
-from infra.rabbitmq_admin import VHOST, RabbitAdmin
 
 
 def register_regions(

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from backend.errors import FedgateError
+
 MQTT_PORT = 1883
 
 
-class Route53VerificationError(RuntimeError):
+class Route53VerificationError(FedgateError):
     """The record or its health check is missing or wrong; the message lists every problem."""
 
 

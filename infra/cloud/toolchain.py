@@ -18,6 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend.errors import FedgateError
+
 #: The provider fedgate's modules are written against (versions.tf allows >= 5.40, < 6.0).
 AWS_PROVIDER = "registry.terraform.io/hashicorp/aws"
 AWS_PROVIDER_MAJOR = 5
@@ -29,7 +31,7 @@ INSTALL_HINT = (
 )
 
 
-class ToolchainError(RuntimeError):
+class ToolchainError(FedgateError):
     """Terraform or the AWS provider is missing; the message says what to install."""
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 from backend import contract as c
 from backend.devices import device_users
+from backend.errors import FedgateError
+from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
@@ -53,7 +55,6 @@ from infra.local.nodes import (
 )
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
-from infra.rabbitmq_admin import AdminError
 from infra.secrets_file import SecretsFile
 
 Progress = Callable[[str], None]
@@ -80,7 +81,7 @@ def gateway_node_name(region: str) -> str:
     return "gw-" + c.validate_region(region)
 
 
-class FederationError(RuntimeError):
+class FederationError(FedgateError):
     """`up` could not bring the federation up; nothing it started is left running."""
 
 

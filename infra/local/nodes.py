@@ -34,10 +34,11 @@ from string import Template
 from typing import Any
 
 from backend.contract import ADMIN_USER, gateway_cluster_name
+from backend.errors import FedgateError
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from infra.local import processes
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.local.tls import LocalCA, tls_listeners_conf
-from infra.rabbitmq_admin import AdminError, RabbitAdmin
 
 ROLE_EPMD = "epmd"
 ROLE_BACKEND = "backend"
@@ -51,7 +52,7 @@ ROLE_SPARK = "spark"
 ERL_SHARED_HOST_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 
-class NodeError(RuntimeError):
+class NodeError(FedgateError):
     """A node cannot start or is not ready; the message names the node and its log."""
 
 

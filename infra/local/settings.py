@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.contract import InvalidRegionError, validate_region
+from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
 from spark.settings import SPARK_KAFKA_JARS
 
@@ -43,7 +44,7 @@ def ephemeral_port_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-class SettingsError(ValueError):
+class SettingsError(FedgateError, ValueError):
     """A setting is missing or wrong; the message names the field."""
 
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from backend.errors import FedgateError
+
 CA_DAYS = 3650
 NODE_DAYS = 730
 CA_SUBJECT = "/O=fedgate/CN=fedgate local CA"
 
 
-class TlsError(RuntimeError):
+class TlsError(FedgateError):
     pass
 
 

@@ -18,8 +18,8 @@ from backend.devices import (
     password_hash,
     verify,
 )
+from backend.rabbitmq_admin import definitions_file
 from infra.device_registry import DeviceRegistry
-from infra.rabbitmq_admin import definitions_file
 
 
 def test_the_hash_is_rabbitmqs_salted_sha256():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backend.devices import device_users, password_hash
-from infra.rabbitmq_admin import RabbitAdmin
+from backend.rabbitmq_admin import RabbitAdmin
 from tests.unit.cloud.fakes import fake_management_api
 
 

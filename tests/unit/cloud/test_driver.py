@@ -291,7 +291,7 @@ def test_device_changes_reach_every_applied_region_and_an_unreachable_one_is_nam
     tmp_path: Path, aws_env: None, fake_outputs: None
 ) -> None:
     from backend.devices import device_users, password_hash
-    from infra.rabbitmq_admin import RabbitAdmin
+    from backend.rabbitmq_admin import RabbitAdmin
 
     driver = _driver(tmp_path, _dns(), confirm=True)
     driver.add(REGION, plan_out=lambda s: None)

@@ -1,6 +1,6 @@
 import pytest
 
-from router.downlink import client_id_of_queue, filter_of_binding_key, topic_matches
+from router.downlink import topic_matches
 from router.metrics import Metrics
 
 
@@ -18,17 +18,6 @@ from router.metrics import Metrics
 )
 def test_mqtt_filter_matching(flt, topic, ok):
     assert topic_matches(flt, topic) is ok
-
-
-def test_subscription_queue_names_give_the_client_id():
-    assert client_id_of_queue("mqtt-subscription-dev-1qos1") == "dev-1"
-    assert client_id_of_queue("mqtt-subscription-dev-1qos0") == "dev-1"
-    assert client_id_of_queue("federation: amq.topic -> x") is None
-
-
-def test_binding_keys_become_mqtt_filters():
-    assert filter_of_binding_key("devices.d/1.commands.#") == "devices/d.1/commands/#"
-    assert filter_of_binding_key("devices.*.commands.*") == "devices/+/commands/+"
 
 
 def test_metrics_render_in_prometheus_text_format():

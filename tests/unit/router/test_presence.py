@@ -1,4 +1,5 @@
-from router.presence import PresenceTable, Session, client_id_from_event, sessions_from_management
+from gateways.mqtt_plugin import client_id_from_event
+from router.presence import PresenceTable, Session, sessions_from_management
 
 
 def created(cid, region, conn, at, node=None):

@@ -1,7 +1,9 @@
 """A small client for RabbitMQ's management HTTP API, and the definitions applier.
 
 Used by the local driver and the cloud driver to make a node hold the
-objects the federation wiring describes (backend/definitions.py).  Every call
+objects the federation wiring describes (backend/definitions.py), and by the
+router to ask the gateways about connections and subscriptions: it lives in
+backend/ so that the router never imports the deployment tool (infra/).  Every call
 is an idempotent PUT/POST, so applying the same definitions twice changes
 nothing; a failed call raises AdminError naming the object.
 """
@@ -29,18 +31,18 @@ from backend.definitions import (
     TopicPermission,
     User,
 )
+from backend.errors import FedgateError
 
 log = logging.getLogger(__name__)
 
 VHOST = "/"
 
 
-class AdminError(RuntimeError):
+class AdminError(FedgateError):
     """A management API call failed. `retriable` is True for connection-level failures."""
 
     def __init__(self, msg: str, *, retriable: bool = False, status: int | None = None):
-        super().__init__(msg)
-        self.retriable = retriable
+        super().__init__(msg, retriable=retriable)
         self.status = status
 
 

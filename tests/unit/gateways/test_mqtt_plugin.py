@@ -1,0 +1,79 @@
+"""The MQTT plugin's internals as the router reads them (gateways/mqtt_plugin.py)."""
+
+from gateways.mqtt_plugin import (
+    client_id_from_event,
+    client_id_of_queue,
+    filter_of_binding_key,
+    filters_of_bindings,
+    mqtt_connections,
+    subscription_from_event,
+    subscription_queue,
+)
+
+
+def test_subscription_queue_names_give_the_client_id():
+    assert client_id_of_queue("mqtt-subscription-dev-1qos1") == "dev-1"
+    assert client_id_of_queue("mqtt-subscription-dev-1qos0") == "dev-1"
+    assert client_id_of_queue(subscription_queue("dev-7", 1)) == "dev-7"
+    assert client_id_of_queue("federation: amq.topic -> x") is None
+    assert client_id_of_queue("mqtt-subscription-qos1") is None
+
+
+def test_binding_keys_become_mqtt_filters():
+    assert filter_of_binding_key("devices.d/1.commands.#") == "devices/d.1/commands/#"
+    assert filter_of_binding_key("devices.*.commands.*") == "devices/+/commands/+"
+
+
+def test_client_id_from_a_310_event_and_from_a_table():
+    erlang_text = {"protocol": "{'MQTT',\"3.1.1\"}", "variable_map": '#{<<"client_id">> => <<"dev-1">>}'}
+    assert client_id_from_event(erlang_text) == "dev-1"
+    assert client_id_from_event({"protocol": "MQTT", "variable_map": {"client_id": b"dev-2"}}) == "dev-2"
+    assert client_id_from_event({"protocol": "AMQP 0-9-1", "variable_map": {"client_id": "x"}}) is None
+    assert client_id_from_event({"protocol": "MQTT"}) is None
+
+
+def test_connection_listing_keeps_mqtt_connections_with_a_client_id():
+    listing = [
+        {
+            "protocol": "MQTT 3.1.1",
+            "client_properties": {"client_id": "d1"},
+            "node": "n",
+            "name": "c1",
+            "connected_at": 5,
+            "user": "d1",
+        },
+        {"protocol": "MQTT 3.1.1", "variable_map": {"client_id": "d2"}, "node": "n", "name": "c2"},
+        {"protocol": "AMQP 0-9-1", "client_properties": {}, "node": "n", "name": "c3"},
+        {"protocol": "MQTT 3.1.1", "client_properties": {}, "node": "n", "name": "c4"},
+    ]
+    conns = mqtt_connections(listing)
+    assert [(x.client_id, x.name, x.connected_at, x.user) for x in conns] == [
+        ("d1", "c1", 5, "d1"),
+        ("d2", "c2", 0, ""),
+    ]
+
+
+def test_binding_created_events_are_subscriptions_only_from_the_mqtt_exchange():
+    headers = {
+        "source_name": "amq.topic",
+        "destination_name": "mqtt-subscription-dev-1qos1",
+        "routing_key": "devices.dev-1.commands.#",
+        "x-received-from": [{"cluster-name": "local-eu"}],
+    }
+    made = subscription_from_event(headers)
+    assert made is not None
+    assert (made.client_id, made.region, made.topic_filter) == (
+        "dev-1",
+        "local-eu",
+        "devices/dev-1/commands/#",
+    )
+    assert subscription_from_event({**headers, "source_name": "fedgate.downlink"}) is None
+    assert subscription_from_event({**headers, "destination_name": "some-queue"}) is None
+
+
+def test_filters_of_bindings_leave_out_the_default_binding():
+    bindings = [
+        {"source": "", "routing_key": "mqtt-subscription-d1qos1"},
+        {"source": "amq.topic", "routing_key": "devices.d1.commands.#"},
+    ]
+    assert filters_of_bindings(bindings) == ["devices/d1/commands/#"]
