@@ -31,12 +31,19 @@ from typing import Any
 
 from backend import contract as c
 from backend.devices import device_users
-from backend.errors import FedgateError
 from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
-from infra.local import processes
+from infra.local import configs, processes
+from infra.local.layout import (
+    BACKEND_NODE,
+    KAFKA_NODE,
+    ROUTER_NODE,
+    FederationError,
+    gateway_node_name,
+    port_layout,
+)
 from infra.local.nodes import (
     NODE_CLASSES,
     ROLE_BACKEND,
@@ -58,93 +65,6 @@ from infra.local.tls import LocalCA, tls_server_name
 from infra.secrets_file import SecretsFile
 
 Progress = Callable[[str], None]
-
-#: Offsets of each node's ports from port_base.
-EPMD_OFFSET = 0
-KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11}
-BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23, "amqps": 24}
-GATEWAY_BASE_OFFSET = 100
-GATEWAY_STRIDE = 10
-GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4, "mqtts": 5, "amqps": 6}
-
-ROUTER_OFFSETS = {"metrics": 30}
-SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
-SPARK_NODE = "spark"
-BACKEND_NODE = "backend"
-#: the router that routes commands (the others only bridge the uplink)
-ROUTER_NODE = "router-0"
-KAFKA_NODE = "kafka"
-EPMD_NODE = "epmd"
-
-
-def gateway_node_name(region: str) -> str:
-    return "gw-" + c.validate_region(region)
-
-
-class FederationError(FedgateError):
-    """`up` could not bring the federation up; nothing it started is left running."""
-
-
-def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = None) -> list[NodeSpec]:
-    """Every node of the federation with its ports.
-
-    Nodes already recorded in federation.json keep their ports (a region added
-    later does not move the others); new ones get theirs from the layout;
-    ``settings.ports`` pins any single port.
-    """
-    recorded = recorded or {}
-    base = settings.port_base
-
-    def spec(name: str, role: str, region: str | None, offsets: dict[str, int], start: int) -> NodeSpec:
-        # a port kind added since the node was recorded (an upgrade) gets its layout place
-        ports = {k: start + off for k, off in offsets.items()}
-        if name in recorded:
-            ports.update(recorded[name].ports)
-        for k in ports:
-            pinned = settings.ports.get(f"{name}.{k}")
-            if pinned:
-                ports[k] = pinned
-        return NodeSpec(name, role, region, ports)
-
-    specs = [
-        spec(EPMD_NODE, ROLE_EPMD, None, {"epmd": 0}, base + EPMD_OFFSET),
-        spec(BACKEND_NODE, ROLE_BACKEND, None, BACKEND_OFFSETS, base),
-    ]
-    used_slots = {
-        (s.ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
-        for s in recorded.values()
-        if s.role == ROLE_GATEWAY
-    }
-    next_slot = 0
-    # Gateways recorded but no longer configured stay part of the federation
-    # until they are removed explicitly: `up` must never orphan a running node.
-    extra = [
-        s.region for s in recorded.values() if s.role == ROLE_GATEWAY and s.region not in settings.regions
-    ]
-    for region in [*settings.regions, *(r for r in extra if r)]:
-        name = gateway_node_name(region)
-        if name in recorded:
-            slot = (recorded[name].ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
-        else:
-            while next_slot in used_slots:
-                next_slot += 1
-            slot = next_slot
-            used_slots.add(slot)
-        start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
-        specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
-    specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
-    for i in range(settings.routers):
-        specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
-    if settings.spark:
-        specs.append(spec(SPARK_NODE, ROLE_SPARK, None, SPARK_OFFSETS, base))
-
-    seen: dict[int, str] = {}
-    for s in specs:
-        for k, p in s.ports.items():
-            if p in seen:
-                raise FederationError(f"port {p} is given to both {seen[p]} and {s.name}.{k}")
-            seen[p] = f"{s.name}.{k}"
-    return specs
 
 
 @dataclass
@@ -408,62 +328,16 @@ class LocalFederation:
         )
 
     def spark_settings(self) -> Any:
-        """Settings for a Spark session next to the job (queries, the demo, tests):
-        the job's warehouse, its own ports.  FEDGATE_SPARK_* can point elsewhere."""
-        from spark.settings import SparkSettings
-
-        rendered = self.state_dir / "nodes" / SPARK_NODE / "spark.toml"
-        if rendered.exists():
-            return SparkSettings.load(rendered, driver_port=0, block_manager_port=0, progress_file="")
-        return SparkSettings.load(kafka_bootstrap="-", warehouse=str(self.warehouse))
+        """Settings for a Spark session next to the job (configs.spark_settings)."""
+        return configs.spark_settings(self.state_dir, self.warehouse)
 
     def spark_config(self, nodes: list[Node], job: Node) -> dict[str, Any]:
-        """What spark.toml holds (spark/settings.py reads it)."""
-        kafka = next(n for n in nodes if isinstance(n, KafkaNode))
-        s = self.settings
-        return {
-            "kafka_bootstrap": kafka.bootstrap,
-            "warehouse": str(self.warehouse),
-            "master": s.spark_master,
-            "driver_memory": f"{s.spark_driver_memory_mb}m",
-            "bind_host": s.host,
-            "driver_port": job.spec.ports["driver"],
-            "block_manager_port": job.spec.ports["block_manager"],
-            "late_after": s.spark_late_after,
-            "aggregate_trigger_s": s.spark_aggregate_trigger_s,
-            "jars_dir": str(s.spark_kafka_jars),
-            "progress_file": str(job.dir / "progress.json"),  # type: ignore[attr-defined]
-        }
+        """What spark.toml holds (configs.spark_config)."""
+        return configs.spark_config(self.settings, self.warehouse, nodes, job)
 
     def router_config(self, nodes: list[Node], router: Node) -> dict[str, Any]:
-        """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
-        sec = self.secrets()
-        host = self.settings.host
-        backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
-        kafka = next(n for n in nodes if n.spec.role == ROLE_KAFKA)
-        routers = sorted((n for n in nodes if n.spec.role == ROLE_ROUTER), key=lambda n: n.name)
-        return {
-            "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{backend.spec.ports['amqp']}/%2F",
-            "kafka_bootstrap": f"{host}:{kafka.spec.ports['bootstrap']}",
-            "metrics_host": host,
-            "metrics_port": router.spec.ports["metrics"],
-            "router_id": router.name,
-            "router_index": routers.index(router),
-            "router_count": len(routers),
-            "uplink_shards": self.settings.uplink_shards,
-            "downlink": router.name == ROUTER_NODE,
-            "unknown_device": self.settings.unknown_device,
-            "park_ttl_s": self.settings.park_ttl_s,
-            "gateways": {
-                n.spec.region: {
-                    "management_url": f"http://{host}:{n.spec.ports['management']}",
-                    "user": c.ADMIN_USER,
-                    "password": sec["admin"],
-                }
-                for n in nodes
-                if n.spec.role == ROLE_GATEWAY and n.spec.region
-            },
-        }
+        """What router.toml holds (configs.router_config)."""
+        return configs.router_config(self.settings, self.secrets(), nodes, router)
 
     def link_states(self) -> dict[str, list[tuple[str, str]]]:
         """Federation links per RabbitMQ node: (upstream/exchange, status)."""

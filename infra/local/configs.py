@@ -1,0 +1,80 @@
+"""What the local driver writes into router.toml and spark.toml.
+
+The router and the Spark job read their own settings files; these functions
+say what a local federation puts into them (where the backend, Kafka, the
+gateways and the warehouse are).  Kept apart from booting so that a change to
+a service's settings touches only this file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from backend import contract as c
+from infra.local.layout import ROUTER_NODE, SPARK_NODE
+from infra.local.nodes import ROLE_BACKEND, ROLE_GATEWAY, ROLE_KAFKA, ROLE_ROUTER, KafkaNode, Node
+from infra.local.settings import LocalSettings
+
+
+def spark_settings(state_dir: Path, warehouse: Path) -> Any:
+    """Settings for a Spark session next to the job (queries, the demo, tests):
+    the job's warehouse, its own ports.  FEDGATE_SPARK_* can point elsewhere."""
+    from spark.settings import SparkSettings
+
+    rendered = state_dir / "nodes" / SPARK_NODE / "spark.toml"
+    if rendered.exists():
+        return SparkSettings.load(rendered, driver_port=0, block_manager_port=0, progress_file="")
+    return SparkSettings.load(kafka_bootstrap="-", warehouse=str(warehouse))
+
+
+def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], job: Node) -> dict[str, Any]:
+    """What spark.toml holds (spark/settings.py reads it)."""
+    kafka = next(n for n in nodes if isinstance(n, KafkaNode))
+    s = settings
+    return {
+        "kafka_bootstrap": kafka.bootstrap,
+        "warehouse": str(warehouse),
+        "master": s.spark_master,
+        "driver_memory": f"{s.spark_driver_memory_mb}m",
+        "bind_host": s.host,
+        "driver_port": job.spec.ports["driver"],
+        "block_manager_port": job.spec.ports["block_manager"],
+        "late_after": s.spark_late_after,
+        "aggregate_trigger_s": s.spark_aggregate_trigger_s,
+        "jars_dir": str(s.spark_kafka_jars),
+        "progress_file": str(job.dir / "progress.json"),
+    }
+
+
+def router_config(
+    settings: LocalSettings, secrets: dict[str, Any], nodes: list[Node], router: Node
+) -> dict[str, Any]:
+    """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
+    sec = secrets
+    host = settings.host
+    backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
+    kafka = next(n for n in nodes if n.spec.role == ROLE_KAFKA)
+    routers = sorted((n for n in nodes if n.spec.role == ROLE_ROUTER), key=lambda n: n.name)
+    return {
+        "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{backend.spec.ports['amqp']}/%2F",
+        "kafka_bootstrap": f"{host}:{kafka.spec.ports['bootstrap']}",
+        "metrics_host": host,
+        "metrics_port": router.spec.ports["metrics"],
+        "router_id": router.name,
+        "router_index": routers.index(router),
+        "router_count": len(routers),
+        "uplink_shards": settings.uplink_shards,
+        "downlink": router.name == ROUTER_NODE,
+        "unknown_device": settings.unknown_device,
+        "park_ttl_s": settings.park_ttl_s,
+        "gateways": {
+            n.spec.region: {
+                "management_url": f"http://{host}:{n.spec.ports['management']}",
+                "user": c.ADMIN_USER,
+                "password": sec["admin"],
+            }
+            for n in nodes
+            if n.spec.role == ROLE_GATEWAY and n.spec.region
+        },
+    }

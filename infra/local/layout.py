@@ -1,0 +1,109 @@
+"""Where every node of a local federation sits: names, roles and ports.
+
+``port_layout`` turns the settings (and what federation.json recorded) into
+the list of nodes with their ports.  It is pure arithmetic on the settings,
+separate from starting anything, so the CLI and the unit tests can ask for
+the layout of a federation that is not running.
+"""
+
+from __future__ import annotations
+
+from backend import contract as c
+from backend.errors import FedgateError
+from infra.local.nodes import (
+    ROLE_BACKEND,
+    ROLE_EPMD,
+    ROLE_GATEWAY,
+    ROLE_KAFKA,
+    ROLE_ROUTER,
+    ROLE_SPARK,
+    NodeSpec,
+)
+from infra.local.settings import LocalSettings
+
+#: Offsets of each node's ports from port_base.
+EPMD_OFFSET = 0
+KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11}
+BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23, "amqps": 24}
+GATEWAY_BASE_OFFSET = 100
+GATEWAY_STRIDE = 10
+GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4, "mqtts": 5, "amqps": 6}
+
+ROUTER_OFFSETS = {"metrics": 30}
+SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
+SPARK_NODE = "spark"
+BACKEND_NODE = "backend"
+#: the router that routes commands (the others only bridge the uplink)
+ROUTER_NODE = "router-0"
+KAFKA_NODE = "kafka"
+EPMD_NODE = "epmd"
+
+
+def gateway_node_name(region: str) -> str:
+    return "gw-" + c.validate_region(region)
+
+
+class FederationError(FedgateError):
+    """`up` could not bring the federation up; nothing it started is left running."""
+
+
+def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = None) -> list[NodeSpec]:
+    """Every node of the federation with its ports.
+
+    Nodes already recorded in federation.json keep their ports (a region added
+    later does not move the others); new ones get theirs from the layout;
+    ``settings.ports`` pins any single port.
+    """
+    recorded = recorded or {}
+    base = settings.port_base
+
+    def spec(name: str, role: str, region: str | None, offsets: dict[str, int], start: int) -> NodeSpec:
+        # a port kind added since the node was recorded (an upgrade) gets its layout place
+        ports = {k: start + off for k, off in offsets.items()}
+        if name in recorded:
+            ports.update(recorded[name].ports)
+        for k in ports:
+            pinned = settings.ports.get(f"{name}.{k}")
+            if pinned:
+                ports[k] = pinned
+        return NodeSpec(name, role, region, ports)
+
+    specs = [
+        spec(EPMD_NODE, ROLE_EPMD, None, {"epmd": 0}, base + EPMD_OFFSET),
+        spec(BACKEND_NODE, ROLE_BACKEND, None, BACKEND_OFFSETS, base),
+    ]
+    used_slots = {
+        (s.ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+        for s in recorded.values()
+        if s.role == ROLE_GATEWAY
+    }
+    next_slot = 0
+    # Gateways recorded but no longer configured stay part of the federation
+    # until they are removed explicitly: `up` must never orphan a running node.
+    extra = [
+        s.region for s in recorded.values() if s.role == ROLE_GATEWAY and s.region not in settings.regions
+    ]
+    for region in [*settings.regions, *(r for r in extra if r)]:
+        name = gateway_node_name(region)
+        if name in recorded:
+            slot = (recorded[name].ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+        else:
+            while next_slot in used_slots:
+                next_slot += 1
+            slot = next_slot
+            used_slots.add(slot)
+        start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
+        specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
+    specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
+    for i in range(settings.routers):
+        specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
+    if settings.spark:
+        specs.append(spec(SPARK_NODE, ROLE_SPARK, None, SPARK_OFFSETS, base))
+
+    seen: dict[int, str] = {}
+    for s in specs:
+        for k, p in s.ports.items():
+            if p in seen:
+                raise FederationError(f"port {p} is given to both {seen[p]} and {s.name}.{k}")
+            seen[p] = f"{s.name}.{k}"
+    return specs
