@@ -2,6 +2,14 @@
 
 Validated at start: a wrong value fails at once with the field's name.
 
+Two kinds of field.  The *wiring* (metadata ``wiring``: where the backend,
+Kafka and the gateways are, which router of how many this process is) is the
+deployment's to fill in for each process.  Every other field is the router's
+own behaviour (mapping rules, parking, limits): a deployment takes it from
+its operator as one table and passes it through unchanged -- the local
+federation's ``[router]`` table in fedgate.toml (``router_table`` reads and
+checks it), rendered into each process's router.toml next to the wiring.
+
     # router.toml
     amqp_url = "amqp://fedgate-admin:...@127.0.0.1:17020/%2F"
     kafka_bootstrap = "127.0.0.1:17010"
@@ -19,13 +27,15 @@ Validated at start: a wrong value fails at once with the field's name.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from backend import contract as c
 from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
-from router.topics import DEFAULT_RULES, Rule, RuleError, parse_rules
+from router.topics import DEFAULT_RULES, Rule, RuleError, kafka_topics, parse_rules
 
 
 class RouterSettingsError(FedgateError, ValueError):
@@ -42,14 +52,23 @@ class GatewayAccess:
 
 @dataclass(frozen=True)
 class RouterSettings:
-    amqp_url: str = field(metadata={"doc": "AMQP URL of the backend (the router's own user)."})
-    kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers."})
+    amqp_url: str = field(
+        metadata={"doc": "AMQP URL of the backend (the router's own user).", "wiring": True}
+    )
+    kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers.", "wiring": True})
     gateways: tuple[GatewayAccess, ...] = field(
         default=(),
-        metadata={"doc": "Each region's gateway management API (presence rebuild, closing sessions)."},
+        metadata={
+            "doc": "Each region's gateway management API (presence rebuild, closing sessions).",
+            "wiring": True,
+        },
     )
     rules: tuple[Rule, ...] = field(
-        default=DEFAULT_RULES, metadata={"doc": "MQTT topic -> Kafka topic/key rules."}
+        default=DEFAULT_RULES,
+        metadata={
+            "doc": "MQTT topic -> Kafka topic/key rules, first match wins ([[rules]] tables of pattern, "
+            "topic, key; they replace the default rule, so list it last to keep it; docs/router.md)."
+        },
     )
     unknown_device: str = field(
         default="broadcast",
@@ -73,26 +92,41 @@ class RouterSettings:
         default=c.KAFKA_DEADLETTER_TOPIC, metadata={"doc": "Dead-letter Kafka topic."}
     )
     metrics_host: str = field(
-        default="127.0.0.1", metadata={"doc": "Address of the metrics/presence HTTP endpoint."}
+        default="127.0.0.1",
+        metadata={"doc": "Address of the metrics/presence HTTP endpoint.", "wiring": True},
     )
     metrics_port: int = field(
-        default=0, metadata={"doc": "Port of the metrics/presence HTTP endpoint (0: off)."}
+        default=0,
+        metadata={"doc": "Port of the metrics/presence HTTP endpoint (0: off).", "wiring": True},
     )
     router_id: str = field(
-        default="router-0", metadata={"doc": "Name of this router process (queues, logs)."}
+        default="router-0",
+        metadata={"doc": "Name of this router process (queues, logs).", "wiring": True},
     )
     downlink: bool = field(
         default=True,
-        metadata={"doc": "Whether this process routes commands (one router does; others bridge)."},
+        metadata={
+            "doc": "Whether this process routes commands (one router does; others bridge).",
+            "wiring": True,
+        },
     )
-    uplink: bool = field(default=True, metadata={"doc": "Whether this process bridges telemetry to Kafka."})
+    uplink: bool = field(
+        default=True,
+        metadata={"doc": "Whether this process bridges telemetry to Kafka.", "wiring": True},
+    )
     uplink_shards: int = field(
-        default=c.UPLINK_SHARDS, metadata={"doc": "Uplink shard queues on the backend."}
+        default=c.UPLINK_SHARDS,
+        metadata={"doc": "Uplink shard queues on the backend.", "wiring": True},
     )
-    router_index: int = field(default=0, metadata={"doc": "This router's index among router_count."})
+    router_index: int = field(
+        default=0, metadata={"doc": "This router's index among router_count.", "wiring": True}
+    )
     router_count: int = field(
         default=1,
-        metadata={"doc": "Routers sharing the uplink: router i reads the shards s with s % count == i."},
+        metadata={
+            "doc": "Routers sharing the uplink: router i reads the shards s with s % count == i.",
+            "wiring": True,
+        },
     )
 
     @property
@@ -102,6 +136,11 @@ class RouterSettings:
     @property
     def regions(self) -> list[str]:
         return [g.region for g in self.gateways]
+
+    def kafka_topics(self) -> list[str]:
+        """Every Kafka topic the bridge writes to (router.topics.kafka_topics): created at start,
+        and exactly what the Spark job subscribes to."""
+        return kafka_topics(self.rules, self.unmatched_topic, self.deadletter_topic)
 
     def validate(self) -> RouterSettings:
         if not self.amqp_url.startswith(("amqp://", "amqps://")):
@@ -135,21 +174,77 @@ class RouterSettings:
         return self
 
 
-def load_router_settings(path: Path | None = None, env: dict[str, str] | None = None) -> RouterSettings:
+#: The router's own behaviour: every field but the wiring (the [router] table's keys).
+BEHAVIOUR = tuple(f.name for f in fields(RouterSettings) if not f.metadata.get("wiring"))
+#: Tables: only a config file can hold them, not a FEDGATE_ROUTER_* variable.
+_TABLES = ("gateways", "rules")
+_ENV_PREFIX = "FEDGATE_ROUTER_"
+#: What the wiring gets while a [router] table is checked on its own.
+_STAND_IN_WIRING = {"amqp_url": "amqp://stand-in", "kafka_bootstrap": "stand-in:0"}
+
+
+def load_router_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> RouterSettings:
+    """The settings of one router process: its router.toml, then FEDGATE_ROUTER_<NAME> variables."""
     known = {f.name: str(f.type) for f in fields(RouterSettings)}
     values = read_layers(
         known,
         path=path,
         env=os.environ if env is None else env,
-        env_prefix="FEDGATE_ROUTER_",
+        env_prefix=_ENV_PREFIX,
         error=RouterSettingsError,
-        skip_env=("gateways", "rules"),  # tables: only a config file can hold them
+        skip_env=_TABLES,
     )
+    return _settings(values)
+
+
+def router_table(table: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A deployment's table of router settings (the local federation's [router]) with the
+    FEDGATE_ROUTER_<NAME> variables in `env` over its scalar fields, checked as the router
+    checks its settings at start: a wrong value raises RouterSettingsError naming the field.
+
+    What it returns is the table to hand to every router process unchanged; nothing in it is
+    defaulted (a field it lacks keeps the router's own default).  Wiring fields have no place
+    in it: the deployment fills them in for each process.
+    """
+    for key in table:
+        if key not in BEHAVIOUR:
+            if key in {f.name for f in fields(RouterSettings)}:
+                raise RouterSettingsError(
+                    f"{key}: set by the deployment for each router process, not in the router table"
+                )
+            raise RouterSettingsError(f"unknown setting {key!r}")
+    kinds = {f.name: str(f.type) for f in fields(RouterSettings)}
+    from_env = read_layers(
+        BEHAVIOUR,
+        path=None,
+        env=os.environ if env is None else env,
+        env_prefix=_ENV_PREFIX,
+        error=RouterSettingsError,
+        skip_env=_TABLES,
+    )
+    out = {**table, **{k: coerce(k, kinds[k], raw, RouterSettingsError) for k, raw in from_env.items()}}
+    check_router_table(out)
+    return out
+
+
+def check_router_table(table: Mapping[str, Any]) -> RouterSettings:
+    """The router settings `table` gives, checked (RouterSettingsError names the field).
+
+    The wiring fields hold stand-ins: read only the table's own fields (rules, topics,
+    limits) from the result.
+    """
+    return _settings({**dict(table), **_STAND_IN_WIRING})
+
+
+def _settings(values: dict[str, Any]) -> RouterSettings:
+    known = {f.name: str(f.type) for f in fields(RouterSettings)}
     try:
         if "rules" in values:
             values["rules"] = parse_rules(values["rules"])
     except RuleError as e:
         raise RouterSettingsError(f"rules: {e}") from e
+    except (TypeError, AttributeError) as e:
+        raise RouterSettingsError(f"rules: a list of tables with pattern, topic and key ({e})") from e
     if "gateways" in values:
         gws = values["gateways"]
         try:
@@ -164,7 +259,21 @@ def load_router_settings(path: Path | None = None, env: dict[str, str] | None = 
             values[key] = coerce(key, kind, values[key], RouterSettingsError)
     for required in ("amqp_url", "kafka_bootstrap"):
         if required not in values:
-            raise RouterSettingsError(
-                f"{required}: missing (config file or FEDGATE_ROUTER_{required.upper()})"
-            )
+            raise RouterSettingsError(f"{required}: missing (config file or {_ENV_PREFIX}{required.upper()})")
     return RouterSettings(**values).validate()
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) of the router's own settings (BEHAVIOUR), for `fedgate settings`."""
+    out = []
+    for f in fields(RouterSettings):
+        if f.name not in BEHAVIOUR:
+            continue
+        default = f.default if f.default is not MISSING else "(required)"
+        if f.name == "rules":
+            name = "[[router.rules]]"
+            default = "; ".join(f"{r.pattern} -> {r.topic}" for r in DEFAULT_RULES)
+        else:
+            name = _ENV_PREFIX + f.name.upper()
+        out.append((name, str(default), f.metadata.get("doc", "")))
+    return out

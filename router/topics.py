@@ -15,6 +15,10 @@ and templates for the Kafka topic and key, e.g. ``telemetry.{stream}`` and
 ``{device}``.  The first rule that matches wins.  A topic no rule matches
 goes to the catch-all topic with its MQTT topic in a header.
 
+The rules alone say which Kafka topics the bridge can write (kafka_topics):
+the router creates exactly those at start, and the Spark job subscribes to
+exactly those.
+
 Kafka topic names may only hold ``[a-zA-Z0-9._-]`` and at most 249
 characters.  Any other character a template produces is encoded reversibly
 (see encode_topic_name).
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,10 +218,27 @@ class TopicMapper:
         return sorted(topics)
 
 
+def kafka_topics(rules: Iterable[Rule], unmatched_topic: str, deadletter_topic: str) -> list[str]:
+    """Every Kafka topic a bridge with these rules writes to: each rule's topics (finite, as
+    every variable of a topic template lists its values), the catch-all and the dead-letter
+    topic.  The router creates these ahead of time; the Spark job subscribes to these."""
+    return sorted({*(t for r in rules for t in r.kafka_topics()), unmatched_topic, deadletter_topic})
+
+
+_RULE_KEYS = ("pattern", "topic", "key")
+
+
 def parse_rules(raw: list[dict[str, str]]) -> tuple[Rule, ...]:
     """Rules from config: a list of {pattern, topic, key?} tables."""
+    if not isinstance(raw, list):
+        raise RuleError(f"a list of rule tables ([[rules]]), not {raw!r}")
     rules = []
     for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise RuleError(f"rule #{i + 1}: a table with {', '.join(_RULE_KEYS)}, not {item!r}")
+        unknown = sorted(set(item) - set(_RULE_KEYS))
+        if unknown:
+            raise RuleError(f"rule #{i + 1}: unknown key {unknown[0]!r} (a rule has {', '.join(_RULE_KEYS)})")
         try:
             rules.append(Rule(item["pattern"], item["topic"], item.get("key", "{device}")))
         except KeyError as e:

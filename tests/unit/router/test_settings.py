@@ -1,6 +1,13 @@
 import pytest
 
-from router.settings import RouterSettingsError, load_router_settings
+from router.settings import (
+    RouterSettings,
+    RouterSettingsError,
+    check_router_table,
+    describe,
+    load_router_settings,
+    router_table,
+)
 
 BASE = 'amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:2"\n'
 
@@ -63,3 +70,57 @@ def test_missing_required_setting_is_named(tmp_path):
     p.write_text('kafka_bootstrap = "x:1"\n')
     with pytest.raises(RouterSettingsError, match="amqp_url: missing"):
         load_router_settings(p, env={})
+
+
+ENERGY_RULE = {"pattern": "devices/{device}/energy/{kind:power|total}", "topic": "energy.{kind}"}
+
+
+def test_a_router_table_passes_through_unchanged_with_the_variables_over_it():
+    table = {"park_ttl_s": 25, "rules": [ENERGY_RULE]}
+    out = router_table(table, env={"FEDGATE_ROUTER_UNKNOWN_DEVICE": "park", "FEDGATE_ROUTER_RULES": "x"})
+    # nothing defaulted, nothing rewritten: the router's own defaults apply where the table is silent
+    assert out == {"park_ttl_s": 25, "rules": [ENERGY_RULE], "unknown_device": "park"}
+    s = check_router_table(out)
+    assert s.max_inflight == RouterSettings.__dataclass_fields__["max_inflight"].default
+    assert s.kafka_topics() == [
+        "energy.power",
+        "energy.total",
+        "fedgate.deadletter",
+        "fedgate.unmatched",
+    ]
+
+
+def test_the_router_reads_a_rendered_table_as_it_was_checked(tmp_path):
+    """What router_table returns, written into router.toml beside the wiring, loads the same."""
+    table = router_table({"park_ttl_s": 25.5, "rules": [ENERGY_RULE]}, env={})
+    rules = "".join(
+        f'[[rules]]\npattern = "{r["pattern"]}"\ntopic = "{r["topic"]}"\n' for r in table["rules"]
+    )
+    s = load(tmp_path, f"park_ttl_s = {table['park_ttl_s']}\n{rules}")
+    assert s.park_ttl_s == 25.5 and s.kafka_topics() == check_router_table(table).kafka_topics()
+
+
+@pytest.mark.parametrize(
+    ("table", "env", "field"),
+    [
+        ({"park_ttl_s": -1}, {}, "^park_ttl_s: must be positive"),
+        ({}, {"FEDGATE_ROUTER_UNKNOWN_DEVICE": "drop"}, "^unknown_device"),
+        ({}, {"FEDGATE_ROUTER_MAX_INFLIGHT": "lots"}, "^max_inflight: cannot read"),
+        ({"rules": [{"pattern": "devices/{device}/{k}", "topic": "t.{k}"}]}, {}, "^rules: .*must list"),
+        ({"rules": [{"pattern": "devices/{device}"}]}, {}, "^rules: rule #1: missing 'topic'"),
+        ({"rules": []}, {}, "^rules: at least one"),
+        ({"amqp_url": "amqp://x"}, {}, "^amqp_url: set by the deployment"),
+        ({"router_count": 2}, {}, "^router_count: set by the deployment"),
+        ({"park_ttl": 1}, {}, "^unknown setting 'park_ttl'"),
+    ],
+)
+def test_a_wrong_router_table_is_refused_naming_the_field(table, env, field):
+    with pytest.raises(RouterSettingsError, match=field):
+        router_table(table, env=env)
+
+
+def test_the_router_settings_are_described_from_their_fields():
+    names = {name: (default, doc) for name, default, doc in describe()}
+    assert names["FEDGATE_ROUTER_PARK_TTL_S"] == ("3600.0", "How long a parked message waits for its device.")
+    assert "telemetry.{stream}" in names["[[router.rules]]"][0]
+    assert not any("AMQP_URL" in n or "ROUTER_INDEX" in n for n in names), "wiring is the deployment's"

@@ -7,6 +7,7 @@ from router.topics import (
     TopicMapper,
     decode_topic_name,
     encode_topic_name,
+    kafka_topics,
     parse_rules,
 )
 
@@ -49,6 +50,40 @@ def test_every_topic_a_rule_can_produce_is_listed_for_creation_ahead_of_time():
         "telemetry.state",
         "telemetry.telemetry",
     ]
+
+
+def test_the_topics_a_bridge_writes_are_the_rules_topics_plus_catch_all_and_dead_letters():
+    rules = parse_rules(
+        [
+            {"pattern": "devices/{device}/energy/{kind:power|total}", "topic": "energy.{kind}"},
+            {
+                "pattern": "devices/{device}/{stream:telemetry|events|state}/...",
+                "topic": "telemetry.{stream}",
+            },
+        ]
+    )
+    assert kafka_topics(rules, "u.caught", "u.dead") == [
+        "energy.power",
+        "energy.total",
+        "telemetry.events",
+        "telemetry.state",
+        "telemetry.telemetry",
+        "u.caught",
+        "u.dead",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ([{"pattern": "d/{device}", "topic": "t", "kye": "{device}"}], "rule #1: unknown key 'kye'"),
+        (["d/{device} -> t"], "rule #1: a table"),
+        ({"pattern": "d/{device}", "topic": "t"}, "a list of rule tables"),
+    ],
+)
+def test_rules_that_are_not_rule_tables_are_refused(raw, message):
+    with pytest.raises(RuleError, match=message):
+        parse_rules(raw)
 
 
 def test_topic_variables_must_list_their_values():
