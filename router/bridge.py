@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
 from router.kafka import AsyncProducer
+from router.lifecycle import Lifecycle
 from router.metrics import Metrics
 from router.settings import RouterSettings
 from router.topics import TopicMapper
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: How long a shutdown waits for the last acks to be written.
 SHUTDOWN_ACK_TIMEOUT_S = 5.0
+#: How long a shutdown waits for the records in flight to reach Kafka.
+DRAIN_TIMEOUT_S = 30.0
 BRIDGED = "fedgate_router_bridged_total"
 DEADLETTERED = "fedgate_router_deadlettered_total"
 
@@ -43,8 +46,9 @@ class Poison(ValueError):
     """A message that can never be bridged as it is; the text is the dead-letter reason."""
 
 
-class UplinkBridge:
+class UplinkBridge(Lifecycle):
     def __init__(self, settings: RouterSettings, producer: AsyncProducer, metrics: Metrics):
+        super().__init__()
         self.settings = settings
         self.producer = producer
         self.metrics = metrics
@@ -64,7 +68,7 @@ class UplinkBridge:
     def kafka_topics(self) -> list[str]:
         return [*self.mapper.kafka_topics(), self.settings.deadletter_topic]
 
-    async def start(self, channel: aio_pika.abc.AbstractChannel) -> None:
+    async def _start(self, channel: aio_pika.abc.AbstractChannel) -> None:  # type: ignore[override]
         # prefetch is per consumer: split the in-flight bound over this router's shards
         shards = self.settings.my_shards
         await channel.set_qos(prefetch_count=max(1, self.settings.max_inflight // max(1, len(shards))))
@@ -84,6 +88,16 @@ class UplinkBridge:
         requeues them, in order, ahead of the rest when the connection closes.
         """
         self._holding = True
+
+    async def _stop(self) -> None:
+        """Stop intake, let what is in flight reach Kafka (bounded), send the last acks."""
+        await self.stop_intake()
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.inflight:
+            log.warning("%d messages still on their way to Kafka; RabbitMQ redelivers them", self.inflight)
+        await self.drain_acks()
 
     # --- per message -------------------------------------------------------------
 

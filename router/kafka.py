@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from backend.errors import FedgateError
+from router.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,11 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-class AsyncProducer:
+class AsyncProducer(Lifecycle):
     def __init__(self, config: dict[str, Any]):
+        super().__init__()
         self._producer = Producer(config)
-        self._stop = threading.Event()
+        self._stop_polling = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         # Reports collected during one poll() and handed to the loop in one
@@ -63,14 +65,14 @@ class AsyncProducer:
         self._reports: list[tuple[DeliveryCallback, KafkaError | None, Message]] = []
         self._reports_lock = threading.Lock()
 
-    def start(self) -> None:
+    async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
 
     def _poll_loop(self) -> None:
         loop = self._loop
         assert loop is not None
-        while not self._stop.is_set():
+        while not self._stop_polling.is_set():
             self._producer.poll(0.05)
             if self._reports:
                 with self._reports_lock:
@@ -139,10 +141,12 @@ class AsyncProducer:
     def __len__(self) -> int:
         return len(self._producer)
 
-    def close(self) -> None:
-        self._stop.set()
+    async def _stop(self) -> None:
+        """Stop polling; flush first (see Router.stop) -- what is still queued then is lost
+        to this process, and its inputs, never acked, are redelivered."""
+        self._stop_polling.set()
         if self._thread.is_alive():
-            self._thread.join(5)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
 
 
 def _dispatch(batch: list[tuple[DeliveryCallback, KafkaError | None, Message]]) -> None:

@@ -19,6 +19,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from router.lifecycle import Lifecycle
+
 log = logging.getLogger(__name__)
 
 #: Upper bounds (seconds) of latency histogram buckets.
@@ -107,19 +109,20 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-class HttpEndpoint:
+class HttpEndpoint(Lifecycle):
     """A minimal HTTP/1.0 server for /metrics, /presence and /health."""
 
     def __init__(self, host: str, port: int, routes: dict[str, Callable[[str], tuple[int, str, str]]]):
+        super().__init__()
         self.host, self.port = host, port
         self.routes = routes
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
+    async def _stop(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

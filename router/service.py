@@ -19,7 +19,6 @@ import asyncio
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 
 import aio_pika
@@ -29,6 +28,7 @@ from backend.errors import FedgateError
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, producer_config
+from router.lifecycle import Lifecycle
 from router.metrics import HttpEndpoint, Metrics, json_response
 from router.presence import PresenceTable
 from router.settings import RouterSettings, RouterSettingsError, load_router_settings
@@ -45,15 +45,14 @@ from router.stores import (
 
 log = logging.getLogger("router")
 
-DRAIN_TIMEOUT_S = 30.0
-
 
 class StartupError(FedgateError):
     pass
 
 
-class Router:
+class Router(Lifecycle):
     def __init__(self, settings: RouterSettings):
+        super().__init__()
         self.settings = settings
         self.metrics = Metrics()
         self.presence = PresenceTable()
@@ -80,14 +79,13 @@ class Router:
         self.http: HttpEndpoint | None = None
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
         self.ready = False
-        self._stopped = False
         self.metrics.gauge(
             "fedgate_router_presence_devices",
             lambda: {(("region", r),): float(n) for r, n in self.presence.per_region().items()},
         )
         self.metrics.gauge("fedgate_router_inflight", lambda: {(): float(self.bridge.inflight)})
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
         topics = self.bridge.kafka_topics()
@@ -111,11 +109,13 @@ class Router:
             )
         except KafkaUnavailable as e:
             raise StartupError(str(e)) from e
-        self.producer.start()
+        await self.producer.start()
         if s.downlink:
-            await self.desired_table.start()
-            await self.parked_table.start()
-            await self.presence_table.start()
+            try:
+                for table in (self.desired_table, self.parked_table, self.presence_table):
+                    await table.start()
+            except (RuntimeError, TimeoutError) as e:
+                raise StartupError(str(e)) from e
         try:
             self.connection = await aio_pika.connect_robust(s.amqp_url, timeout=10)
         except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as e:
@@ -183,25 +183,15 @@ class Router:
             }
         )
 
-    async def stop(self) -> None:
-        """Stop intake, drain, flush, close -- in that order. Safe to call twice."""
-        if self._stopped:
-            return
-        self._stopped = True
+    async def _stop(self) -> None:
+        """Stop intake, drain, flush, close -- in that order (Lifecycle makes it safe twice)."""
         self.ready = False
         log.info("stopping: intake")
+        # uplink first: its deliveries are held from now on, and what is in flight drains
         await self.bridge.stop_intake()
-        await self.downlink.stop_intake()
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while self.bridge.inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self.bridge.inflight:
-            log.warning(
-                "%d messages still on their way to Kafka; RabbitMQ redelivers them", self.bridge.inflight
-            )
+        await self.downlink.stop()
+        await self.bridge.stop()
         left = await self.producer.flush(10)
-        await asyncio.sleep(0.1)  # let the last delivery reports reach the loop
-        await self.bridge.drain_acks()
         log.info(
             "stopping: producer flushed (%d left), closing AMQP (%d held deliveries go back to their shards)",
             left,
@@ -209,12 +199,9 @@ class Router:
         )
         if self.connection is not None:
             await self.connection.close()
-        self.producer.close()
-        self.desired_table.stop()
-        self.parked_table.stop()
-        self.presence_table.stop()
-        if self.http is not None:
-            await self.http.stop()
+        for part in (self.producer, self.desired_table, self.parked_table, self.presence_table, self.http):
+            if part is not None:
+                await part.stop()
         log.info("stopped")
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from router.kafka import AsyncProducer
+from router.lifecycle import Lifecycle
 from router.presence import Session
 
 log = logging.getLogger(__name__)
@@ -47,17 +48,18 @@ COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}
 SEP = "\x00"
 
 
-class KafkaTable:
+class KafkaTable(Lifecycle):
     """An in-memory dict mirrored from a compacted topic, written through Kafka."""
 
     def __init__(self, bootstrap: str, topic: str, producer: AsyncProducer, name: str):
+        super().__init__()
         self.topic = topic
         self.producer = producer
         self.data: dict[str, bytes] = {}
         self.by_device: dict[str, set[str]] = defaultdict(set)
         self._lock = threading.Lock()
         self._caught_up = threading.Event()
-        self._stop = threading.Event()
+        self._stop_tailing = threading.Event()
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -115,7 +117,7 @@ class KafkaTable:
         pending = {p for p, high in ends.items() if high > 0}
         if not pending:
             self._caught_up.set()
-        while not self._stop.is_set():
+        while not self._stop_tailing.is_set():
             msg = self._consumer.poll(0.2)
             if msg is None:
                 continue
@@ -130,7 +132,7 @@ class KafkaTable:
                 if not pending:
                     self._caught_up.set()
 
-    async def start(self, timeout: float = 60.0) -> None:
+    async def _start(self, timeout: float = 60.0) -> None:  # type: ignore[override]
         self._thread.start()
         ok = await asyncio.get_running_loop().run_in_executor(None, self._caught_up.wait, timeout)
         if self._error is not None:
@@ -139,10 +141,10 @@ class KafkaTable:
             raise TimeoutError(f"could not read {self.topic} from Kafka within {timeout}s")
         log.info("%s: %d records loaded", self.topic, len(self.data))
 
-    def stop(self) -> None:
-        self._stop.set()
+    async def _stop(self) -> None:
+        self._stop_tailing.set()
         if self._thread.is_alive():
-            self._thread.join(5)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
 
     async def put(self, key: str, value: bytes | None) -> None:
         """Write through Kafka (waits for the delivery report), then update the view."""

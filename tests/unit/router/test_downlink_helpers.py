@@ -1,6 +1,6 @@
 import pytest
 
-from router.downlink import topic_matches
+from router.routing import topic_matches
 from router.metrics import Metrics
 
 

@@ -1,0 +1,181 @@
+"""What the router asks the gateways directly, through their management APIs.
+
+Presence comes from the gateways' events; three things the events cannot
+tell, the router asks a region's gateway itself:
+
+- which MQTT connections it holds (the presence rebuild at start);
+- whether it answers at all (a command came back from it: dead or slow?);
+- which subscriptions a persistent session kept across connections;
+
+and it closes the older of two sessions of one client id there.
+
+The management clients are passed in (`Gateways(clients)`), so tests give
+fakes; `Gateways.from_settings` builds the real ones.  The clients block
+(urllib), so every call runs in the default executor, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
+from gateways import mqtt_plugin
+from router.metrics import Metrics
+from router.presence import PresenceTable, Session
+from router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
+
+#: A returned command asks whether its gateway answers; the answer holds this long.
+GATEWAY_CHECK_EVERY_S = 5.0
+GATEWAY_CHECK_TIMEOUT_S = 3.0
+#: How long the router keeps trying to close an older session its gateway does not list yet.
+CLOSE_PATIENCE_S = 30.0
+
+
+class ManagementClient(Protocol):
+    """The part of backend.rabbitmq_admin.RabbitAdmin the router uses."""
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any: ...
+
+    def request_with_headers(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+    ) -> Any: ...
+
+    def get(self, path: str) -> Any: ...
+
+    def connections(self) -> list[dict[str, Any]]: ...
+
+
+class Gateways:
+    """The router's view of each region's gateway management API."""
+
+    def __init__(self, clients: Mapping[str, ManagementClient], metrics: Metrics | None = None):
+        self.clients = dict(clients)
+        self.metrics = metrics or Metrics()
+        #: region -> (monotonic time, whether its gateway answered then)
+        self._answers: dict[str, tuple[float, bool]] = {}
+        self._closers: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def clients_from_settings(settings: RouterSettings) -> dict[str, ManagementClient]:
+        return {g.region: RabbitAdmin(g.management_url, g.user, g.password) for g in settings.gateways}
+
+    def set_clients(self, clients: Mapping[str, ManagementClient]) -> None:
+        """A region was added or removed."""
+        self.clients = dict(clients)
+        self._answers = {r: a for r, a in self._answers.items() if r in self.clients}
+
+    @property
+    def regions(self) -> list[str]:
+        return list(self.clients)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
+
+    async def connections(self, region: str) -> list[dict[str, Any]]:
+        """The region's connections (AdminError when it does not answer)."""
+        return await self._call(self.clients[region].connections)  # type: ignore[no-any-return]
+
+    async def answers(self, region: str) -> bool:
+        """Whether the region's management API answers, asked at most every few seconds:
+        a dead gateway sends back every command it was sent, and each would
+        otherwise wait out the timeout while routing holds the lock."""
+        now = time.monotonic()
+        cached = self._answers.get(region)
+        if cached is not None and now - cached[0] < GATEWAY_CHECK_EVERY_S:
+            return cached[1]
+        client = self.clients.get(region)
+        answers = False
+        if client is not None:
+            # a short timeout and no retries: a gateway that does not answer at once counts as down
+            try:
+                await self._call(
+                    client.request_with_headers, "GET", "overview", {}, timeout=GATEWAY_CHECK_TIMEOUT_S
+                )
+                answers = True
+            except AdminError:
+                pass
+        self._answers[region] = (now, answers)
+        return answers
+
+    async def kept_filters(self, session: Session) -> list[str] | None:
+        """The subscriptions a persistent session kept on its gateway across connections;
+        None when the gateway could not be asked."""
+        client = self.clients.get(session.region)
+        if client is None:
+            return None
+        filters: list[str] = []
+        for qos in (0, 1):
+            queue = quote(mqtt_plugin.subscription_queue(session.client_id, qos), safe="")
+            try:
+                info = await self._call(client.get, f"queues/%2F/{queue}")
+                if info.get("auto_delete"):
+                    # a clean session's queue: it may still be the previous connection's, on its
+                    # way out; this connection's own subscriptions arrive as binding events
+                    continue
+                bindings = await self._call(client.get, f"queues/%2F/{queue}/bindings")
+            except AdminError as e:
+                if e.status == 404:
+                    continue  # no such queue: a clean session subscribes after connecting
+                log.warning("subscriptions of %s on %s: %s", session.client_id, session.region, e)
+                return None
+            filters += mqtt_plugin.filters_of_bindings(bindings)
+        return filters
+
+    # --- one live session per client id -------------------------------------------------
+
+    def close_soon(self, older: Session, presence: PresenceTable) -> None:
+        """Close the older session of a client id at its gateway, in the background.
+
+        The gateway's management API learns of a new connection only with its
+        next statistics round (~5 s), so the close is retried until the
+        connection is known there or has gone by itself.
+        """
+        task = asyncio.create_task(self._close_when_known(older, presence))
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    def in_background(self, coro: Any) -> None:
+        """Run a coroutine that must not hold up routing; cancelled by stop()."""
+        task = asyncio.ensure_future(coro)
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    async def _close_when_known(self, s: Session, presence: PresenceTable) -> None:
+        client = self.clients.get(s.region)
+        if client is None:
+            return
+        path = f"connections/{quote(s.connection, safe='')}"
+        deadline = time.monotonic() + CLOSE_PATIENCE_S
+        while True:
+            if presence.get(s.client_id) == s:
+                return  # it became the current session again (a newer connect was undone)
+            try:
+                await self._call(client.request, "DELETE", path)
+            except AdminError as e:
+                if e.status == 404 and time.monotonic() < deadline:
+                    await asyncio.sleep(1.0)
+                    continue
+                if e.status != 404:
+                    log.error("could not close the older session of %s at %s: %s", s.client_id, s.region, e)
+                return
+            self.metrics.inc("fedgate_router_sessions_closed_total", region=s.region)
+            log.info("closed the older session of %s at %s (%s)", s.client_id, s.region, s.connection)
+            return
+
+    def stop(self) -> None:
+        for task in list(self._closers):
+            task.cancel()

@@ -1,0 +1,75 @@
+"""One lifecycle shape for every part of the router that holds a connection or a task.
+
+Each part (the Router, the uplink bridge, the downlink, the Kafka tables,
+the HTTP endpoint) has `async start()` and `async stop()`, and works as
+`async with part:`.  A small state machine guards them, so that:
+
+- `stop()` is safe to call twice, and safe on a part that never started or
+  failed half-way through starting (the Router stops what it started when
+  a later part fails);
+- `start()` on a stopped part is refused instead of silently reviving it
+  with stale state.
+
+Subclasses implement `_start` and `_stop`; `_stop` must tolerate a
+half-done `_start`.
+"""
+
+from __future__ import annotations
+
+import enum
+from types import TracebackType
+from typing import Any, Self
+
+
+class State(enum.Enum):
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class LifecycleError(RuntimeError):
+    pass
+
+
+class Lifecycle:
+    def __init__(self) -> None:
+        self.state = State.NEW
+
+    @property
+    def running(self) -> bool:
+        return self.state is State.RUNNING
+
+    async def start(self, *args: Any) -> None:
+        if self.state is not State.NEW:
+            raise LifecycleError(f"{type(self).__name__}: start() when {self.state.value}")
+        self.state = State.STARTING
+        await self._start(*args)
+        self.state = State.RUNNING
+
+    async def stop(self) -> None:
+        """Stop in the part's fixed order; a second call (or one before start) does nothing."""
+        if self.state in (State.NEW, State.STOPPING, State.STOPPED):
+            self.state = State.STOPPED if self.state is State.NEW else self.state
+            return
+        self.state = State.STOPPING
+        try:
+            await self._stop()
+        finally:
+            self.state = State.STOPPED
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def _start(self, *args: Any) -> None:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        raise NotImplementedError

@@ -1,0 +1,223 @@
+"""Keeping presence current: the rebuild at start and the gateways' events after it.
+
+The router's presence table (router/presence.py) is fed from two places:
+
+- at start, `rebuild`: the table saved in Kafka by the previous run,
+  corrected by each gateway's connection list;
+- then the gateways' `connection.created` / `connection.closed` /
+  `binding.created` events, federated to the backend's presence exchange
+  and read from this router's own durable queue (bound before the rebuild,
+  so nothing that happens meanwhile is missed).
+
+What an event means for commands waiting on a device -- a connect with
+something parked, a subscription that matches a held command -- is the
+downlink's business: it hands in `deliver` (send what matches these
+filters now) and `has_pending` (is anything parked or desired for this
+device).  Every change runs under the downlink's lock, so a command never
+sees presence half-applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from backend import contract as c
+from backend.rabbitmq_admin import AdminError
+from gateways import mqtt_plugin
+from router.gateways import Gateways
+from router.metrics import Metrics
+from router.presence import Change, PresenceTable, Session, sessions_from_management
+from router.stores import PresenceStore
+from router.subscriptions import Subscriptions
+
+log = logging.getLogger(__name__)
+
+#: How long the gateways' management API may take to list a new connection.
+LISTING_LAG_S = 10.0
+PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
+
+Deliver = Callable[[Session, list[str]], Awaitable[None]]
+
+
+class PresenceFeed:
+    def __init__(
+        self,
+        presence: PresenceTable,
+        store: PresenceStore | None,
+        gateways: Gateways,
+        subscriptions: Subscriptions,
+        known: set[str],
+        lock: asyncio.Lock,
+        metrics: Metrics,
+        *,
+        deliver: Deliver,
+        has_pending: Callable[[str], bool],
+    ):
+        self.presence = presence
+        self.store = store
+        self.gateways = gateways
+        self.subscriptions = subscriptions
+        #: devices seen connected since this router started, or with parked/desired state
+        self.known = known
+        self._lock = lock
+        self.metrics = metrics
+        self._deliver = deliver
+        self._has_pending = has_pending
+
+    # --- at start -----------------------------------------------------------------------
+
+    async def rebuild(self) -> None:
+        """Presence at start: the last saved table, corrected by the gateways' connection lists.
+
+        Called after this router's presence queue is bound: connections made
+        from now on arrive as events (kept in the durable queue).  The saved
+        table (Kafka) holds what the previous run knew up to its stop; the
+        gateways' lists add what it never saw and drop sessions that ended
+        unseen.  The lists lag new connections by seconds, so a saved session
+        younger than that is kept even when a list does not show it yet.
+        """
+        saved = self.store.load() if self.store else []
+        self.presence.replace_all(saved)
+        listed: dict[str, set[str]] = {}
+        sessions: list[Session] = []
+        for region in self.gateways.regions:
+            try:
+                conns = await self.gateways.connections(region)
+            except AdminError as e:
+                log.error(
+                    "presence rebuild: gateway %s unreachable (%s); its devices are unknown until they "
+                    "reconnect",
+                    region,
+                    e,
+                )
+                continue
+            region_sessions = sessions_from_management(region, conns)
+            sessions += region_sessions
+            listed[region] = {s.client_id for s in region_sessions}
+        for s in sessions:
+            self.presence.connected(s)
+        now_ms = time.time() * 1000
+        regions = set(self.gateways.regions)
+        for s in self.presence.sessions():
+            if s.region not in regions:  # saved by a run that still had this region
+                self.presence.closed(s.node, s.connection)
+                continue
+            gone = s.region in listed and s.client_id not in listed[s.region]
+            if gone and now_ms - s.connected_at > LISTING_LAG_S * 1000:
+                self.presence.closed(s.node, s.connection)
+        if self.store is not None:
+            current = {s.client_id: s for s in self.presence.sessions()}
+            for s in saved:
+                if current.get(s.client_id) != s:
+                    await self.store.delete(s.client_id)
+            for s in current.values():
+                await self.store.save(s)
+        self.known.update(s.client_id for s in self.presence.sessions())
+        log.info(
+            "presence rebuilt: %d devices %s (%d saved, %d listed by the gateways)",
+            len(self.presence),
+            dict(self.presence.per_region()),
+            len(saved),
+            len(sessions),
+        )
+
+    def drop_regions_except(self, regions: set[str]) -> None:
+        """Regions were removed: their gateways are gone, and so are their sessions."""
+        for s in self.presence.sessions():
+            if s.region not in regions:
+                self._forget(s)
+                if self.store is not None:
+                    self.gateways.in_background(self.store.delete(s.client_id))
+
+    async def end(self, s: Session) -> None:
+        """A session that ended unseen (its gateway died): forgotten, and saved before returning."""
+        self._forget(s)
+        if self.store is not None:
+            await self.store.delete(s.client_id)
+
+    def _forget(self, s: Session) -> None:
+        self.presence.closed(s.node, s.connection)
+        self.subscriptions.forget(s.connection)
+
+    # --- events ---------------------------------------------------------------------------
+
+    async def on_event(self, message: AbstractIncomingMessage) -> None:
+        async with message.process(requeue=True):
+            written = await self._apply(message)
+            if written is not None:
+                # The event is acked only once Kafka has the change (a restarted router
+                # rebuilds from it), but that wait is outside the lock: the next events and
+                # the commands go on meanwhile.  A reconnect wave of thousands of devices
+                # used to hold every command behind one Kafka round trip per connect.
+                await written
+
+    async def _apply(self, message: AbstractIncomingMessage) -> Awaitable[None] | None:
+        """Apply one event under the lock; returns its write to Kafka, already produced (so
+        the writes keep the events' order), for the caller to await."""
+        async with self._lock:
+            key = message.routing_key or ""
+            headers = dict(message.headers or {})
+            if key == "binding.created":
+                await self._on_binding(headers)
+                return None
+            change = self.presence.apply_event(key, headers)
+            if change.refused:
+                log.warning("presence: %s (region %s)", change.ignored, c.region_from_headers(headers))
+                self.metrics.inc("fedgate_router_presence_refused_total")
+            elif change.malformed:
+                log.warning("presence: %s: %s; acked and dropped", key, change.ignored)
+                self.metrics.inc("fedgate_router_presence_malformed_total")
+            written = self._write(key, change)
+            for ended in (change.session if key == "connection.closed" else None, change.displaced):
+                if ended is not None:
+                    self.subscriptions.forget(ended.connection)
+            if change.displaced is not None:
+                self.gateways.close_soon(change.displaced, self.presence)
+            if key == "connection.created" and change.session is not None and not change.ignored:
+                device = change.session.client_id
+                self.known.add(device)
+                self.subscriptions.opened(change.session.connection)
+                # A persistent session may already have its subscriptions; asking the
+                # gateway costs a management call under the lock, so only when there
+                # is something to deliver (a reconnect wave would otherwise queue
+                # every command behind thousands of calls).
+                if self._has_pending(device):
+                    await self.use_filters(change.session, await self.gateways.kept_filters(change.session))
+            return written
+
+    def _write(self, key: str, change: Change) -> Awaitable[None] | None:
+        """Produce a presence change to Kafka now; the event is acked after it is confirmed."""
+        if self.store is None or change.session is None or change.ignored:
+            return None
+        if key == "connection.created":
+            return self.store.save_soon(change.session)
+        if key == "connection.closed":
+            return self.store.delete_soon(change.session.client_id)
+        return None
+
+    async def _on_binding(self, headers: dict[str, Any]) -> None:
+        made = mqtt_plugin.subscription_from_event(headers)
+        if made is None:
+            return
+        session = self.presence.get(made.client_id)
+        if session is None or session.region != made.region:
+            return
+        self.subscriptions.add(session.connection, [made.topic_filter])
+        await self._deliver(session, [made.topic_filter])
+
+    async def use_filters(self, session: Session, filters: list[str] | None) -> bool:
+        """Take what the gateway said about a session's subscriptions and deliver what they
+        match; False when it could not say (the session then counts as subscribed)."""
+        self.subscriptions.mark_asked(session.connection)
+        if filters is None:
+            self.subscriptions.unknown(session.connection)
+            return False
+        self.subscriptions.add(session.connection, filters)
+        await self._deliver(session, filters)
+        return True

@@ -1,0 +1,66 @@
+"""What each live connection subscribes to, as far as the router has seen it.
+
+MQTT drops a message for a topic nobody subscribes to, and a device
+subscribes only after its connect, which the router learns of first.  So a
+command for a device whose subscriptions are known and do not match waits
+(the downlink holds it) until a `binding.created` event says the device
+subscribed.  Connections the router did not see open (those found by the
+rebuild at start) are taken as subscribed: their subscriptions were made
+before this router ran.
+
+Also kept per connection: the desired-state topics already replayed to it,
+so that a device gets its desired state once per connection.
+"""
+
+from __future__ import annotations
+
+from router.routing import topic_matches
+
+
+class Subscriptions:
+    def __init__(self) -> None:
+        #: connection -> filters seen; a connection missing here counts as subscribed
+        self._filters: dict[str, set[str]] = {}
+        #: connections whose existing subscriptions (a persistent session's) were asked for
+        self._asked: set[str] = set()
+        #: connection -> desired-state topics already replayed to it
+        self._replayed: dict[str, set[str]] = {}
+
+    def opened(self, connection: str) -> None:
+        """A connection the router saw open: it subscribes to nothing until it says so."""
+        self._filters[connection] = set()
+
+    def add(self, connection: str, filters: list[str]) -> None:
+        if connection in self._filters:
+            self._filters[connection].update(filters)
+
+    def unknown(self, connection: str) -> None:
+        """Its gateway could not say: count the connection as subscribed to everything."""
+        self._filters.pop(connection, None)
+
+    def covers(self, connection: str, topic: str) -> bool:
+        """Whether a message on `topic` reaches the connection now."""
+        filters = self._filters.get(connection)
+        return filters is None or any(topic_matches(f, topic) for f in filters)
+
+    def ask_once(self, connection: str) -> bool:
+        """True the first time: the caller asks the gateway for the connection's kept filters."""
+        if connection in self._asked:
+            return False
+        self._asked.add(connection)
+        return True
+
+    def mark_asked(self, connection: str) -> None:
+        self._asked.add(connection)
+
+    def replayed(self, connection: str, topic: str) -> bool:
+        return topic in self._replayed.get(connection, ())
+
+    def mark_replayed(self, connection: str, topic: str) -> None:
+        self._replayed.setdefault(connection, set()).add(topic)
+
+    def forget(self, connection: str) -> None:
+        """The connection ended."""
+        self._replayed.pop(connection, None)
+        self._filters.pop(connection, None)
+        self._asked.discard(connection)
