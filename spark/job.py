@@ -1,7 +1,11 @@
 """The streaming job: Kafka -> telemetry_raw, rejects, device_minute, region_minute.
 
 Three Structured Streaming queries read the bridge's topics with Spark's
-Kafka source, each with its own checkpoint:
+Kafka source, each with its own checkpoint.  The topics are exactly those the
+router's mapping rules produce, plus its catch-all and dead-letter topics
+(settings `topics`, from router.topics.kafka_topics): a record of any rule's
+topic becomes a telemetry_raw row that names its Kafka and MQTT topic, a
+record of the other two a reject.
 
   raw            every record, deduplicated by message id within
                  `dedupe_window` of Kafka time -> telemetry_raw + rejects,
@@ -38,7 +42,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from backend import contract as c
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
@@ -59,20 +62,18 @@ def kafka_source(spark: SparkSession, s: SparkSettings) -> DataFrame:
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", s.kafka_bootstrap)
-        .option("subscribePattern", s.topic_pattern)
+        .option("subscribe", ",".join(s.require_topics()))
         .option("startingOffsets", s.starting_offsets)
         .option("includeHeaders", "true")
         .option("maxOffsetsPerTrigger", s.max_offsets_per_trigger)
-        # new topics matching the pattern are found within this time
+        # a listed topic created after the job started (and new partitions) is found within this time
         .option("kafka.metadata.max.age.ms", "30000")
         .load()
     )
 
 
 def decoded_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
-    return tr.decode_kafka(
-        kafka_source(spark, s), c.KAFKA_UNMATCHED_TOPIC, c.KAFKA_DEADLETTER_TOPIC, s.max_payload_bytes
-    )
+    return tr.decode_kafka(kafka_source(spark, s), s.unmatched_topic, s.deadletter_topic, s.max_payload_bytes)
 
 
 def offsets_read(progress: Any) -> int | None:
@@ -139,7 +140,7 @@ class TelemetryJob:
             )
         log.info(
             "streaming %s from %s into %s (checkpoints %s)",
-            s.topic_pattern,
+            ",".join(s.topics),
             s.kafka_bootstrap,
             s.warehouse,
             s.checkpoint_dir,
@@ -266,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback otherwise
     try:
         settings = SparkSettings.load(args.config)
+        settings.require_topics()
     except SparkSettingsError as e:
         print(f"spark job: settings: {e}", file=sys.stderr)
         return 2

@@ -8,11 +8,19 @@ state/nodes/spark/spark.toml) and a job submitted to a cluster: point
     kafka_bootstrap = "127.0.0.1:17010"
     master = "local[2]"
     warehouse = "/data/fedgate/warehouse"
+    topics = "energy.power,energy.total,fedgate.deadletter,fedgate.unmatched,telemetry.events,..."
+
+The job reads exactly the Kafka topics the router's mapping rules produce,
+plus its catch-all and dead-letter topics: `router.topics.kafka_topics` says
+which, and whoever deploys the job writes them into `topics` (the local
+driver from the same [router] table the routers get).  Spark never imports
+the router, so it has no default list of its own.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -37,6 +45,9 @@ class SparkSettingsError(FedgateError, ValueError):
     pass
 
 
+_KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers."})
@@ -49,12 +60,20 @@ class SparkSettings:
     jars_dir: str = field(
         default_factory=default_jars_dir, metadata={"doc": "Folder of the Kafka source jars."}
     )
-    topic_pattern: str = field(
-        default=r"telemetry\..*|"
-        + c.KAFKA_UNMATCHED_TOPIC.replace(".", r"\.")
-        + "|"
-        + c.KAFKA_DEADLETTER_TOPIC.replace(".", r"\."),
-        metadata={"doc": "Kafka topics to read (regex); new matching topics are picked up."},
+    topics: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "doc": "Kafka topics the job reads (comma-separated): exactly those the router's rules produce, "
+            "with the catch-all and dead-letter topics (router.topics.kafka_topics). The job needs them."
+        },
+    )
+    unmatched_topic: str = field(
+        default=c.KAFKA_UNMATCHED_TOPIC,
+        metadata={"doc": "The router's catch-all topic: its records become rejects (no mapping rule)."},
+    )
+    deadletter_topic: str = field(
+        default=c.KAFKA_DEADLETTER_TOPIC,
+        metadata={"doc": "The router's dead-letter topic: its records become rejects with the reason."},
     )
     starting_offsets: str = field(
         default="earliest", metadata={"doc": "Where a job without checkpoint starts: earliest or latest."}
@@ -90,6 +109,9 @@ class SparkSettings:
     )
 
     def __post_init__(self) -> None:
+        for topic in self.topics:
+            if not _KAFKA_TOPIC.fullmatch(topic):
+                raise SparkSettingsError(f"topics: {topic!r} is not a Kafka topic name")
         if not self.kafka_bootstrap:
             raise SparkSettingsError("kafka_bootstrap: required")
         if not self.warehouse:
@@ -105,6 +127,15 @@ class SparkSettings:
                 raise SparkSettingsError(
                     f"{name}: an interval like '10 minutes', not {getattr(self, name)!r}"
                 )
+
+    def require_topics(self) -> tuple[str, ...]:
+        """The topics to stream from; SparkSettingsError if none are set (the job cannot guess them)."""
+        if not self.topics:
+            raise SparkSettingsError(
+                "topics: required by the job: the Kafka topics the router's mapping rules produce, "
+                "with its catch-all and dead-letter topics (router.topics.kafka_topics)"
+            )
+        return self.topics
 
     @property
     def checkpoint_dir(self) -> str:

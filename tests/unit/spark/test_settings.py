@@ -33,3 +33,34 @@ def test_a_bad_setting_is_named(tmp_path, text, message):
     cfg.write_text(text)
     with pytest.raises(SparkSettingsError, match=message):
         SparkSettings.load(cfg)
+
+
+def test_the_job_reads_exactly_the_topics_it_is_given(tmp_path):
+    cfg = tmp_path / "spark.toml"
+    cfg.write_text(
+        'kafka_bootstrap = "k"\nwarehouse = "w"\n'
+        'topics = "energy.power,fedgate.deadletter,fedgate.unmatched,telemetry.telemetry"\n'
+        'unmatched_topic = "fedgate.unmatched"\n'
+    )
+    s = SparkSettings.load(cfg)
+    assert s.require_topics() == (
+        "energy.power",
+        "fedgate.deadletter",
+        "fedgate.unmatched",
+        "telemetry.telemetry",
+    )
+    cfg.write_text('kafka_bootstrap = "k"\nwarehouse = "w"\ntopics = ["energy.power", "telemetry.state"]\n')
+    assert SparkSettings.load(cfg).topics == ("energy.power", "telemetry.state")
+
+
+def test_the_job_has_no_topics_of_its_own():
+    """Queries need no topics; the streaming job refuses to guess them."""
+    s = SparkSettings.load(kafka_bootstrap="k", warehouse="w")
+    assert s.topics == ()
+    with pytest.raises(SparkSettingsError, match="^topics: required by the job"):
+        s.require_topics()
+
+
+def test_a_topic_kafka_would_refuse_is_named():
+    with pytest.raises(SparkSettingsError, match="^topics: 'telemetry.\\*' is not a Kafka topic name"):
+        SparkSettings.load(kafka_bootstrap="k", warehouse="w", topics="telemetry.*")
