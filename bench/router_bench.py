@@ -42,8 +42,8 @@ from fedgate.army import percentile
 from fedgate.devices import SimDevice
 from infra.local import processes
 from infra.local.driver import LocalFederation
-from infra.local.nodes import _toml
 from infra.local.settings import PROJECT_ROOT
+from infra.local.toml_out import to_toml
 from router.kafka import ensure_topics, producer_config
 
 PAYLOAD = json.dumps({"seq": 0, "temp_c": 21.5, "humidity": 40.1, "sent_at": 1.0, "pad": "x" * 40}).encode()
@@ -198,7 +198,7 @@ def write_router_config(fed: LocalFederation, path: Path, port: int, *, downlink
         "downlink": downlink,
         "uplink": not downlink,
     }
-    lines = [f"{k} = {_toml(v)}" for k, v in cfg.items()]
+    lines = [f"{k} = {to_toml(v)}" for k, v in cfg.items()]
     for region, g in ep["gateways"].items():
         lines += [
             f"[gateways.{region}]",

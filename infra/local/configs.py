@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
-from infra.local.layout import ROUTER_NODE, SPARK_NODE
-from infra.local.nodes import ROLE_BACKEND, ROLE_GATEWAY, ROLE_KAFKA, ROLE_ROUTER, KafkaNode, Node
+from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROLE_KAFKA, ROLE_ROUTER, ROUTER_NODE, SPARK_NODE
+from infra.local.nodes import Node
+from infra.local.services import KafkaNode
 from infra.local.settings import LocalSettings
 
 

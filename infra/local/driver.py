@@ -39,27 +39,20 @@ from infra.local import configs, processes
 from infra.local.layout import (
     BACKEND_NODE,
     KAFKA_NODE,
-    ROUTER_NODE,
-    FederationError,
-    gateway_node_name,
-    port_layout,
-)
-from infra.local.nodes import (
-    NODE_CLASSES,
     ROLE_BACKEND,
     ROLE_EPMD,
     ROLE_GATEWAY,
     ROLE_KAFKA,
     ROLE_ROUTER,
     ROLE_SPARK,
-    KafkaNode,
-    Node,
-    NodeError,
+    ROUTER_NODE,
+    FederationError,
     NodeSpec,
-    RabbitNode,
-    RouterNode,
-    SparkNode,
+    gateway_node_name,
+    port_layout,
 )
+from infra.local.nodes import Node, NodeError, RabbitNode
+from infra.local.services import NODE_CLASSES, KafkaNode, RouterNode, SparkNode
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
 from infra.secrets_file import SecretsFile

@@ -8,18 +8,19 @@ the layout of a federation that is not running.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from backend import contract as c
 from backend.errors import FedgateError
-from infra.local.nodes import (
-    ROLE_BACKEND,
-    ROLE_EPMD,
-    ROLE_GATEWAY,
-    ROLE_KAFKA,
-    ROLE_ROUTER,
-    ROLE_SPARK,
-    NodeSpec,
-)
 from infra.local.settings import LocalSettings
+
+ROLE_EPMD = "epmd"
+ROLE_BACKEND = "backend"
+ROLE_GATEWAY = "gateway"
+ROLE_KAFKA = "kafka"
+ROLE_ROUTER = "router"
+ROLE_SPARK = "spark"
 
 #: Offsets of each node's ports from port_base.
 EPMD_OFFSET = 0
@@ -37,6 +38,23 @@ BACKEND_NODE = "backend"
 ROUTER_NODE = "router-0"
 KAFKA_NODE = "kafka"
 EPMD_NODE = "epmd"
+
+
+@dataclass
+class NodeSpec:
+    """A node of the local federation as recorded in state/federation.json."""
+
+    name: str
+    role: str
+    region: str | None
+    ports: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "region": self.region, "ports": self.ports}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeSpec:
+        return cls(d["name"], d["role"], d.get("region"), {k: int(v) for k, v in d["ports"].items()})
 
 
 def gateway_node_name(region: str) -> str:

@@ -1,8 +1,11 @@
-"""The processes of a local federation: what each one is and how it starts.
+"""The processes of a local federation: what every node shares, and the RabbitMQ nodes.
 
 A node knows how to render its config, start its process, tell whether it is
 ready and where its log is.  The driver (driver.py) decides which nodes to
-start and in what order.
+start and in what order.  What a gateway's or the backend's rabbitmq.conf
+holds and what "ready" means for them lives in their homes (gateways/node.py,
+backend/node.py); this file only runs them as local processes.  Kafka, the
+routers and the Spark job are in services.py.
 
 Node kinds:
   epmd     Erlang's port mapper, one per state dir on a fedgate port, so that
@@ -17,35 +20,33 @@ Node kinds:
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Any
 
-from backend.contract import ADMIN_USER, gateway_cluster_name
+from backend.contract import ADMIN_USER
 from backend.errors import FedgateError
-from backend.rabbitmq_admin import AdminError, RabbitAdmin
+from backend.node import BackendNodeConfig
+from backend.rabbitmq_admin import RabbitAdmin
+from gateways.node import GatewayNodeConfig
 from infra.local import processes
-from infra.local.settings import PROJECT_ROOT, LocalSettings
+from infra.local.layout import (  # noqa: F401  (re-exported: the roles and NodeSpec were defined here)
+    ROLE_BACKEND,
+    ROLE_EPMD,
+    ROLE_GATEWAY,
+    ROLE_KAFKA,
+    ROLE_ROUTER,
+    ROLE_SPARK,
+    NodeSpec,
+)
+from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_listeners_conf
-
-ROLE_EPMD = "epmd"
-ROLE_BACKEND = "backend"
-ROLE_GATEWAY = "gateway"
-ROLE_KAFKA = "kafka"
-ROLE_ROUTER = "router"
-ROLE_SPARK = "spark"
 
 #: Erlang VM flags for several nodes sharing two cores: no busy-waiting
 #: schedulers (they would burn a core each while idle).
@@ -54,23 +55,6 @@ ERL_SHARED_HOST_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 class NodeError(FedgateError):
     """A node cannot start or is not ready; the message names the node and its log."""
-
-
-@dataclass
-class NodeSpec:
-    """A node of the local federation as recorded in state/federation.json."""
-
-    name: str
-    role: str
-    region: str | None
-    ports: dict[str, int]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "region": self.region, "ports": self.ports}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> NodeSpec:
-        return cls(d["name"], d["role"], d.get("region"), {k: int(v) for k, v in d["ports"].items()})
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -245,10 +229,28 @@ class RabbitNode(Node):
     def log_file(self) -> Path:
         return self.dir / "log" / f"{self.erlang_node}.log"
 
-    @property
-    def template_dir(self) -> Path:
-        sub = "backend" if self.spec.role == ROLE_BACKEND else "gateways"
-        return PROJECT_ROOT / sub / "templates"
+    def node_config(self) -> GatewayNodeConfig | BackendNodeConfig:
+        """What this node is configured with: a gateway's config or the backend's."""
+        s = self.settings
+        if self.spec.role == ROLE_GATEWAY:
+            assert self.spec.region
+            return GatewayNodeConfig(
+                region=self.spec.region,
+                host=self.host,
+                ports=self.spec.ports,
+                admin_user=ADMIN_USER,
+                admin_password=self.secrets["admin"],
+                memory_mb=s.rabbitmq_memory_mb,
+                mqtt_tcp_buffer=s.mqtt_tcp_buffer,
+                max_fds=s.gateway_max_fds,
+            )
+        return BackendNodeConfig(
+            host=self.host,
+            ports=self.spec.ports,
+            admin_user=ADMIN_USER,
+            admin_password=self.secrets["admin"],
+            memory_mb=s.rabbitmq_memory_mb,
+        )
 
     def admin(self, timeout: float = 10.0) -> RabbitAdmin:
         url = f"http://{self.host}:{self.spec.ports['management']}"
@@ -264,26 +266,15 @@ class RabbitNode(Node):
 
     def prepare(self) -> None:
         p = self.spec.ports
-        values = dict(
-            region=self.spec.region or "",
-            cluster_name=(gateway_cluster_name(self.spec.region) if self.spec.region else "fedgate-backend"),
-            host=self.host,
-            amqp_port=p["amqp"],
-            management_port=p["management"],
-            prometheus_port=p["prometheus"],
-            mqtt_port=p.get("mqtt", 0),
-            mqtt_tcp_buffer=self.settings.mqtt_tcp_buffer,
-            memory_mb=self.settings.rabbitmq_memory_mb,
-            admin_user=ADMIN_USER,
-            admin_password=self.secrets["admin"],
-        )
-        render(self.template_dir / "rabbitmq.conf", self.dir / "rabbitmq.conf", **values)
+        config = self.node_config()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "rabbitmq.conf").write_text(config.rabbitmq_conf())
         if self.settings.tls:
             cert = LocalCA(self.settings.state_dir / "tls").node_cert(self.name, self.host)
             with open(self.dir / "rabbitmq.conf", "a") as conf:
                 conf.write(tls_listeners_conf(self.host, cert, p["amqps"], p.get("mqtts")))
         (self.dir / "rabbitmq.conf").chmod(0o600)
-        shutil.copyfile(self.template_dir / "enabled_plugins", self.dir / "enabled_plugins")
+        shutil.copyfile(config.enabled_plugins, self.dir / "enabled_plugins")
 
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
         env = self.base_env()
@@ -306,242 +297,8 @@ class RabbitNode(Node):
                 "-kernel inet_dist_use_interface {127,0,0,1} " + ERL_SHARED_HOST_ARGS
             ),
         )
-        max_fds = self.settings.gateway_max_fds if self.spec.role == ROLE_GATEWAY else 8192
+        max_fds = self.node_config().max_fds
         return [str(self.settings.rabbitmq_bin_dir / "rabbitmq-server")], env, max_fds
 
     def ready(self) -> bool:
-        try:
-            self.admin(timeout=2).get("health/checks/virtual-hosts")
-        except AdminError:
-            return False
-        # A gateway opens its MQTT listener only once its client-id tracker is up.
-        return "mqtt" not in self.spec.ports or port_open(self.host, self.spec.ports["mqtt"])
-
-
-class KafkaNode(Node):
-    """Apache Kafka, broker and controller in one JVM (KRaft), from the jars in .cache."""
-
-    @property
-    def log_file(self) -> Path:
-        return self.dir / "logs" / "server.log"
-
-    @property
-    def classpath(self) -> str:
-        return str(self.settings.kafka_jars / "*")
-
-    def preflight(self) -> None:
-        if not shutil.which("java"):
-            raise NodeError(f"{self.name}: java not found; run `make setup`")
-        if not (self.settings.kafka_jars / ".complete").exists():
-            raise NodeError(
-                f"{self.name}: Kafka jars missing in {self.settings.kafka_jars}; run `make setup`"
-            )
-        super().preflight()
-
-    def prepare(self) -> None:
-        tdir = PROJECT_ROOT / "infra" / "local" / "templates"
-        data = self.dir / "data"
-        render(
-            tdir / "kafka-server.properties",
-            self.dir / "server.properties",
-            host=self.host,
-            bootstrap_port=self.spec.ports["bootstrap"],
-            controller_port=self.spec.ports["controller"],
-            data_dir=data,
-        )
-        render(
-            tdir / "kafka-log4j2.properties",
-            self.dir / "log4j2.properties",
-            log_dir=self.dir / "logs",
-        )
-        if not (data / "meta.properties").exists():
-            cluster_id = kraft_cluster_id()
-            out = subprocess.run(
-                [
-                    *self.java_prefix(),
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "-t",
-                    cluster_id,
-                    "-c",
-                    str(self.dir / "server.properties"),
-                ],
-                env={**self.base_env(), "FEDGATE_NODE_ID": self.marker},
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if out.returncode != 0:
-                (self.dir / "format.log").write_text(out.stdout + out.stderr)
-                raise NodeError(
-                    f"{self.name}: formatting the KRaft storage failed; see {self.dir / 'format.log'}"
-                )
-
-    def java_prefix(self) -> list[str]:
-        return [
-            "java",
-            "-Xms128m",
-            f"-Xmx{self.settings.kafka_heap_mb}m",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-            f"-Dkafka.logs.dir={self.dir / 'logs'}",
-            *self.settings.kafka_opts.split(),
-            "-cp",
-            self.classpath,
-        ]
-
-    def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        argv = [*self.java_prefix(), "kafka.Kafka", str(self.dir / "server.properties")]
-        return argv, self.base_env(), 65536
-
-    def ready(self) -> bool:
-        if not port_open(self.host, self.spec.ports["bootstrap"]):
-            return False
-        from confluent_kafka.admin import AdminClient
-
-        client = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000})
-        try:
-            md = client.list_topics(timeout=2)
-        except Exception:  # KafkaException while the broker finishes starting
-            return False
-        return bool(md.brokers)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.spec.ports['bootstrap']}"
-
-
-class RouterNode(Node):
-    """The router service (python -m router), configured by a rendered router.toml."""
-
-    #: filled in by the driver before start: what the router connects to
-    config: dict[str, Any] | None = None
-
-    @property
-    def log_file(self) -> Path:
-        return self.stdout_log
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.spec.ports['metrics']}"
-
-    def prepare(self) -> None:
-        if self.config is None:
-            return  # restarted by start_node: keep the rendered config
-        lines = ["# fedgate router -- rendered by fedgate, do not edit."]
-        for key, value in self.config.items():
-            if key == "gateways":
-                continue
-            lines.append(f"{key} = {_toml(value)}")
-        for region, gw in self.config.get("gateways", {}).items():
-            lines.append(f"\n[gateways.{region}]")
-            lines += [f"{k} = {_toml(v)}" for k, v in gw.items()]
-        path = self.dir / "router.toml"
-        path.write_text("\n".join(lines) + "\n")
-        path.chmod(0o600)
-
-    def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        env = self.base_env()
-        env["PYTHONPATH"] = str(PROJECT_ROOT)
-        env["PYTHONUNBUFFERED"] = "1"
-        return [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")], env, 65536
-
-    def metrics(self) -> dict[str, float]:
-        """The router's Prometheus metrics, summed over labels."""
-        out: dict[str, float] = {}
-        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=3) as r:
-            for line in r.read().decode().splitlines():
-                if line and not line.startswith("#"):
-                    name, value = line.rsplit(" ", 1)
-                    name = name.split("{", 1)[0]
-                    out[name] = out.get(name, 0.0) + float(value)
-        return out
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.metrics_url + "/health", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-
-class SparkNode(Node):
-    """The Spark job (python -m spark.job) on a local master; pyspark starts its JVM as a child."""
-
-    #: filled in by the driver before start: the job's settings (spark.toml)
-    config: dict[str, Any] | None = None
-
-    @property
-    def progress_file(self) -> Path:
-        return self.dir / "progress.json"
-
-    def preflight(self) -> None:
-        super().preflight()
-        jars = self.settings.spark_kafka_jars
-        if not any(jars.glob("spark-sql-kafka*.jar")):
-            raise NodeError(f"{self.name}: Spark's Kafka source is not in {jars}; run `make setup`")
-        if shutil.which("java") is None:
-            raise NodeError(f"{self.name}: java is not installed; run `make setup`")
-
-    def prepare(self) -> None:
-        # a report from before this start would make the new job look ready
-        self.progress_file.unlink(missing_ok=True)
-        if self.config is None:
-            return  # restarted by start_node: keep the rendered config
-        lines = ["# fedgate spark job -- rendered by fedgate, do not edit."]
-        lines += [f"{k} = {_toml(v)}" for k, v in self.config.items()]
-        (self.dir / "spark.toml").write_text("\n".join(lines) + "\n")
-
-    def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        env = self.base_env()
-        env["PYTHONPATH"] = str(PROJECT_ROOT)
-        env["PYTHONUNBUFFERED"] = "1"
-        return [sys.executable, "-m", "spark.job", "--config", str(self.dir / "spark.toml")], env, None
-
-    def progress(self) -> dict[str, Any]:
-        """What the job last wrote about its queries ({} before its first report)."""
-        try:
-            return dict(json.loads(self.progress_file.read_text()))
-        except (FileNotFoundError, ValueError):
-            return {}
-
-    def ready(self) -> bool:
-        p = self.progress()
-        queries = p.get("queries", {})
-        return p.get("state") == "running" and bool(queries) and all(q["active"] for q in queries.values())
-
-    def stop(self, grace: float = 60.0) -> list[int]:
-        return super().stop(grace)
-
-
-def kraft_cluster_id() -> str:
-    """A random KRaft cluster id, as `kafka-storage random-uuid` makes them.
-
-    Base64 of a UUID starts with '-' one time in 64, and the storage tool
-    would read such an id as an option ("expected one argument"); Kafka's
-    own generator draws again in that case, and so does this.
-    """
-    while True:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not cluster_id.startswith("-"):
-            return cluster_id
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-NODE_CLASSES: dict[str, type[Node]] = {
-    ROLE_EPMD: EpmdNode,
-    ROLE_BACKEND: RabbitNode,
-    ROLE_GATEWAY: RabbitNode,
-    ROLE_KAFKA: KafkaNode,
-    ROLE_ROUTER: RouterNode,
-    ROLE_SPARK: SparkNode,
-}
+        return self.node_config().ready(self.admin(timeout=2))

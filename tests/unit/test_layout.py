@@ -1,7 +1,7 @@
 import pytest
 
 from infra.local.driver import FederationError, port_layout
-from infra.local.nodes import NodeSpec
+from infra.local.layout import NodeSpec
 from infra.local.settings import load_settings
 
 STANDARD_PORTS = {1883, 8883, 5672, 5671, 15672, 15692, 25672, 4369, 9092, 9093}
@@ -67,12 +67,12 @@ def test_kraft_cluster_ids_never_start_with_a_dash(monkeypatch):
     """One UUID in 64 encodes to an id starting with '-', which kafka-storage read as an option."""
     import uuid
 
-    from infra.local import nodes
+    from infra.local import services
 
     dash_first = uuid.UUID(bytes=b"\xfb" + bytes(15))  # base64 of 0xfb... starts with '-'
     draws = iter([dash_first, uuid.UUID(int=1)])
-    monkeypatch.setattr(nodes.uuid, "uuid4", lambda: next(draws))
-    cluster_id = nodes.kraft_cluster_id()
+    monkeypatch.setattr(services.uuid, "uuid4", lambda: next(draws))
+    cluster_id = services.kraft_cluster_id()
     assert not cluster_id.startswith("-") and len(cluster_id) == 22
 
 

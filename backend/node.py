@@ -1,0 +1,65 @@
+"""What the backend node is: its rabbitmq.conf, its descriptor limit, what "ready" means.
+
+The backend is a RabbitMQ node without device listeners.  Whoever runs it
+(the local driver as a process today) asks this file what goes into its
+config; how the process is started stays with the driver.  The cloud node
+renders the same template (templates/rabbitmq.conf) through Terraform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from backend.contract import BACKEND_CLUSTER_NAME
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+#: file descriptor limit of the backend node: federation links, routers, the management API
+BACKEND_MAX_FDS = 8192
+
+
+@dataclass(frozen=True)
+class BackendNodeConfig:
+    """The backend node's configuration: listeners, memory, first user."""
+
+    host: str
+    #: amqp, management and prometheus (amqps: the TLS listener, added apart)
+    ports: Mapping[str, int]
+    admin_user: str
+    admin_password: str
+    memory_mb: int
+    max_fds: int = BACKEND_MAX_FDS
+
+    @property
+    def cluster_name(self) -> str:
+        return BACKEND_CLUSTER_NAME
+
+    @property
+    def enabled_plugins(self) -> Path:
+        return TEMPLATES / "enabled_plugins"
+
+    def rabbitmq_conf(self) -> str:
+        """The node's rabbitmq.conf (without TLS listeners)."""
+        p = self.ports
+        return Template((TEMPLATES / "rabbitmq.conf").read_text()).substitute(
+            cluster_name=self.cluster_name,
+            host=self.host,
+            amqp_port=p["amqp"],
+            management_port=p["management"],
+            prometheus_port=p["prometheus"],
+            memory_mb=self.memory_mb,
+            admin_user=self.admin_user,
+            admin_password=self.admin_password,
+        )
+
+    def ready(self, admin: RabbitAdmin) -> bool:
+        """The virtual hosts are up."""
+        try:
+            admin.get("health/checks/virtual-hosts")
+        except AdminError:
+            return False
+        return True

@@ -1,0 +1,79 @@
+"""What a gateway node is: its rabbitmq.conf, its descriptor limit, what "ready" means.
+
+A gateway is a RabbitMQ node with the MQTT listener.  Whoever runs one (the
+local driver as a process today) asks this file what goes into its config;
+how the process is started stays with the driver.  The cloud nodes render the
+same template (templates/rabbitmq.conf) through Terraform.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from backend.contract import gateway_cluster_name
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+@dataclass(frozen=True)
+class GatewayNodeConfig:
+    """A gateway node's configuration: listeners, MQTT socket buffers, memory, first user."""
+
+    region: str
+    host: str
+    #: amqp, management, prometheus and mqtt (mqtts and amqps: the TLS listeners, added apart)
+    ports: Mapping[str, int]
+    admin_user: str
+    admin_password: str
+    memory_mb: int
+    #: MQTT sndbuf/recbuf: without explicit buffers the kernel default costs ~4 MB a connection
+    mqtt_tcp_buffer: int
+    #: file descriptor limit of the node: one per device connection
+    max_fds: int
+
+    @property
+    def cluster_name(self) -> str:
+        return gateway_cluster_name(self.region)
+
+    @property
+    def enabled_plugins(self) -> Path:
+        return TEMPLATES / "enabled_plugins"
+
+    def rabbitmq_conf(self) -> str:
+        """The node's rabbitmq.conf (without TLS listeners)."""
+        p = self.ports
+        return Template((TEMPLATES / "rabbitmq.conf").read_text()).substitute(
+            region=self.region,
+            cluster_name=self.cluster_name,
+            host=self.host,
+            amqp_port=p["amqp"],
+            management_port=p["management"],
+            prometheus_port=p["prometheus"],
+            mqtt_port=p["mqtt"],
+            mqtt_tcp_buffer=self.mqtt_tcp_buffer,
+            memory_mb=self.memory_mb,
+            admin_user=self.admin_user,
+            admin_password=self.admin_password,
+        )
+
+    def ready(self, admin: RabbitAdmin) -> bool:
+        """The virtual hosts are up and devices can connect: a gateway opens its MQTT
+        listener only once its client-id tracker is up."""
+        try:
+            admin.get("health/checks/virtual-hosts")
+        except AdminError:
+            return False
+        return listener_open(self.host, self.ports["mqtt"])
+
+
+def listener_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

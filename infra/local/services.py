@@ -1,0 +1,246 @@
+"""The services of a local federation that are not RabbitMQ: Kafka, the routers, the Spark job.
+
+Each is a Node (nodes.py) that knows its own command line, config files and
+readiness.  They are apart from nodes.py because they start other engines
+(a JVM, python -m router, python -m spark.job) with their own settings files,
+while nodes.py holds what every node shares and the RabbitMQ nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from infra.local.layout import ROLE_BACKEND, ROLE_EPMD, ROLE_GATEWAY, ROLE_KAFKA, ROLE_ROUTER, ROLE_SPARK
+from infra.local.nodes import EpmdNode, Node, NodeError, RabbitNode, port_open, render
+from infra.local.settings import PROJECT_ROOT
+from infra.local.toml_out import to_toml, toml_lines
+
+
+class KafkaNode(Node):
+    """Apache Kafka, broker and controller in one JVM (KRaft), from the jars in .cache."""
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "logs" / "server.log"
+
+    @property
+    def classpath(self) -> str:
+        return str(self.settings.kafka_jars / "*")
+
+    def preflight(self) -> None:
+        if not shutil.which("java"):
+            raise NodeError(f"{self.name}: java not found; run `make setup`")
+        if not (self.settings.kafka_jars / ".complete").exists():
+            raise NodeError(
+                f"{self.name}: Kafka jars missing in {self.settings.kafka_jars}; run `make setup`"
+            )
+        super().preflight()
+
+    def prepare(self) -> None:
+        tdir = PROJECT_ROOT / "infra" / "local" / "templates"
+        data = self.dir / "data"
+        render(
+            tdir / "kafka-server.properties",
+            self.dir / "server.properties",
+            host=self.host,
+            bootstrap_port=self.spec.ports["bootstrap"],
+            controller_port=self.spec.ports["controller"],
+            data_dir=data,
+        )
+        render(
+            tdir / "kafka-log4j2.properties",
+            self.dir / "log4j2.properties",
+            log_dir=self.dir / "logs",
+        )
+        if not (data / "meta.properties").exists():
+            cluster_id = kraft_cluster_id()
+            out = subprocess.run(
+                [
+                    *self.java_prefix(),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(self.dir / "server.properties"),
+                ],
+                env={**self.base_env(), "FEDGATE_NODE_ID": self.marker},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if out.returncode != 0:
+                (self.dir / "format.log").write_text(out.stdout + out.stderr)
+                raise NodeError(
+                    f"{self.name}: formatting the KRaft storage failed; see {self.dir / 'format.log'}"
+                )
+
+    def java_prefix(self) -> list[str]:
+        return [
+            "java",
+            "-Xms128m",
+            f"-Xmx{self.settings.kafka_heap_mb}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.dir / 'logs'}",
+            *self.settings.kafka_opts.split(),
+            "-cp",
+            self.classpath,
+        ]
+
+    def command(self) -> tuple[list[str], dict[str, str], int | None]:
+        argv = [*self.java_prefix(), "kafka.Kafka", str(self.dir / "server.properties")]
+        return argv, self.base_env(), 65536
+
+    def ready(self) -> bool:
+        if not port_open(self.host, self.spec.ports["bootstrap"]):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        client = AdminClient({"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 2000})
+        try:
+            md = client.list_topics(timeout=2)
+        except Exception:  # KafkaException while the broker finishes starting
+            return False
+        return bool(md.brokers)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.spec.ports['bootstrap']}"
+
+
+class RouterNode(Node):
+    """The router service (python -m router), configured by a rendered router.toml."""
+
+    #: filled in by the driver before start: what the router connects to
+    config: dict[str, Any] | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.stdout_log
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.spec.ports['metrics']}"
+
+    def prepare(self) -> None:
+        if self.config is None:
+            return  # restarted by start_node: keep the rendered config
+        lines = ["# fedgate router -- rendered by fedgate, do not edit."]
+        for key, value in self.config.items():
+            if key == "gateways":
+                continue
+            lines.append(f"{key} = {to_toml(value)}")
+        for region, gw in self.config.get("gateways", {}).items():
+            lines.append(f"\n[gateways.{region}]")
+            lines += toml_lines(gw)
+        path = self.dir / "router.toml"
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+
+    def command(self) -> tuple[list[str], dict[str, str], int | None]:
+        env = self.base_env()
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        return [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")], env, 65536
+
+    def metrics(self) -> dict[str, float]:
+        """The router's Prometheus metrics, summed over labels."""
+        out: dict[str, float] = {}
+        with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=3) as r:
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    name, value = line.rsplit(" ", 1)
+                    name = name.split("{", 1)[0]
+                    out[name] = out.get(name, 0.0) + float(value)
+        return out
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.metrics_url + "/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+
+class SparkNode(Node):
+    """The Spark job (python -m spark.job) on a local master; pyspark starts its JVM as a child."""
+
+    #: filled in by the driver before start: the job's settings (spark.toml)
+    config: dict[str, Any] | None = None
+
+    @property
+    def progress_file(self) -> Path:
+        return self.dir / "progress.json"
+
+    def preflight(self) -> None:
+        super().preflight()
+        jars = self.settings.spark_kafka_jars
+        if not any(jars.glob("spark-sql-kafka*.jar")):
+            raise NodeError(f"{self.name}: Spark's Kafka source is not in {jars}; run `make setup`")
+        if shutil.which("java") is None:
+            raise NodeError(f"{self.name}: java is not installed; run `make setup`")
+
+    def prepare(self) -> None:
+        # a report from before this start would make the new job look ready
+        self.progress_file.unlink(missing_ok=True)
+        if self.config is None:
+            return  # restarted by start_node: keep the rendered config
+        lines = ["# fedgate spark job -- rendered by fedgate, do not edit."]
+        lines += toml_lines(self.config)
+        (self.dir / "spark.toml").write_text("\n".join(lines) + "\n")
+
+    def command(self) -> tuple[list[str], dict[str, str], int | None]:
+        env = self.base_env()
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        return [sys.executable, "-m", "spark.job", "--config", str(self.dir / "spark.toml")], env, None
+
+    def progress(self) -> dict[str, Any]:
+        """What the job last wrote about its queries ({} before its first report)."""
+        try:
+            return dict(json.loads(self.progress_file.read_text()))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def ready(self) -> bool:
+        p = self.progress()
+        queries = p.get("queries", {})
+        return p.get("state") == "running" and bool(queries) and all(q["active"] for q in queries.values())
+
+    def stop(self, grace: float = 60.0) -> list[int]:
+        return super().stop(grace)
+
+
+def kraft_cluster_id() -> str:
+    """A random KRaft cluster id, as `kafka-storage random-uuid` makes them.
+
+    Base64 of a UUID starts with '-' one time in 64, and the storage tool
+    would read such an id as an option ("expected one argument"); Kafka's
+    own generator draws again in that case, and so does this.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+#: the node kind of each role
+NODE_CLASSES: dict[str, type[Node]] = {
+    ROLE_EPMD: EpmdNode,
+    ROLE_BACKEND: RabbitNode,
+    ROLE_GATEWAY: RabbitNode,
+    ROLE_KAFKA: KafkaNode,
+    ROLE_ROUTER: RouterNode,
+    ROLE_SPARK: SparkNode,
+}
