@@ -12,11 +12,16 @@ from typing import Any
 
 
 def to_toml(value: Any) -> str:
-    """One value as TOML: booleans, numbers, and everything else as a quoted string."""
+    """One value as TOML: booleans, numbers, arrays, inline tables (the router's
+    [[rules]] pass through this way), and everything else as a quoted string."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(to_toml(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{to_toml(str(k))} = {to_toml(v)}" for k, v in value.items()) + "}"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
