@@ -45,6 +45,11 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "aggregate_trigger_s": s.spark_aggregate_trigger_s,
         "jars_dir": str(s.spark_kafka_jars),
         "progress_file": str(job.dir / "progress.json"),
+        # what the routers write, from the same [router] table (router.topics.kafka_topics)
+        "topics": s.router_settings.kafka_topics(),
+        "unmatched_topic": s.router_settings.unmatched_topic,
+        "deadletter_topic": s.router_settings.deadletter_topic,
+        "max_payload_bytes": s.router_settings.max_payload_bytes,
     }
 
 
@@ -67,8 +72,7 @@ def router_config(
         "router_count": len(routers),
         "uplink_shards": settings.uplink_shards,
         "downlink": router.name == ROUTER_NODE,
-        "unknown_device": settings.unknown_device,
-        "park_ttl_s": settings.park_ttl_s,
+        **settings.router,  # the [router] table, unchanged: router/settings.py defines and checks it
         "gateways": {
             n.spec.region: {
                 "management_url": f"http://{host}:{n.spec.ports['management']}",
