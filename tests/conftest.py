@@ -18,10 +18,23 @@ import pytest
 
 from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT, load_settings
+from router.topics import DEFAULT_RULES
 
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
 PARK_TTL_S = 25
 SPARK_LATE_AFTER = "5 seconds"
+#: A mapping rule the session federation has besides the default one (test_mapping_rules.py)
+ENERGY_RULE = {
+    "pattern": "devices/{device}/energy/{kind:power|total}",
+    "topic": "energy.{kind}",
+    "key": "{device}",
+}
+#: The session federation's [router] table: rules replace the default list, so it comes last
+ROUTER_TABLE = {
+    # a short parking TTL so that expiry can be tested
+    "park_ttl_s": PARK_TTL_S,
+    "rules": [ENERGY_RULE, *({"pattern": r.pattern, "topic": r.topic, "key": r.key} for r in DEFAULT_RULES)],
+}
 
 
 def missing_runtime() -> str | None:
@@ -61,11 +74,10 @@ def make_federation(state_dir: Path, port_base: int, **overrides: object) -> Loc
 
 @pytest.fixture(scope="session")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
-    # a short parking TTL so that expiry can be tested
     fed = make_federation(
         tmp_path_factory.mktemp("federation"),
         TEST_PORT_BASE,
-        park_ttl_s=PARK_TTL_S,
+        router=ROUTER_TABLE,
         # minutes close 5 s after they end, so closed aggregates can be tested without waiting a minute
         spark_late_after=SPARK_LATE_AFTER,
         spark_aggregate_trigger_s=5,

@@ -13,6 +13,16 @@ Any single port can be pinned in the TOML file::
     [ports]
     "gw-local-eu.mqtt" = 18830
     "kafka.bootstrap" = 19092
+
+The router's own settings are not defined here: the ``[router]`` table is
+router/settings.py's (its fields, defaults and checks), passed to every router
+process as it is, next to what the driver wires in (configs.router_config)::
+
+    [router]
+    park_ttl_s = 600
+    [[router.rules]]
+    pattern = "devices/{device}/energy/{kind:power|total}"
+    topic = "energy.{kind}"
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from typing import Any
 from backend.contract import InvalidRegionError, validate_region
 from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
+from router.settings import RouterSettings, RouterSettingsError, check_router_table, router_table
+from router.settings import describe as describe_router
 from spark.settings import SPARK_KAFKA_JARS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -108,15 +120,12 @@ class LocalSettings:
         default=4,
         metadata={"doc": "Uplink shard queues on the backend (fixed once the backend exists)."},
     )
-    unknown_device: str = field(
-        default="broadcast",
+    router: dict[str, Any] = field(
+        default_factory=dict,
         metadata={
-            "doc": "Router: a command for a device never seen is 'broadcast' to every region or 'park'ed."
+            "doc": "The routers' own settings, the [router] table (FEDGATE_ROUTER_<NAME> over its scalars): "
+            "router/settings.py defines and checks them, every router gets them unchanged."
         },
-    )
-    park_ttl_s: float = field(
-        default=3600.0,
-        metadata={"doc": "Router: how long a parked command waits for its device (seconds)."},
     )
     tls: bool = field(
         default=True,
@@ -239,6 +248,11 @@ class LocalSettings:
     def spark_kafka_jars(self) -> Path:
         return self.cache_dir / SPARK_KAFKA_JARS
 
+    @property
+    def router_settings(self) -> RouterSettings:
+        """What the [router] table gives (its rules, topics, limits; the wiring fields are stand-ins)."""
+        return check_router_table(self.router)
+
     def validate(self) -> LocalSettings:
         try:
             for r in self.regions:
@@ -269,10 +283,10 @@ class LocalSettings:
             raise SettingsError(
                 f"routers: between 0 and uplink_shards ({self.uplink_shards}), got {self.routers}"
             )
-        if self.unknown_device not in ("broadcast", "park"):
-            raise SettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
-        if self.park_ttl_s <= 0:
-            raise SettingsError("park_ttl_s: must be positive")
+        try:
+            router_table(self.router, env={})
+        except RouterSettingsError as e:
+            raise SettingsError(f"router.{e}") from e
         if self.spark not in (0, 1):
             raise SettingsError(f"spark: 0 or 1, got {self.spark}")
         if self.boot_timeout <= 0:
@@ -300,13 +314,26 @@ def load_settings(
         path = PROJECT_ROOT / "fedgate.toml"
     known = {f.name: str(f.type) for f in fields(LocalSettings)}
     values = read_layers(
-        known, path=path, env=env, env_prefix="FEDGATE_", error=SettingsError, section="local"
+        known,
+        path=path,
+        env=env,
+        env_prefix="FEDGATE_",
+        error=SettingsError,
+        section="local",
+        skip_env=("router",),  # a table: its scalars come from FEDGATE_ROUTER_<NAME>, below
     )
     for key, raw in overrides.items():
         if key not in known:
             raise SettingsError(f"unknown setting {key!r}")
         values[key] = raw
     values = {key: coerce(key, known[key], raw, SettingsError) for key, raw in values.items()}
+    table = values.get("router", {})
+    if not isinstance(table, dict):
+        raise SettingsError(f"router: a table ([router] in the config file), not {table!r}")
+    try:
+        values["router"] = router_table(table, env)
+    except RouterSettingsError as e:
+        raise SettingsError(f"router.{e}") from e
     return LocalSettings(**values).validate()
 
 
@@ -314,6 +341,10 @@ def describe_settings() -> list[tuple[str, str, str]]:
     """(env var, default, description) for every setting, for docs and --help."""
     out = []
     for f in fields(LocalSettings):
+        if f.name == "router":
+            continue
         default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
         out.append((f"FEDGATE_{f.name.upper()}", str(default), f.metadata.get("doc", "")))
+    # the [router] table's fields: router/settings.py's own, with its docs
+    out += [(name, default, f"Router: {doc}") for name, default, doc in describe_router()]
     return out

@@ -1,8 +1,9 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from infra.local.settings import SettingsError, load_settings
+from infra.local.settings import SettingsError, describe_settings, load_settings
 
 
 def test_defaults_stay_clear_of_standard_ports():
@@ -67,3 +68,68 @@ def test_missing_config_file_is_an_error():
 def test_port_block_inside_the_ephemeral_range_is_refused():
     with pytest.raises(SettingsError, match="ephemeral port range"):
         load_settings(env={"FEDGATE_PORT_BASE": "40000"})
+
+
+ROUTER_TOML = """
+[router]
+park_ttl_s = 600
+unknown_device = "park"
+
+[[router.rules]]
+pattern = "devices/{device}/energy/{kind:power|total}"
+topic = "energy.{kind}"
+
+[[router.rules]]
+pattern = "devices/{device}/{stream:telemetry|events|state}/..."
+topic = "telemetry.{stream}"
+"""
+
+
+def test_the_router_table_is_passed_through_as_written(tmp_path):
+    cfg = tmp_path / "fedgate.toml"
+    cfg.write_text(ROUTER_TOML)
+    s = load_settings(env={"FEDGATE_ROUTER_MAX_INFLIGHT": "500"}, config_file=cfg)
+    assert s.router == {
+        "park_ttl_s": 600,
+        "unknown_device": "park",
+        "rules": [
+            {"pattern": "devices/{device}/energy/{kind:power|total}", "topic": "energy.{kind}"},
+            {
+                "pattern": "devices/{device}/{stream:telemetry|events|state}/...",
+                "topic": "telemetry.{stream}",
+            },
+        ],
+        "max_inflight": 500,  # FEDGATE_ROUTER_<NAME> over the table, as the router reads it
+    }
+    assert "energy.total" in s.router_settings.kafka_topics()
+
+
+def test_infra_keeps_no_router_defaults():
+    """A table that says nothing renders nothing: the router's own defaults apply."""
+    s = load_settings(env={})
+    assert s.router == {}
+    assert not {"park_ttl_s", "unknown_device"} & {f.name for f in dataclasses.fields(s)}
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ('[[router.rules]]\npattern = "devices/{device}/{k}"\ntopic = "t.{k}"\n', {}, "^router.rules: .*{k}"),
+        ("[router]\npark_ttl_s = 0\n", {}, "^router.park_ttl_s: must be positive"),
+        ("", {"FEDGATE_ROUTER_UNKNOWN_DEVICE": "drop"}, "^router.unknown_device"),
+        ('[router]\namqp_url = "amqp://x"\n', {}, "^router.amqp_url: set by the deployment"),
+        ("router = 3\n", {}, "^router: a table"),
+    ],
+)
+def test_a_wrong_router_setting_stops_start_up_naming_the_field(tmp_path, text, env, message):
+    cfg = tmp_path / "fedgate.toml"
+    cfg.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(env=env, config_file=cfg)
+
+
+def test_settings_list_the_router_settings_with_the_routers_docs():
+    described = {name: doc for name, _, doc in describe_settings()}
+    assert described["FEDGATE_ROUTER_PARK_TTL_S"] == "Router: How long a parked message waits for its device."
+    assert "[[router.rules]]" in described
+    assert "FEDGATE_ROUTER" not in described and "FEDGATE_PARK_TTL_S" not in described
