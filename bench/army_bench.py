@@ -5,7 +5,7 @@ One run, one machine, the same devices and offered load for both targets:
 fedgate   devices -> gateway -> federation -> backend -> two routers -> Kafka
 baseline  devices -> one Mosquitto broker -> a plain Python bridge -> Kafka (bench/baseline.py)
 
-Every figure is counted by the army (fedgate/army.py): readings the
+Every figure is counted by the army (fedgate/army/): readings the
 broker acknowledged are looked up in Kafka, commands the next hop
 confirmed are looked up on the devices.  Scenarios:
 

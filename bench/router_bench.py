@@ -38,8 +38,8 @@ import aiormq.abc
 from confluent_kafka import Producer
 
 from backend import contract as c
-from fedgate.army import percentile
 from fedgate.devices import SimDevice
+from fedgate.stats import percentile
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT

@@ -43,8 +43,8 @@ from backend import contract as c
 from backend import kafka_read
 from backend.kafka_read import topic_end
 from bench.router_bench import cpu_seconds, progress
-from fedgate.army import percentile
 from fedgate.devices import SimDevice
+from fedgate.stats import percentile
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from router.kafka import ensure_topics

@@ -1,0 +1,63 @@
+"""What an army run does (ArmyPlan) and the devices it runs with (DeviceSpec).
+
+Plain data, shared by the parent and the worker processes (a WorkerConfig
+carries them to each spawned worker, pickled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ArmyPlan:
+    devices: int = 1000
+    #: telemetry messages per second, the whole army together
+    rate: float = 1000.0
+    duration_s: float = 30.0
+    processes: int = 2
+    #: regions devices call home, round robin; empty: every gateway of the federation
+    regions: list[str] = field(default_factory=list)
+    #: commands per second sent through the router, spread over the devices
+    commands_per_s: float = 0.0
+    qos: int = 1
+    #: MQTT persistent sessions: the gateway keeps a device's subscription while it is away
+    persistent_sessions: bool = False
+    tls: bool = False
+    prefix: str = "army"
+    #: new connections per second while the army connects
+    connect_rate: float = 1000.0
+    #: seconds into the run: drop every device's connection at once
+    storm_at_s: float | None = None
+    #: seconds into the run: this share of the devices moves to another region
+    roam_at_s: float | None = None
+    roam_share: float = 0.2
+    #: (region, seconds into the run): that region's gateway is killed
+    kill_gateway: tuple[str, float] | None = None
+    #: how long to wait for stragglers (Kafka, command receipts) after the run
+    drain_timeout_s: float = 60.0
+    #: seconds at the start of the run left out of the latency percentiles (latency_all_ms has them)
+    warmup_s: float = 0.0
+    #: after the drain, how long to wait for a duplicate before counting (split between the
+    #: devices' commands and Kafka's records)
+    settle_s: float = 3.0
+    payload_pad: int = 0
+
+    def validate(self) -> ArmyPlan:
+        if self.devices < 1 or self.processes < 1 or self.duration_s <= 0 or self.rate < 0:
+            raise ValueError("devices, processes and duration must be positive, rate not negative")
+        if self.settle_s < 0 or self.warmup_s < 0:
+            raise ValueError("settle_s and warmup_s: not negative")
+        if self.qos not in (0, 1):
+            raise ValueError("qos: 0 or 1")
+        if not 0 <= self.roam_share <= 1:
+            raise ValueError("roam_share: between 0 and 1")
+        return self
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    device_id: str
+    secret: str
+    #: (region, host, port), home first: where the device connects, then fails over to
+    endpoints: tuple[tuple[str, str, int], ...]
