@@ -27,6 +27,7 @@ Settings come from the environment (FEDGATE_*) and fedgate.toml; see
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -36,36 +37,61 @@ import time
 from typing import Any
 
 from backend.devices import DeviceRegistryError
-from infra.cloud.driver import CloudDriver, CloudError
-from infra.local.driver import FederationError, LocalFederation, NodeStatus
-from infra.local.settings import SettingsError, describe_settings, load_settings
+from backend.errors import FedgateError
+from infra.device_registry import DeviceRegistry
+from infra.local.driver import LocalFederation, NodeStatus
+from infra.local.settings import LocalSettings, SettingsError, describe_settings, load_settings
+from infra.regions import RegionDriver, RegionRow, all_drivers, driver_for, format_status
+
+log = logging.getLogger("fedgate.cli")
+
+__all__ = ["Context", "build_parser", "format_status", "main"]
 
 
 def _progress(msg: str) -> None:
     print(f"[fedgate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def format_status(rows: list[NodeStatus]) -> str:
-    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS", "RSS_MB")
-    lines = [header]
-    for r in rows:
-        ports = " ".join(f"{k}={v}" for k, v in r.ports.items() if k not in ("dist", "controller"))
-        lines.append(
-            (
-                r.name,
-                r.role,
-                r.region or "-",
-                ports,
-                r.state,
-                "-" if r.connections is None else str(r.connections),
-                "-" if r.messages is None else str(r.messages),
-                "-" if r.rss_mb is None else str(r.rss_mb),
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(col.ljust(w) for col, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
+def _confirm(prompt: str) -> bool:
+    if not sys.stdin.isatty():
+        _progress("no terminal to confirm on; pass --auto-approve (make ... AUTO_APPROVE=1)")
+        return False
+    return input(prompt).strip() == "yes"
+
+
+class Context:
+    """What the commands work with, built once by main.
+
+    The settings are read up front; the local federation, the region drivers
+    and the device registry are made on first use, so a command builds only
+    what it needs (`query`, `recompute` and `settings` no federation object).
+    """
+
+    def __init__(self, settings: LocalSettings):
+        self.settings = settings
+
+    @functools.cached_property
+    def fed(self) -> LocalFederation:
+        return LocalFederation(self.settings, progress=_progress)
+
+    def driver_for(self, region: str) -> RegionDriver:
+        """The driver of the region's kind (infra/regions.py); InvalidRegionError for a bad name."""
+        return driver_for(region, self.settings, progress=_progress, confirm=_confirm)
+
+    @functools.cached_property
+    def drivers(self) -> list[RegionDriver]:
+        """One driver of every kind of region, local first."""
+        return all_drivers(self.settings, progress=_progress, confirm=_confirm)
+
+    @functools.cached_property
+    def device_registry(self) -> DeviceRegistry:
+        return DeviceRegistry(self.settings.device_registry_file)
+
+    def spark_settings(self) -> Any:
+        """Settings for a Spark session beside the local job's warehouse (infra/local/configs.py)."""
+        from infra.local import configs
+
+        return configs.spark_settings(self.settings.state_dir, self.settings.state_dir / "warehouse")
 
 
 def status_json(fed: LocalFederation, rows: list[NodeStatus]) -> dict[str, Any]:
@@ -76,15 +102,15 @@ def status_json(fed: LocalFederation, rows: list[NodeStatus]) -> dict[str, Any]:
     }
 
 
-def cmd_up(fed: LocalFederation, args: argparse.Namespace) -> int:
-    rows = fed.up()
+def cmd_up(ctx: Context, args: argparse.Namespace) -> int:
+    rows = ctx.fed.up()
     print(format_status(rows))
     return 0
 
 
-def cmd_down(fed: LocalFederation, args: argparse.Namespace) -> int:
-    killed = fed.down(purge=args.purge)
-    left = fed.leftover_pids()
+def cmd_down(ctx: Context, args: argparse.Namespace) -> int:
+    killed = ctx.fed.down(purge=args.purge)
+    left = ctx.fed.leftover_pids()
     if left:
         _progress(f"error: processes still running after down: {left}")
         return 1
@@ -93,36 +119,36 @@ def cmd_down(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(fed: LocalFederation, args: argparse.Namespace) -> int:
-    rows = fed.status()
+def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
+    rows = ctx.fed.status()
     if args.json:
-        print(json.dumps(status_json(fed, rows), indent=2))
+        print(json.dumps(status_json(ctx.fed, rows), indent=2))
     else:
         print(format_status(rows))
     return 0 if all(r.state == "running" for r in rows) else 3
 
 
-def cmd_demo(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
     from fedgate.demo import run_demo
 
-    return run_demo(fed, progress=_progress)
+    return run_demo(ctx.fed, progress=_progress)
 
 
-def cmd_send(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
     from backend.amqp import send_command
 
-    ep = fed.endpoints()
+    ep = ctx.fed.endpoints()
     send_command(ep["backend"]["url"], args.device, args.topic, args.payload, retain=args.retain)
     print(f"handed to the router: {args.device} {args.topic}" + (" (desired state)" if args.retain else ""))
     return 0
 
 
-def cmd_presence(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_presence(ctx: Context, args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.parse
     import urllib.request
 
-    url = fed.endpoints()["router"]["metrics"]
+    url = ctx.fed.endpoints()["router"]["metrics"]
     if url is None:
         print("fedgate: no router in this federation", file=sys.stderr)
         return 1
@@ -148,95 +174,33 @@ def cmd_presence(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cloud(fed: LocalFederation) -> CloudDriver:
-    from infra.cloud.driver import CloudDriver
-
-    return CloudDriver(fed.settings, progress=_progress, confirm=_confirm)
-
-
-def _confirm(prompt: str) -> bool:
-    if not sys.stdin.isatty():
-        _progress("no terminal to confirm on; pass --auto-approve (make ... AUTO_APPROVE=1)")
-        return False
-    return input(prompt).strip() == "yes"
-
-
-def cmd_gateway(fed: LocalFederation, args: argparse.Namespace) -> int:
-    from backend.contract import InvalidRegionError, validate_region
-    from infra.cloud.regions import is_local
-
-    try:
-        region = validate_region(args.region)
-    except InvalidRegionError as e:
-        raise FederationError(str(e)) from e
-    if not is_local(region):
-        cloud = _cloud(fed)
-        if args.action == "add":
-            rec = cloud.add(region, auto_approve=args.auto_approve)
-            print(
-                f"{rec.region}: {rec.state}, MQTT {rec.mqtt}, registered with the backend: "
-                f"{'yes' if rec.registered else 'no'}"
-            )
-        else:
-            cloud.remove(region, auto_approve=args.auto_approve)
-        return 0
+def cmd_gateway(ctx: Context, args: argparse.Namespace) -> int:
+    driver = ctx.driver_for(args.region)
     if args.action == "add":
-        rows = fed.add_region(region)
-        print(format_status(rows))
+        print(driver.add(args.region, auto_approve=args.auto_approve).summary())
     else:
-        fed.remove_region(region)
-        from infra.local import processes
-        from infra.local.driver import gateway_node_name
-
-        node = gateway_node_name(region)
-        left = processes.marked_pids(processes.marker(fed.state_dir, node))
-        if left:
-            print(f"fedgate: processes of {node} still running: {left}", file=sys.stderr)
-            return 1
+        driver.remove(args.region, auto_approve=args.auto_approve)
     return 0
 
 
-def region_rows(fed: LocalFederation) -> list[dict[str, Any]]:
+def region_rows(ctx: Context) -> list[RegionRow]:
     """Local gateways as they run now, then cloud regions as last recorded by Terraform."""
-    rows: list[dict[str, Any]] = [
-        {
-            "region": r.region,
-            "kind": "local",
-            "gateway": r.name,
-            "state": r.state,
-            "mqtt": f"{fed.settings.host}:{r.ports.get('mqtt')}",
-            "connections": r.connections,
-        }
-        for r in fed.status()
-        if r.role == "gateway"
-    ]
-    for rec in _cloud(fed).regions():
-        rows.append(
-            {
-                "region": rec.region,
-                "kind": "cloud",
-                "gateway": rec.outputs.get("autoscaling_group_name", "-"),
-                "state": rec.state + ("" if rec.registered else " (not registered)"),
-                "mqtt": rec.mqtt,
-                "connections": None,
-            }
-        )
-    return rows
+    return [row for driver in ctx.drivers for row in driver.regions()]
 
 
-def cmd_regions(fed: LocalFederation, args: argparse.Namespace) -> int:
-    rows = region_rows(fed)
+def cmd_regions(ctx: Context, args: argparse.Namespace) -> int:
+    rows = region_rows(ctx)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.to_json() for r in rows], indent=2))
         return 0
     print(f"{'REGION':14} {'KIND':6} {'GATEWAY':26} {'STATE':26} {'MQTT':28} CONNECTIONS")
     for r in rows:
-        conns = "-" if r["connections"] is None else str(r["connections"])
-        print(f"{r['region']:14} {r['kind']:6} {r['gateway']:26} {r['state']:26} {r['mqtt']:28} {conns}")
+        conns = "-" if r.connections is None else str(r.connections)
+        print(f"{r.region:14} {r.kind:6} {r.gateway:26} {r.state:26} {r.mqtt:28} {conns}")
     return 0
 
 
-def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_settings(ctx: Context, args: argparse.Namespace) -> int:
     from spark.settings import describe as describe_spark
 
     for env, default, doc in describe_settings():
@@ -247,45 +211,62 @@ def cmd_settings(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cloud_devices_failed(failed: dict[str, str]) -> int:
+def _not_updated(driver: RegionDriver, failed: dict[str, str]) -> bool:
+    """One line per region whose gateways did not take a device change; True if any."""
     for region, why in failed.items():
         print(
-            f"fedgate: devices: cloud region {region} not updated ({why}); "
+            f"fedgate: devices: {driver.kind} region {region} not updated ({' '.join(why.split())}); "
             "run `fedgate devices sync` once it is reachable",
             file=sys.stderr,
         )
-    return 1 if failed else 0
+    return bool(failed)
 
 
-def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_devices(ctx: Context, args: argparse.Namespace) -> int:
+    """The registry is the truth: a device is registered (its secret shown once) even if a
+    gateway cannot take it now; that gateway is named and `devices sync` repairs it."""
     from backend.devices import device_users
 
-    cloud = _cloud(fed)
+    registry = ctx.device_registry
     try:
         if args.action == "add":
-            issued = fed.add_devices(args.ids, rotate=args.rotate)
+            issued = registry.add(args.ids, rotate=args.rotate)
             if args.json:
                 print(json.dumps({"devices": [{"id": d, "secret": s} for d, s in issued.items()]}, indent=2))
             else:
                 print("DEVICE  SECRET (shown once: fedgate keeps only its hash)")
                 for d, secret in issued.items():
                     print(f"{d}  {secret}")
-            hashes = fed.device_registry.hashes()
-            return _cloud_devices_failed(cloud.push_devices(device_users({d: hashes[d] for d in issued}), []))
+            sys.stdout.flush()  # the secrets are out before any gateway is tried
+            hashes = registry.hashes()
+            fleet = device_users({d: hashes[d] for d in issued})
+            failed = [_not_updated(drv, drv.push_devices(fleet, []).failed) for drv in ctx.drivers]
+            return 1 if any(failed) else 0
         if args.action == "revoke":
-            closed = fed.revoke_devices(args.ids)
+            gone = registry.revoke(args.ids)
+            closed = dict.fromkeys(gone, 0)
+            failed = []
+            for drv in ctx.drivers:
+                update = drv.push_devices(None, sorted(gone))
+                for d, n in update.closed.items():
+                    closed[d] += n
+                failed.append(_not_updated(drv, update.failed))
             for d in args.ids:
                 if d in closed:
                     print(f"{d}: revoked, {closed[d]} connection(s) closed")
                 else:
                     print(f"{d}: not registered", file=sys.stderr)
-            failed = _cloud_devices_failed(cloud.push_devices(None, sorted(closed)))
-            return 0 if len(closed) == len(args.ids) and not failed else 1
+            return 0 if len(closed) == len(args.ids) and not any(failed) else 1
         if args.action == "sync":
-            for region, removed in fed.sync_devices().items():
-                print(f"{region}: {len(fed.device_registry.hashes())} devices, removed {removed or 'none'}")
-            return _cloud_devices_failed(cloud.sync_devices(fed.device_registry.hashes()))
-        devices = fed.device_registry.devices()
+            hashes = registry.hashes()
+            failed = []
+            for drv in ctx.drivers:
+                update = drv.sync_devices(hashes)
+                for region, removed in update.removed.items():
+                    print(f"{region}: {len(hashes)} devices, removed {removed or 'none'}")
+                failed.append(_not_updated(drv, update.failed))
+            return 1 if any(failed) else 0
+        devices = registry.devices()
         if args.json:
             print(json.dumps({"devices": [{"id": d, "added_ms": e["added_ms"]} for d, e in devices.items()]}))
         else:
@@ -300,7 +281,7 @@ def cmd_devices(fed: LocalFederation, args: argparse.Namespace) -> int:
         return 2
 
 
-def cmd_army(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_army(ctx: Context, args: argparse.Namespace) -> int:
     from fedgate import army
 
     kill = None
@@ -331,7 +312,7 @@ def cmd_army(fed: LocalFederation, args: argparse.Namespace) -> int:
         print(("\r\x1b[K" + text) if tty else text, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     try:
-        report = army.run_army(fed, plan, progress=_progress, line=line)
+        report = army.run_army(ctx.fed, plan, progress=_progress, line=line)
     except ValueError as e:
         print(f"fedgate: army: {e}", file=sys.stderr)
         return 2
@@ -341,9 +322,11 @@ def cmd_army(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0 if army.ok(report) else 1
 
 
-def cmd_backend_tls(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_backend_tls(ctx: Context, args: argparse.Namespace) -> int:
+    from infra.cloud.driver import CloudDriver, CloudError
+
     try:
-        path = _cloud(fed).write_backend_tls()
+        path = CloudDriver(ctx.settings, progress=_progress, confirm=_confirm).write_backend_tls()
     except CloudError as e:
         print(f"fedgate: backend-tls: {e}", file=sys.stderr)
         return 2
@@ -351,14 +334,14 @@ def cmd_backend_tls(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_query(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_query(ctx: Context, args: argparse.Namespace) -> int:
     from spark import query
 
     if args.list or not args.sql:
         print("Named queries (fedgate query NAME):\n" + query.describe_named())
         print("\nTables: telemetry_raw, device_minute, region_minute, rejects (docs/analysts.md)")
         return 0 if args.list else 2
-    settings = fed.spark_settings()
+    settings = ctx.spark_settings()
     _progress(f"starting Spark over {settings.warehouse} (takes ~10 s)")
     with query.session(settings) as spark:
         try:
@@ -370,7 +353,7 @@ def cmd_query(fed: LocalFederation, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_recompute(fed: LocalFederation, args: argparse.Namespace) -> int:
+def cmd_recompute(ctx: Context, args: argparse.Namespace) -> int:
     import datetime as dt
 
     from spark import query
@@ -383,7 +366,7 @@ def cmd_recompute(fed: LocalFederation, args: argparse.Namespace) -> int:
     if until < since:
         print("fedgate: recompute: --until is before --since", file=sys.stderr)
         return 2
-    settings = fed.spark_settings()
+    settings = ctx.spark_settings()
     _progress(f"recomputing the aggregates of {since}..{until} from telemetry_raw")
     with query.session(settings) as spark:
         counts = query.recompute(spark, settings, since, until)
@@ -500,14 +483,15 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        settings = load_settings()
+        ctx = Context(load_settings())
+        return int(args.fn(ctx, args))
     except SettingsError as e:
+        log.debug("settings error", exc_info=True)
         print(f"fedgate: settings: {e}", file=sys.stderr)
         return 2
-    fed = LocalFederation(settings, progress=_progress)
-    try:
-        return int(args.fn(fed, args))
-    except (FederationError, CloudError) as e:
+    except FedgateError as e:
+        # expected: one line for the operator; the traceback only with -v
+        log.debug("%s failed", args.command, exc_info=True)
         print(f"fedgate: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -25,7 +25,7 @@ from backend.devices import (
     password_hash,
     validate_device_id,
 )
-from backend.rabbitmq_admin import RabbitAdmin
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from infra.secrets_file import write_private_json
 
 
@@ -84,11 +84,34 @@ class DeviceRegistry:
         return gone
 
 
+#: How long a gateway's management API may take to answer before a device update
+#: gives that gateway up (`fedgate devices sync` repairs it later).  Without this
+#: check a node that runs but does not answer (stopped, hung) would hold the
+#: definitions import for its whole timeout (RabbitAdmin.IMPORT_TIMEOUT_S).
+ANSWER_TIMEOUT_S = 5.0
+
+
+def check_answers(admin: RabbitAdmin, timeout: float = ANSWER_TIMEOUT_S) -> None:
+    """Raise AdminError (retriable) unless the management API answers within `timeout`."""
+    try:
+        admin.request("GET", "whoami", timeout=timeout)
+    except AdminError as e:
+        raise AdminError(
+            f"its management API at {admin.base_url} does not answer ({e})",
+            retriable=e.retriable,
+            status=e.status,
+        ) from e
+
+
 def apply_to_gateway(
     admin: RabbitAdmin, added: NodeDefinitions | None, revoked: Iterable[str]
 ) -> dict[str, int]:
     """New or re-keyed device users in one request, then revoked ones deleted with their
-    connections closed; returns the connections closed per revoked device."""
+    connections closed; returns the connections closed per revoked device.
+
+    A gateway whose management API does not answer fails fast (check_answers).
+    """
+    check_answers(admin)
     if added is not None and added.users:
         admin.import_users(added)
     return {device: admin.remove_user(device, "device revoked") for device in revoked}
@@ -102,6 +125,7 @@ def sync_gateway(admin: RabbitAdmin, hashes: Mapping[str, str]) -> list[str]:
     reached) is deleted and its connections closed.  Device users are told
     apart from fedgate's own by their topic permission.
     """
+    check_answers(admin)
     if hashes:
         admin.import_users(device_users(hashes))
     stale = sorted(admin.users_with_topic_write(c.MQTT_EXCHANGE, PUBLISH_PATTERN) - set(hashes))

@@ -51,6 +51,7 @@ from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.local.tls import LocalCA
+from infra.regions import DeviceUpdate, RegionRow
 from infra.secrets_file import SecretsFile, write_private_json
 
 MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"
@@ -85,8 +86,30 @@ class CloudRegion:
         host = self.outputs.get("mqtt_hostname") or (self.outputs.get("mqtt_endpoint") or {}).get("host")
         return f"{host}:{route53.MQTT_PORT}" if host else "-"
 
+    def summary(self) -> str:
+        """What `fedgate gateway add` prints."""
+        return (
+            f"{self.region}: {self.state}, MQTT {self.mqtt}, registered with the backend: "
+            f"{'yes' if self.registered else 'no'}"
+        )
+
+    def row(self) -> RegionRow:
+        """Its line of `fedgate regions`, as last recorded by Terraform."""
+        return RegionRow(
+            region=self.region,
+            kind=CloudDriver.kind,
+            gateway=self.outputs.get("autoscaling_group_name", "-"),
+            state=self.state + ("" if self.registered else " (not registered)"),
+            mqtt=self.mqtt,
+            connections=None,
+        )
+
 
 class CloudDriver:
+    """The RegionDriver (infra/regions.py) of AWS regions."""
+
+    kind = "cloud"
+
     def __init__(
         self, settings: LocalSettings, progress: Progress | None = None, confirm: Confirm | None = None
     ):
@@ -130,7 +153,11 @@ class CloudDriver:
         path = self.region_dir(rec.region) / "outputs.json"
         path.write_text(json.dumps(rec.__dict__, indent=2))
 
-    def regions(self) -> list[CloudRegion]:
+    def regions(self) -> list[RegionRow]:
+        """`fedgate regions`' lines: every cloud region with a folder here, as last recorded."""
+        return [rec.row() for rec in self.records()]
+
+    def records(self) -> list[CloudRegion]:
         """Every cloud region with a folder here, as last recorded."""
         if not self.state_dir.is_dir():
             return []
@@ -419,7 +446,7 @@ class CloudDriver:
         sec = self.secrets()
         links = [
             registration.link_for(r.region, r.outputs["amqp_endpoint"], sec["gateways"][r.region])
-            for r in self.regions()
+            for r in self.records()
             if r.state == "applied" and "amqp_endpoint" in r.outputs
         ]
         try:
@@ -444,7 +471,7 @@ class CloudDriver:
         admin = self.backend_admin()
         if admin is None:
             return
-        rest = [r for r in self.regions() if r.state == "applied"]
+        rest = [r for r in self.records() if r.state == "applied"]
         try:
             registration.deregister_region(admin, region)
             if not rest:
@@ -478,22 +505,24 @@ class CloudDriver:
         ]
         return RabbitAdmin(f"http://{hosts[0]}:15672", c.ADMIN_USER, self.secrets()["admin"])
 
-    def push_devices(self, added: NodeDefinitions | None, revoked: list[str]) -> dict[str, str]:
+    def push_devices(self, added: NodeDefinitions | None, revoked: list[str]) -> DeviceUpdate:
         """Apply new device users and revocations to every applied cloud region's running gateways.
 
-        Returns the regions that could not be updated, with why: the registry
-        stays the truth, and `fedgate devices sync` pushes it again.  A region
-        added later gets the whole registry in its boot definitions.
+        `failed` names the regions that could not be updated, with why: the
+        registry stays the truth, and `fedgate devices sync` pushes it again.
+        A region added later gets the whole registry in its boot definitions.
         """
-        return self._on_every_region(lambda admin: apply_to_gateway(admin, added, revoked))
+        return DeviceUpdate(
+            failed=self._on_every_region(lambda admin: apply_to_gateway(admin, added, revoked))
+        )
 
-    def sync_devices(self, hashes: Mapping[str, str]) -> dict[str, str]:
+    def sync_devices(self, hashes: Mapping[str, str]) -> DeviceUpdate:
         """Make every cloud region's device users exactly the registry's (see sync_gateway)."""
-        return self._on_every_region(lambda admin: sync_gateway(admin, hashes))
+        return DeviceUpdate(failed=self._on_every_region(lambda admin: sync_gateway(admin, hashes)))
 
     def _on_every_region(self, action: Callable[[RabbitAdmin], object]) -> dict[str, str]:
         failed: dict[str, str] = {}
-        for rec in self.regions():
+        for rec in self.records():
             if rec.state != "applied":
                 continue
             try:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import difflib
 import functools
 
-import boto3
-
 from backend.errors import FedgateError
 
 LOCAL_PREFIX = "local-"
@@ -19,6 +17,8 @@ class UnknownRegionError(FedgateError, ValueError):
 @functools.cache
 def aws_regions() -> frozenset[str]:
     """Every region botocore knows for EC2, across partitions (aws, aws-cn, aws-us-gov, ...)."""
+    import boto3  # here, not at import time: `is_local` is all most commands need
+
     session = boto3.session.Session()
     names: set[str] = set()
     for partition in session.get_available_partitions():

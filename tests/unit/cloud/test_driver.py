@@ -297,21 +297,21 @@ def test_device_changes_reach_every_applied_region_and_an_unreachable_one_is_nam
     driver.add(REGION, plan_out=lambda s: None)
     with fake_management_api() as api:
         driver.gateway_admin = lambda rec: RabbitAdmin(api.url, "fedgate-admin", "pw")  # type: ignore[method-assign]
-        assert driver.push_devices(device_users({"pump-1": password_hash("s")}), ["pump-0"]) == {}
+        assert driver.push_devices(device_users({"pump-1": password_hash("s")}), ["pump-0"]).failed == {}
         imported = api.body("POST", "/api/definitions")
         assert [u["name"] for u in imported["users"]] == ["pump-1"]
         assert "/api/users/pump-0" in api.paths("DELETE")
 
         # sync: the registry's devices in, a device user the registry no longer has out
         api.requests.clear()
-        assert driver.sync_devices({"pump-1": password_hash("s")}) == {}
+        assert driver.sync_devices({"pump-1": password_hash("s")}).failed == {}
         assert [u["name"] for u in api.body("POST", "/api/definitions")["users"]] == ["pump-1"]
 
     def unreachable(rec: object) -> RabbitAdmin:
         return RabbitAdmin("http://127.0.0.1:9", "fedgate-admin", "pw", timeout=1)
 
     driver.gateway_admin = unreachable  # type: ignore[method-assign]
-    failed = driver.push_devices(None, ["pump-1"])
+    failed = driver.push_devices(None, ["pump-1"]).failed
     assert list(failed) == [REGION] and "Connection refused" in failed[REGION]
 
 
