@@ -1,19 +1,32 @@
-"""Where every node of a local federation sits: names, roles and ports.
+"""Where every node of a local federation sits (names, roles, ports) and the files that record it.
 
 ``port_layout`` turns the settings (and what federation.json recorded) into
 the list of nodes with their ports.  It is pure arithmetic on the settings,
 separate from starting anything, so the CLI and the unit tests can ask for
-the layout of a federation that is not running.
+the layout of a federation that is not running.  ``StateFiles`` reads and
+writes the state folder's records::
+
+    state/
+      federation.json   the nodes, their roles, regions and ports (status --json reads it)
+      secrets.json      generated passwords (mode 600)
+      home/             HOME of the Erlang nodes (.erlang.cookie)
+      nodes/<node>/     config, data, logs and pid of each node
+      tls/              the local CA and the nodes' certificates
+      warehouse/        the Spark job's tables
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from backend import contract as c
 from backend.errors import FedgateError
 from infra.local.settings import LocalSettings
+from infra.secrets_file import SecretsFile
 
 ROLE_EPMD = "epmd"
 ROLE_BACKEND = "backend"
@@ -55,6 +68,11 @@ class NodeSpec:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> NodeSpec:
         return cls(d["name"], d["role"], d.get("region"), {k: int(v) for k, v in d["ports"].items()})
+
+
+def ports_text(spec: NodeSpec) -> str:
+    """A node's ports for messages: "amqp 5672, management 15672"."""
+    return ", ".join(f"{k} {v}" for k, v in spec.ports.items())
 
 
 def gateway_node_name(region: str) -> str:
@@ -125,3 +143,67 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
                 raise FederationError(f"port {p} is given to both {seen[p]} and {s.name}.{k}")
             seen[p] = f"{s.name}.{k}"
     return specs
+
+
+@dataclass(frozen=True)
+class StateFiles:
+    """The records of one state folder: federation.json, secrets.json, the Erlang nodes' home."""
+
+    state_dir: Path
+
+    @property
+    def record_file(self) -> Path:
+        return self.state_dir / "federation.json"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.state_dir / "secrets.json"
+
+    @property
+    def warehouse(self) -> Path:
+        """Where the Spark job keeps the analysts' tables (and its checkpoints)."""
+        return self.state_dir / "warehouse"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.state_dir / "tls"
+
+    def recorded(self) -> dict[str, NodeSpec]:
+        """The nodes federation.json names ({} before the first `up`)."""
+        try:
+            data = json.loads(self.record_file.read_text())
+        except FileNotFoundError:
+            return {}
+        return {n["name"]: NodeSpec.from_json(n) for n in data["nodes"]}
+
+    def write_record(self, specs: list[NodeSpec], host: str) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "state_dir": str(self.state_dir),
+            "host": host,
+            "secrets_file": str(self.secrets_file),
+            "nodes": [s.to_json() for s in specs],
+        }
+        tmp = self.record_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.record_file)
+
+    def secrets(self, regions: Iterable[str]) -> dict[str, Any]:
+        """Generated credentials, created once per state dir (one per gateway of `regions`)."""
+        return SecretsFile(self.secrets_file).ensure(
+            ("admin", "backend_link", "router", "erlang_cookie"),
+            {"gateways": regions},
+        )
+
+    def forget_gateway(self, region: str) -> None:
+        """Drop a removed region's gateway password."""
+        SecretsFile(self.secrets_file).forget(region, ("gateways",))
+
+    def prepare_home(self, cookie: str) -> None:
+        """HOME of the Erlang nodes, with the federation's cookie."""
+        home = self.state_dir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        path = home / ".erlang.cookie"
+        if not path.exists():
+            path.write_text(cookie)
+            path.chmod(0o400)

@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -44,6 +45,7 @@ from infra.local.layout import (  # noqa: F401  (re-exported: the roles and Node
     ROLE_ROUTER,
     ROLE_SPARK,
     NodeSpec,
+    ports_text,
 )
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_listeners_conf
@@ -201,6 +203,45 @@ class Node:
     def base_env(self) -> dict[str, str]:
         keep = ("PATH", "LANG", "LC_ALL", "TZ", "JAVA_HOME")
         return {k: os.environ[k] for k in keep if k in os.environ}
+
+
+def start_and_wait(
+    nodes: list[Node], started: list[Node], *, boot_timeout: float, progress: Callable[[str], None]
+) -> None:
+    """Start `nodes` together and wait until each is ready; each one started is appended
+    to `started` (for stop_started).  NodeError names a node that died or stayed unready."""
+    t0 = time.monotonic()
+    for n in nodes:
+        progress(f"starting {n.name} ({ports_text(n.spec)})")
+        n.start()
+        started.append(n)
+    waiting = list(nodes)
+    deadline = t0 + boot_timeout
+    last_note = t0
+    while waiting:
+        for n in list(waiting):
+            code = n.exited()
+            if code is not None:
+                raise NodeError(f"{n.name} failed to boot (exit code {code}); see {n.logs_to_read()}")
+            if n.ready():
+                waiting.remove(n)
+                progress(f"{n.name} ready in {time.monotonic() - t0:.1f}s")
+        if not waiting:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            n = waiting[0]
+            raise NodeError(f"{n.name} not ready after {boot_timeout:.0f}s; see {n.logs_to_read()}")
+        if now - last_note > 10:
+            progress(f"waiting for {', '.join(n.name for n in waiting)} ...")
+            last_note = now
+        time.sleep(0.25)
+
+
+def stop_started(started: list[Node]) -> None:
+    """Stop what a failed start started, the last first."""
+    for n in reversed(started):
+        n.stop(grace=15)
 
 
 class EpmdNode(Node):

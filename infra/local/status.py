@@ -1,0 +1,121 @@
+"""What a local federation reports: a status row per node, and the endpoints clients use.
+
+``fedgate status`` prints the rows (or their JSON); the demo, the tests and
+the benchmarks read ``endpoints``.  Apart from the façade because both only
+read: they ask each node how it is and never start or change anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend import contract as c
+from backend.rabbitmq_admin import AdminError
+from infra.local import processes
+from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROUTER_NODE
+from infra.local.nodes import Node, RabbitNode
+from infra.local.services import KafkaNode, RouterNode, SparkNode
+from infra.local.settings import LocalSettings
+from infra.local.tls import LocalCA, tls_server_name
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    role: str
+    region: str | None
+    ports: dict[str, int]
+    state: str  # running | stopped | unhealthy
+    pid: int | None
+    connections: int | None
+    messages: int | None
+    #: resident memory of the node's processes (the VM and its helpers), MB
+    rss_mb: int | None = None
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def node_status(n: Node) -> NodeStatus:
+    """How one node is: running or not, its pid and memory, and what it carries."""
+    pid = n.pid() if n.is_running() else None
+    st = NodeStatus(
+        n.name,
+        n.spec.role,
+        n.spec.region,
+        n.spec.ports,
+        "running" if pid else "stopped",
+        pid,
+        None,
+        None,
+    )
+    if pid:
+        st.rss_mb = processes.rss_bytes(processes.marked_pids(n.marker)) // (1024 * 1024)
+    if pid and isinstance(n, RabbitNode):
+        try:
+            ov = n.admin(timeout=3).overview()
+            st.connections = ov.get("object_totals", {}).get("connections")
+            st.messages = ov.get("queue_totals", {}).get("messages")
+        except AdminError as e:
+            st.state, st.detail = "unhealthy", str(e)
+    elif pid and isinstance(n, KafkaNode):
+        st.state = "running" if n.ready() else "unhealthy"
+    elif pid and isinstance(n, SparkNode):
+        # for the job: records in its last raw micro-batch
+        p = n.progress()
+        st.messages = (p.get("queries", {}).get("raw") or {}).get("input_rows")
+        if not n.ready():
+            st.state = "starting" if not p else "unhealthy"
+            st.detail = p.get("state", "no progress report yet")
+    elif pid and isinstance(n, RouterNode):
+        # for a router: devices it sees connected, and messages on their way to Kafka
+        try:
+            m = n.metrics()
+            st.connections = int(m.get("fedgate_router_presence_devices", 0))
+            st.messages = int(m.get("fedgate_router_inflight", 0))
+        except OSError as e:
+            st.state, st.detail = "unhealthy", str(e)
+    return st
+
+
+def status_rows(nodes: list[Node]) -> list[NodeStatus]:
+    return [node_status(n) for n in nodes]
+
+
+def endpoints(
+    settings: LocalSettings, secrets: dict[str, Any], nodes: list[Node], tls_dir: Path
+) -> dict[str, Any]:
+    """Connection details for clients (demo, tests, benchmarks)."""
+    sec = secrets
+    host = settings.host
+    b = next(n for n in nodes if n.spec.role == ROLE_BACKEND).spec.ports
+    kafka = next(n for n in nodes if isinstance(n, KafkaNode))
+    router = next((n for n in nodes if isinstance(n, RouterNode) and n.name == ROUTER_NODE), None)
+    return {
+        "host": host,
+        "backend": {
+            "amqp": b["amqp"],
+            "management": b["management"],
+            "url": f"amqp://{c.ADMIN_USER}:{sec['admin']}@{host}:{b['amqp']}/%2F",
+        },
+        "gateways": {
+            g.spec.region: {
+                "mqtt": g.spec.ports["mqtt"],
+                "amqp": g.spec.ports["amqp"],
+                "management": g.spec.ports["management"],
+                **({"mqtts": g.spec.ports["mqtts"]} if settings.tls else {}),
+            }
+            for g in nodes
+            if g.spec.role == ROLE_GATEWAY
+        },
+        "kafka": {"bootstrap": kafka.bootstrap},
+        "router": {"metrics": router.metrics_url if router else None},
+        "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
+        # devices check the gateways' certificates against this CA (MQTT over TLS)
+        "tls": {"ca": str(LocalCA(tls_dir).ca_cert), "server_name": tls_server_name(host)}
+        if settings.tls
+        else None,
+    }

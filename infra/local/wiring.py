@@ -1,0 +1,128 @@
+"""Wiring a local federation: the definitions applied to its RabbitMQ nodes, and its links.
+
+The definitions themselves are the same a cloud region gets (backend/wiring.py,
+gateways/wiring.py); this file says where the local nodes are (link
+endpoints: AMQP, or AMQPS checked against the local CA), applies them through
+each node's management API, and watches the federation links until they run.
+Apart from booting because adding and removing a region re-wire a running
+federation too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from backend.devices import device_users
+from backend.rabbitmq_admin import AdminError
+from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
+from gateways.wiring import gateway_definitions
+from infra.device_registry import DeviceRegistry
+from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY
+from infra.local.nodes import Node, RabbitNode
+from infra.local.settings import LocalSettings
+from infra.local.tls import LocalCA, tls_server_name
+
+
+def link_endpoint(settings: LocalSettings, tls_dir: Path, node: Node) -> AmqpEndpoint:
+    """Where a federation link reaches `node`: AMQPS checked against the local CA (TLS on)."""
+    host = settings.host
+    if not settings.tls:
+        return AmqpEndpoint(host, node.spec.ports["amqp"])
+    return AmqpEndpoint(
+        host,
+        node.spec.ports["amqps"],
+        tls=True,
+        ca_file=str(LocalCA(tls_dir).ensure_ca()),
+        server_name=tls_server_name(host),
+    )
+
+
+def wire(
+    nodes: list[Node],
+    *,
+    settings: LocalSettings,
+    secrets: dict[str, Any],
+    registry: DeviceRegistry,
+    tls_dir: Path,
+    progress: Callable[[str], None],
+) -> None:
+    """Apply the federation definitions to every RabbitMQ node of `nodes` and wait for the links."""
+    sec = secrets
+    backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
+    gateways = [n for n in nodes if n.spec.role == ROLE_GATEWAY]
+    assert isinstance(backend, RabbitNode)
+    backend_ep = link_endpoint(settings, tls_dir, backend)
+    for gw in gateways:
+        assert isinstance(gw, RabbitNode) and gw.spec.region
+        gw.admin().apply(
+            gateway_definitions(
+                gw.spec.region,
+                backend_ep,
+                admin_password=sec["admin"],
+                backend_link_password=sec["backend_link"],
+                gateway_password=sec["gateways"][gw.spec.region],
+            )
+        )
+        fleet = registry.hashes()
+        if fleet:
+            gw.admin().import_users(device_users(fleet))
+    links = [
+        GatewayLink(
+            gw.spec.region or "",
+            link_endpoint(settings, tls_dir, gw),
+            sec["gateways"][gw.spec.region],
+        )
+        for gw in gateways
+    ]
+    backend.admin().apply(
+        backend_definitions(
+            links,
+            admin_password=sec["admin"],
+            backend_link_password=sec["backend_link"],
+            router_password=sec["router"],
+            uplink_shards=settings.uplink_shards,
+        )
+    )
+    progress("federation wired; waiting for links")
+    wait_for_links(nodes, timeout=60)
+
+
+def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
+    """Federation links per RabbitMQ node: (upstream/exchange, status)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for n in nodes:
+        if isinstance(n, RabbitNode):
+            try:
+                links = n.admin(timeout=3).federation_links()
+            except AdminError:
+                links = []
+            out[n.name] = [
+                (
+                    f"{lk.get('upstream')}:{lk.get('upstream_exchange') or lk.get('exchange')}",
+                    lk.get("status", "?"),
+                )
+                for lk in links
+            ]
+    return out
+
+
+def wait_for_links(nodes: list[Node], timeout: float = 60) -> None:
+    """Block until every federation link is running: 2 per gateway on the backend, 1 on each gateway."""
+    gateways = [n.name for n in nodes if isinstance(n, RabbitNode) and n.spec.role == ROLE_GATEWAY]
+    want = {BACKEND_NODE: 2 * len(gateways), **dict.fromkeys(gateways, 1)}
+    deadline = time.monotonic() + timeout
+    while True:
+        states = link_states(nodes)
+        missing = {
+            node: f"{sum(1 for _, s in states.get(node, []) if s == 'running')}/{n} running"
+            for node, n in want.items()
+            if sum(1 for _, s in states.get(node, []) if s == "running") < n
+        }
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"federation links not running after {timeout:.0f}s: {missing}")
+        time.sleep(0.25)
