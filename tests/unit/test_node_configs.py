@@ -1,0 +1,35 @@
+"""What a gateway's and the backend's rabbitmq.conf hold (gateways/node.py, backend/node.py)."""
+
+from backend.node import BackendNodeConfig
+from gateways.node import GatewayNodeConfig
+
+PORTS = {"amqp": 5672, "management": 15672, "prometheus": 15692, "mqtt": 1883}
+
+
+def test_a_gateway_conf_has_its_mqtt_listener_buffers_and_cluster_name():
+    gw = GatewayNodeConfig(
+        region="local-eu",
+        host="127.0.0.1",
+        ports=PORTS,
+        admin_user="fedgate-admin",
+        admin_password="pw",
+        memory_mb=512,
+        mqtt_tcp_buffer=32768,
+        max_fds=65536,
+    )
+    conf = gw.rabbitmq_conf()
+    assert "mqtt.listeners.tcp.1 = 127.0.0.1:1883" in conf
+    assert "mqtt.tcp_listen_options.sndbuf = 32768" in conf
+    assert f"cluster_name = {gw.cluster_name}" in conf
+    assert "vm_memory_high_watermark.absolute = 512MB" in conf
+    assert gw.enabled_plugins.exists()
+
+
+def test_the_backend_conf_has_no_device_listener():
+    be = BackendNodeConfig(
+        host="127.0.0.1", ports=PORTS, admin_user="fedgate-admin", admin_password="pw", memory_mb=512
+    )
+    conf = be.rabbitmq_conf()
+    assert "cluster_name = fedgate-backend" in conf
+    assert "mqtt." not in conf
+    assert be.max_fds == 8192 and be.enabled_plugins.exists()
