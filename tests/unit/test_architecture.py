@@ -45,3 +45,18 @@ def test_a_folder_imports_only_what_stands_below_it(folder, forbidden):
         mod: sorted(tops & forbidden) for mod, tops in imported_packages(folder).items() if tops & forbidden
     }
     assert not wrong, f"{folder}/ must not import {sorted(forbidden)}: {wrong}"
+
+
+#: A module may grow past this only if its docstring says why ("Longer than ..." ).
+MAX_LINES = 400
+
+
+@pytest.mark.parametrize("folder", ["router", "infra/local", "gateways", "backend", "fedgate/army"])
+def test_modules_stay_small_enough_to_read(folder):
+    long = {}
+    for path in sorted((ROOT / folder).glob("*.py")):
+        lines = path.read_text().count("\n")
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MAX_LINES and "Longer than" not in doc:
+            long[str(path.relative_to(ROOT))] = lines
+    assert not long, f"modules over {MAX_LINES} lines whose docstring does not say why: {long}"
