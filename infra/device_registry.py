@@ -91,10 +91,11 @@ class DeviceRegistry:
 ANSWER_TIMEOUT_S = 5.0
 
 
-def check_answers(admin: RabbitAdmin, timeout: float = ANSWER_TIMEOUT_S) -> None:
-    """Raise AdminError (retriable) unless the management API answers within `timeout`."""
+def check_answers(admin: RabbitAdmin, timeout: float | None = None) -> None:
+    """Raise AdminError (retriable) unless the management API answers within `timeout`
+    (default ANSWER_TIMEOUT_S)."""
     try:
-        admin.request("GET", "whoami", timeout=timeout)
+        admin.request("GET", "whoami", timeout=timeout or ANSWER_TIMEOUT_S)
     except AdminError as e:
         raise AdminError(
             f"its management API at {admin.base_url} does not answer ({e})",

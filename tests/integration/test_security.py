@@ -8,13 +8,19 @@ is untouched, and the refusal is visible (the gateway's log, a router metric).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
+from fedgate import cli
 from fedgate.devices import DeviceError, SimDevice
+from infra import device_registry
+from infra.local import processes
+from tests.conftest import TEST_PORT_BASE
 from tests.helpers import device, kafka_records, router_metrics, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -154,3 +160,47 @@ def test_a_device_taking_anothers_client_id_does_not_draw_its_commands(endpoints
             assert [r.payload for r in b.wait_for(1)] == [b"for-b"]
     finally:
         b.close()
+
+
+def test_devices_add_while_a_gateway_does_not_answer_names_it_and_sync_repairs_it(
+    endpoints, federation, uid, tmp_path, monkeypatch, capsys
+):
+    """The gateway's process runs but its management API does not answer (SIGSTOP): the
+    device is registered all the same, the CLI names the gateway in one line, and
+    `devices sync` makes the device able to connect there once it answers."""
+    dev_id = f"hung-{uid}"
+    monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
+    monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
+    monkeypatch.setenv("FEDGATE_CLOUD_STATE_DIR", str(tmp_path / "cloud"))
+    monkeypatch.setattr(device_registry, "ANSWER_TIMEOUT_S", 3.0)
+    pids = processes.marked_pids(federation.node("gw-local-us").marker)
+    assert pids
+    capsys.readouterr()
+    t0 = time.monotonic()
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        code = cli.main(["devices", "add", dev_id])
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    stopped_s = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert stopped_s < 15, f"the stop lasted {stopped_s:.1f} s"
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "local region local-us not updated (gateway gw-local-us:" in lines[0]
+    assert "run `fedgate devices sync`" in lines[0]
+    secret = next(line.split()[1] for line in out.splitlines() if line.startswith(f"{dev_id} "))
+    assert dev_id in federation.device_registry.devices()
+
+    # the gateway that answered has the device; the one that did not, not yet
+    mqtt(endpoints, "local-eu", dev_id, dev_id, secret, auto_reconnect=False).connect().close()
+    with pytest.raises(DeviceError):
+        mqtt(endpoints, "local-us", dev_id, dev_id, secret, auto_reconnect=False).connect(timeout=5)
+
+    assert cli.main(["devices", "sync"]) == 0
+    out, err = capsys.readouterr()
+    assert {line.split(":")[0] for line in out.splitlines()} == {"local-eu", "local-us"}, out + err
+    mqtt(endpoints, "local-us", dev_id, dev_id, secret, auto_reconnect=False).connect().close()
