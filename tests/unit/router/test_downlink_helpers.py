@@ -1,7 +1,7 @@
 import pytest
 
-from router.routing import topic_matches
 from router.metrics import Metrics
+from router.routing import topic_matches
 
 
 @pytest.mark.parametrize(
