@@ -66,7 +66,7 @@ class UplinkBridge(Lifecycle):
         self._ack_writer: asyncio.Future[None] | None = None
 
     def kafka_topics(self) -> list[str]:
-        return [*self.mapper.kafka_topics(), self.settings.deadletter_topic]
+        return self.settings.kafka_topics()
 
     async def _start(self, channel: aio_pika.abc.AbstractChannel) -> None:  # type: ignore[override]
         # prefetch is per consumer: split the in-flight bound over this router's shards
