@@ -7,10 +7,12 @@ session subscribes through.  None of that is a public API -- the shapes
 differ between RabbitMQ versions -- so every reading of them lives here, and
 a broker upgrade changes this file only.
 
-Shapes read (RabbitMQ 3.10, Debian 12):
+Shapes read (RabbitMQ 3.10 from Debian 12, and 4.0 from Debian 13):
 
-- ``connection.created`` carries ``variable_map`` as Erlang-formatted text,
-  ``#{<<"client_id">> => <<"dev-1">>}`` (newer versions send a table);
+- ``connection.created`` carries the client id as Erlang-formatted text:
+  3.10 in ``variable_map``, ``#{<<"client_id">> => <<"dev-1">>}``; 4.0 in
+  ``client_properties``, a list of ``{client_id,longstr,<<"dev-1">>}``
+  tuples (protocol ``{'MQTT',{3,1,1}}``);
 - ``/api/connections`` lists ``client_properties.client_id`` (or
   ``variable_map.client_id``) for MQTT connections;
 - a subscription is a binding of ``amq.topic`` to the session's queue
@@ -30,6 +32,8 @@ from backend import contract as c
 SUBSCRIPTION_QUEUE_PREFIX = "mqtt-subscription-"
 
 _CLIENT_ID_IN_MAP = re.compile(r'<<"client_id">>\s*=>\s*<<"((?:[^"\\]|\\.)*)">>')
+#: 4.0: one Erlang tuple per client property, `{client_id,longstr,<<"dev-7">>}`
+_CLIENT_ID_PROPERTY = re.compile(r'^\{client_id,longstr,<<"((?:[^"\\]|\\.)*)"(?:/utf8)?>>\}$')
 
 
 def text(v: Any) -> str:
@@ -62,6 +66,10 @@ def client_id_from_event(headers: Mapping[str, Any]) -> str | None:
     """The MQTT client id of a connection.created event, None for non-MQTT connections."""
     if not is_mqtt(headers.get("protocol")):
         return None
+    for prop in headers.get("client_properties") or ():
+        m = _CLIENT_ID_PROPERTY.match(text(prop))
+        if m:
+            return _unescape(m.group(1))
     vm = headers.get("variable_map")
     if isinstance(vm, Mapping):
         cid = vm.get("client_id")
@@ -69,7 +77,11 @@ def client_id_from_event(headers: Mapping[str, Any]) -> str | None:
     if vm is None:
         return None
     m = _CLIENT_ID_IN_MAP.search(text(vm))
-    return m.group(1).encode().decode("unicode_escape") if m else None
+    return _unescape(m.group(1)) if m else None
+
+
+def _unescape(erlang_string: str) -> str:
+    return erlang_string.encode().decode("unicode_escape")
 
 
 @dataclass(frozen=True)

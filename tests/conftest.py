@@ -39,8 +39,13 @@ ROUTER_TABLE = {
 
 def missing_runtime() -> str | None:
     """Why integration tests cannot run on this machine, or None."""
-    if not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
-        return "RabbitMQ is not installed (run `make setup`, which installs Debian's rabbitmq-server)"
+    from infra.local.broker import BrokerRuntimeError
+    from infra.local.nodes import runtime_of
+
+    try:
+        runtime_of(load_settings(env={}, **release_override())).check("RabbitMQ")
+    except BrokerRuntimeError as e:
+        return str(e)
     if not shutil.which("java"):
         return "no Java runtime (run `make setup`)"
     if not list((PROJECT_ROOT / ".cache" / "jars").glob("kafka-*/.complete")):
@@ -67,7 +72,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def release_override() -> dict[str, str]:
+    """FEDGATE_RABBITMQ_RELEASE chooses the RabbitMQ release of every test federation."""
+    release = os.environ.get("FEDGATE_RABBITMQ_RELEASE")
+    return {"rabbitmq_release": release} if release else {}
+
+
 def make_federation(state_dir: Path, port_base: int, **overrides: object) -> LocalFederation:
+    overrides = {**release_override(), **overrides}
     settings = load_settings(env={}, state_dir=state_dir, port_base=port_base, **overrides)
     return LocalFederation(settings, progress=lambda msg: print(f"[federation] {msg}", flush=True))
 

@@ -37,6 +37,7 @@ from backend.node import BackendNodeConfig
 from backend.rabbitmq_admin import RabbitAdmin
 from gateways.node import GatewayNodeConfig
 from infra.local import processes
+from infra.local.broker import BrokerRuntime, BrokerRuntimeError, broker_runtime
 from infra.local.layout import (  # noqa: F401  (re-exported: the roles and NodeSpec were defined here)
     ROLE_BACKEND,
     ROLE_EPMD,
@@ -244,15 +245,27 @@ def stop_started(started: list[Node]) -> None:
         n.stop(grace=15)
 
 
+def runtime_of(settings: LocalSettings) -> BrokerRuntime:
+    return broker_runtime(settings.rabbitmq_release, settings.cache_dir, settings.rabbitmq_bin_dir)
+
+
+def check_runtime(settings: LocalSettings, who: str) -> None:
+    try:
+        runtime_of(settings).check(who)
+    except BrokerRuntimeError as e:
+        raise NodeError(str(e)) from e
+
+
 class EpmdNode(Node):
+    """Erlang's port mapper, from the same release as the RabbitMQ nodes that register with it."""
+
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        epmd = shutil.which("epmd") or "/usr/bin/epmd"
-        env = self.base_env()
-        return [epmd, "-port", str(self.spec.ports["epmd"]), "-address", self.host], env, None
+        runtime = runtime_of(self.settings)
+        args = ["-port", str(self.spec.ports["epmd"]), "-address", self.host]
+        return runtime.command(runtime.epmd, args, shared=[]), self.base_env(), None
 
     def preflight(self) -> None:
-        if not (shutil.which("epmd") or Path("/usr/bin/epmd").exists()):
-            raise NodeError(f"{self.name}: epmd not found (Erlang); run `make setup`")
+        check_runtime(self.settings, self.name)
         super().preflight()
 
     def ready(self) -> bool:
@@ -260,7 +273,7 @@ class EpmdNode(Node):
 
 
 class RabbitNode(Node):
-    """A RabbitMQ node run straight from Debian's package, one data dir per node."""
+    """A RabbitMQ node, one data dir per node; infra/local/broker.py knows how it is started."""
 
     @property
     def erlang_node(self) -> str:
@@ -298,11 +311,7 @@ class RabbitNode(Node):
         return RabbitAdmin(url, ADMIN_USER, self.secrets["admin"], timeout=timeout)
 
     def preflight(self) -> None:
-        if not (self.settings.rabbitmq_bin_dir / "rabbitmq-server").exists():
-            raise NodeError(
-                f"{self.name}: {self.settings.rabbitmq_bin_dir}/rabbitmq-server not found; "
-                "run `make setup` (installs Debian's rabbitmq-server)"
-            )
+        check_runtime(self.settings, self.name)
         super().preflight()
 
     def prepare(self) -> None:
@@ -339,7 +348,10 @@ class RabbitNode(Node):
             ),
         )
         max_fds = self.node_config().max_fds
-        return [str(self.settings.rabbitmq_bin_dir / "rabbitmq-server")], env, max_fds
+        runtime = runtime_of(self.settings)
+        # the state folder holds the node's config, data, logs, the shared cookie and TLS files
+        argv = runtime.command(runtime.rabbitmq("rabbitmq-server"), [], shared=[self.settings.state_dir])
+        return argv, env, max_fds
 
     def ready(self) -> bool:
         return self.node_config().ready(self.admin(timeout=2))

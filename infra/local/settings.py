@@ -158,9 +158,16 @@ class LocalSettings:
         default=90.0,
         metadata={"doc": "Seconds a node may take to become ready before `up` gives up."},
     )
+    rabbitmq_release: str = field(
+        default="3.10",
+        metadata={
+            "doc": "RabbitMQ every node runs: '4.0' (Debian 13's, built into the cache by make setup on "
+            "Debian 12) or '3.10' (Debian 12's own package); infra/local/broker.py"
+        },
+    )
     rabbitmq_bin_dir: Path = field(
         default=Path("/usr/lib/rabbitmq/bin"),
-        metadata={"doc": "Folder with rabbitmq-server from Debian's package."},
+        metadata={"doc": "Folder with rabbitmq-server from the system's Debian package."},
     )
 
     # --- cloud regions (infra/cloud, docs/operations.md "Cloud regions") ------------
@@ -289,6 +296,8 @@ class LocalSettings:
             raise SettingsError(f"router.{e}") from e
         if self.spark not in (0, 1):
             raise SettingsError(f"spark: 0 or 1, got {self.spark}")
+        if self.rabbitmq_release not in ("4.0", "3.10"):
+            raise SettingsError(f"rabbitmq_release: '4.0' or '3.10', got {self.rabbitmq_release!r}")
         if self.boot_timeout <= 0:
             raise SettingsError("boot_timeout: must be positive")
         for name in ("cloud_admin_cidrs", "cloud_backend_cidrs"):

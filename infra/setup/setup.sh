@@ -7,7 +7,8 @@
 # place.
 #
 #   1. system packages from Debian: RabbitMQ (with its plugins), a Java
-#      runtime for Kafka and Spark, Maven to resolve jars
+#      runtime for Kafka and Spark, Maven to resolve jars; RabbitMQ 4.0 from
+#      Debian 13 (rabbitmq4.sh: on Debian 12, a Debian 13 root in .cache)
 #   2. the project virtualenv (.venv) with the Python dependencies
 #   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
 #   4. Spark's Kafka source jars matching the installed pyspark into
@@ -56,6 +57,10 @@ if ((${#need_pkgs[@]})); then
 else
     step "Debian packages present (rabbitmq-server, java, maven, openssl, mosquitto)"
 fi
+# RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
+# root on Debian 12 (infra/setup/rabbitmq4.sh says why)
+bash "$ROOT/infra/setup/rabbitmq4.sh" "$CACHE"
+
 java_major=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')
 [[ "${java_major%%.*}" -ge 17 ]] || die "Kafka 4 and Spark 4 need Java 17 or newer; found $java_major"
 

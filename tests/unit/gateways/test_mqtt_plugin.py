@@ -32,6 +32,18 @@ def test_client_id_from_a_310_event_and_from_a_table():
     assert client_id_from_event({"protocol": "MQTT"}) is None
 
 
+def test_client_id_from_a_40_event():
+    # as a RabbitMQ 4.0.5 gateway sent it, federated to the backend
+    event = {
+        "protocol": "{'MQTT',{3,1,1}}",
+        "client_properties": ['{client_id,longstr,<<"probe-1">>}'],
+        "user": "probe-1",
+    }
+    assert client_id_from_event(event) == "probe-1"
+    assert client_id_from_event({**event, "client_properties": [b'{client_id,longstr,<<"d\\"q">>}']}) == 'd"q'
+    assert client_id_from_event({**event, "client_properties": ['{other,longstr,<<"x">>}']}) is None
+
+
 def test_connection_listing_keeps_mqtt_connections_with_a_client_id():
     listing = [
         {
