@@ -142,7 +142,7 @@ def all_drivers(
 
 def format_status(rows: list[NodeStatus]) -> str:
     """The node table of `fedgate up`, `status` and `gateway add local-…`."""
-    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS", "RSS_MB")
+    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS", "RSS_MB", "VERSION")
     lines = [header]
     for r in rows:
         ports = " ".join(f"{k}={v}" for k, v in r.ports.items() if k not in ("dist", "controller"))
@@ -156,6 +156,7 @@ def format_status(rows: list[NodeStatus]) -> str:
                 "-" if r.connections is None else str(r.connections),
                 "-" if r.messages is None else str(r.messages),
                 "-" if r.rss_mb is None else str(r.rss_mb),
+                r.version or "-",
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

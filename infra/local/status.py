@@ -33,6 +33,8 @@ class NodeStatus:
     messages: int | None
     #: resident memory of the node's processes (the VM and its helpers), MB
     rss_mb: int | None = None
+    #: the RabbitMQ version a broker node runs (its management API's overview); None for other nodes
+    version: str | None = None
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -59,6 +61,7 @@ def node_status(n: Node) -> NodeStatus:
             ov = n.admin(timeout=3).overview()
             st.connections = ov.get("object_totals", {}).get("connections")
             st.messages = ov.get("queue_totals", {}).get("messages")
+            st.version = ov.get("rabbitmq_version")
         except AdminError as e:
             st.state, st.detail = "unhealthy", str(e)
     elif pid and isinstance(n, KafkaNode):

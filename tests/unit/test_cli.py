@@ -21,12 +21,31 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_status_table_has_one_row_per_node_with_ports_and_state():
     rows = [
         NodeStatus(
-            "backend", "backend", None, {"amqp": 1, "management": 2, "dist": 3}, "running", 10, 4, 0, 150
+            "backend",
+            "backend",
+            None,
+            {"amqp": 1, "management": 2, "dist": 3},
+            "running",
+            10,
+            4,
+            0,
+            150,
+            "4.0.5",
         ),
         NodeStatus("gw-local-eu", "gateway", "local-eu", {"mqtt": 5}, "stopped", None, None, None),
     ]
     lines = format_status(rows).splitlines()
-    assert lines[0].split() == ["NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS", "RSS_MB"]
+    assert lines[0].split() == [
+        "NODE",
+        "ROLE",
+        "REGION",
+        "PORTS",
+        "STATE",
+        "CONNS",
+        "MSGS",
+        "RSS_MB",
+        "VERSION",
+    ]
     assert lines[1].split() == [
         "backend",
         "backend",
@@ -37,8 +56,9 @@ def test_status_table_has_one_row_per_node_with_ports_and_state():
         "4",
         "0",
         "150",
+        "4.0.5",
     ]
-    assert lines[2].split() == ["gw-local-eu", "gateway", "local-eu", "mqtt=5", "stopped", "-", "-", "-"]
+    assert lines[2].split() == ["gw-local-eu", "gateway", "local-eu", "mqtt=5", "stopped", "-", "-", "-", "-"]
 
 
 def test_cli_has_the_subcommands_the_makefile_wraps():
