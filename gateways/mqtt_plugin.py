@@ -17,7 +17,11 @@ Shapes read (RabbitMQ 3.10 from Debian 12, and 4.0 from Debian 13):
   ``variable_map.client_id``) for MQTT connections;
 - a subscription is a binding of ``amq.topic`` to the session's queue
   ``mqtt-subscription-<client id>qos<0|1>``, with the MQTT filter as an AMQP
-  topic key (``/`` <-> ``.``, ``+`` -> ``*``).
+  topic key (``/`` <-> ``.``, ``+`` -> ``*``);
+- a clean session's queue goes with its connection: 3.10 declares it
+  ``auto_delete``, 4.0 ``exclusive`` (durable, not auto-delete; QoS 0 of type
+  ``rabbit_mqtt_qos0_queue``).  A persistent session's queue is neither; 4.0
+  gives it ``x-expires`` of the session expiry (one day by default).
 """
 
 from __future__ import annotations
@@ -51,6 +55,11 @@ def client_id_of_queue(queue: str) -> str | None:
     if not queue.startswith(SUBSCRIPTION_QUEUE_PREFIX) or queue[-4:-1] != "qos":
         return None
     return queue[len(SUBSCRIPTION_QUEUE_PREFIX) : -4] or None
+
+
+def is_clean_session_queue(queue_info: Mapping[str, Any]) -> bool:
+    """Whether a session queue (management API) is a clean session's, gone with its connection."""
+    return bool(queue_info.get("auto_delete") or queue_info.get("exclusive"))
 
 
 def filter_of_binding_key(key: str) -> str:

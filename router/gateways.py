@@ -122,7 +122,7 @@ class Gateways:
             queue = quote(mqtt_plugin.subscription_queue(session.client_id, qos), safe="")
             try:
                 info = await self._call(client.get, f"queues/%2F/{queue}")
-                if info.get("auto_delete"):
+                if mqtt_plugin.is_clean_session_queue(info):
                     # a clean session's queue: it may still be the previous connection's, on its
                     # way out; this connection's own subscriptions arrive as binding events
                     continue

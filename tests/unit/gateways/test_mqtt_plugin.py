@@ -5,6 +5,7 @@ from gateways.mqtt_plugin import (
     client_id_of_queue,
     filter_of_binding_key,
     filters_of_bindings,
+    is_clean_session_queue,
     mqtt_connections,
     subscription_from_event,
     subscription_queue,
@@ -89,3 +90,10 @@ def test_filters_of_bindings_leave_out_the_default_binding():
         {"source": "amq.topic", "routing_key": "devices.d1.commands.#"},
     ]
     assert filters_of_bindings(bindings) == ["devices/d1/commands/#"]
+
+
+def test_a_clean_sessions_queue_is_auto_delete_on_310_and_exclusive_on_40():
+    assert is_clean_session_queue({"auto_delete": True, "exclusive": False})
+    assert is_clean_session_queue({"auto_delete": False, "exclusive": True, "durable": True})
+    persistent = {"auto_delete": False, "exclusive": False, "arguments": {"x-expires": 86400000}}
+    assert not is_clean_session_queue(persistent)

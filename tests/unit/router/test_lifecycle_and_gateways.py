@@ -98,10 +98,20 @@ def test_a_persistent_sessions_kept_subscriptions_are_read_a_clean_sessions_are_
         }
     )
     clean = FakeGateway(queues={"mqtt-subscription-d1qos0": ({"auto_delete": True}, [])})
+    # RabbitMQ 4.0: a clean session's queues are exclusive (durable, not auto-delete)
+    clean_40 = FakeGateway(
+        queues={
+            "mqtt-subscription-d1qos1": (
+                {"auto_delete": False, "exclusive": True},
+                [{"source": "amq.topic", "routing_key": "devices.d1.commands.#"}],
+            )
+        }
+    )
 
     async def scenario():
         assert await Gateways({"local-eu": kept}).kept_filters(s) == ["devices/d1/commands/#"]
         assert await Gateways({"local-eu": clean}).kept_filters(s) == []
+        assert await Gateways({"local-eu": clean_40}).kept_filters(s) == []
         assert await Gateways({}).kept_filters(s) is None
 
     asyncio.run(scenario())
