@@ -35,7 +35,7 @@ from backend.contract import ADMIN_USER
 from backend.errors import FedgateError
 from backend.node import BackendNodeConfig
 from backend.rabbitmq_admin import RabbitAdmin
-from gateways.node import GatewayNodeConfig
+from gateways.node import GatewayNodeConfig, listener_open
 from infra.local import processes
 from infra.local.broker import BrokerRuntime, BrokerRuntimeError, broker_runtime
 from infra.local.layout import (  # noqa: F401  (re-exported: the roles and NodeSpec were defined here)
@@ -72,12 +72,8 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+#: Whether something accepts connections on a port (one definition, the gateway's readiness uses it).
+port_open = listener_open
 
 
 def render(template: Path, dest: Path, **values: Any) -> None:
