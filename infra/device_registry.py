@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,47 @@ def sync_gateway(admin: RabbitAdmin, hashes: Mapping[str, str]) -> list[str]:
     for device in stale:
         admin.remove_user(device, "device revoked")
     return stale
+
+
+@dataclass
+class DeviceUpdate:
+    """What a device push or sync did on one driver's running gateways."""
+
+    #: revoked device -> its connections the gateways listed and closed
+    closed: dict[str, int] = field(default_factory=dict)
+    #: region -> device users a sync removed (revoked while that gateway was unreachable)
+    removed: dict[str, list[str]] = field(default_factory=dict)
+    #: region -> why its gateways were not updated; `fedgate devices sync` repairs them
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+#: (region, gateway name, its management API) of each gateway to update
+GatewayTarget = tuple[str, str, RabbitAdmin]
+
+
+def push_to_gateways(
+    gateways: Iterable[GatewayTarget], added: NodeDefinitions | None, revoked: list[str]
+) -> DeviceUpdate:
+    """New device users onto each gateway, revoked ones off it (their connections closed);
+    a gateway that does not answer is named in `failed`, and the others still get the change."""
+    update = DeviceUpdate(closed=dict.fromkeys(revoked, 0))
+    for region, gateway, admin in gateways:
+        try:
+            closed = apply_to_gateway(admin, added, revoked)
+        except AdminError as e:
+            update.failed[region] = f"gateway {gateway}: {e}"
+            continue
+        for device, n in closed.items():
+            update.closed[device] += n
+    return update
+
+
+def sync_gateways(gateways: Iterable[GatewayTarget], hashes: Mapping[str, str]) -> DeviceUpdate:
+    """Each gateway's device users made exactly the registry's; failures named as in push."""
+    update = DeviceUpdate()
+    for region, gateway, admin in gateways:
+        try:
+            update.removed[region] = sync_gateway(admin, hashes)
+        except AdminError as e:
+            update.failed[region] = f"gateway {gateway}: {e}"
+    return update

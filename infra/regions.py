@@ -21,14 +21,13 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from backend import contract as c
 from backend.definitions import NodeDefinitions
-from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from infra.cloud.regions import is_local
-from infra.device_registry import apply_to_gateway, sync_gateway
+from infra.device_registry import DeviceUpdate, GatewayTarget, push_to_gateways, sync_gateways
 from infra.local.settings import LocalSettings
 
 if TYPE_CHECKING:
@@ -51,18 +50,6 @@ class RegionRow:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class DeviceUpdate:
-    """What a device push or sync did on one driver's running gateways."""
-
-    #: revoked device -> its connections the gateways listed and closed
-    closed: dict[str, int] = field(default_factory=dict)
-    #: region -> device users a sync removed (revoked while that gateway was unreachable)
-    removed: dict[str, list[str]] = field(default_factory=dict)
-    #: region -> why its gateways were not updated; `fedgate devices sync` repairs them
-    failed: dict[str, str] = field(default_factory=dict)
 
 
 class Summary(Protocol):
@@ -222,28 +209,12 @@ class LocalRegions:
 
     def push_devices(self, added: NodeDefinitions | None, revoked: list[str]) -> DeviceUpdate:
         """A gateway that is not running is skipped: it gets the registry when it is wired."""
-        update = DeviceUpdate(closed=dict.fromkeys(revoked, 0))
-        for region, gateway, admin in self._running_gateways():
-            try:
-                closed = apply_to_gateway(admin, added, revoked)
-            except AdminError as e:
-                update.failed[region] = f"gateway {gateway}: {e}"
-                continue
-            for device, n in closed.items():
-                update.closed[device] += n
-        return update
+        return push_to_gateways(self._running_gateways(), added, revoked)
 
     def sync_devices(self, hashes: Mapping[str, str]) -> DeviceUpdate:
-        update = DeviceUpdate()
-        for region, gateway, admin in self._running_gateways():
-            try:
-                update.removed[region] = sync_gateway(admin, hashes)
-            except AdminError as e:
-                update.failed[region] = f"gateway {gateway}: {e}"
-        return update
+        return sync_gateways(self._running_gateways(), hashes)
 
-    def _running_gateways(self) -> Iterator[tuple[str, str, RabbitAdmin]]:
-        """(region, gateway node, its management API) of every running gateway."""
-        for gw in self.federation.gateways():
-            if gw.is_running():
-                yield gw.spec.region or gw.name, gw.name, gw.admin()
+    def _running_gateways(self) -> Iterator[GatewayTarget]:
+        from infra.local.devices import running
+
+        return running(self.federation.gateways)

@@ -48,10 +48,10 @@ from gateways.wiring import gateway_definitions
 from infra.cloud import registration, route53
 from infra.cloud.regions import UnknownRegionError, validate_aws_region
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
-from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
+from infra.device_registry import DeviceRegistry, DeviceUpdate, apply_to_gateway, sync_gateway
 from infra.local.settings import PROJECT_ROOT, LocalSettings
 from infra.local.tls import LocalCA
-from infra.regions import DeviceUpdate, RegionRow
+from infra.regions import RegionRow
 from infra.secrets_file import SecretsFile, write_private_json
 
 MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"

@@ -9,13 +9,34 @@ which reach their gateways differently.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from backend.devices import device_users
-from infra.device_registry import DeviceRegistry, apply_to_gateway, sync_gateway
+from infra.device_registry import (
+    DeviceRegistry,
+    DeviceUpdate,
+    GatewayTarget,
+    push_to_gateways,
+    sync_gateways,
+)
+from infra.local.layout import FederationError
 from infra.local.nodes import RabbitNode
 
 Gateways = Callable[[], list[RabbitNode]]
+
+
+def running(gateways: Gateways) -> Iterator[GatewayTarget]:
+    """(region, node, management API) of each running gateway: a stopped one gets the whole
+    registry when it is next wired."""
+    for gw in gateways():
+        if gw.is_running():
+            yield gw.spec.region or gw.name, gw.name, gw.admin()
+
+
+def _raise_failed(update: DeviceUpdate, done: str) -> None:
+    if update.failed:
+        why = "; ".join(f"{region}: {reason}" for region, reason in sorted(update.failed.items()))
+        raise FederationError(f"{done}, but not on every gateway ({why}); run `fedgate devices sync`")
 
 
 def add_devices(
@@ -23,33 +44,26 @@ def add_devices(
 ) -> dict[str, str]:
     """Register devices and make them users of every running gateway; returns their secrets.
 
-    A gateway started later gets them when it is wired.
+    FederationError (after registering) when a gateway did not take them.
     """
     issued = registry.add(ids, rotate=rotate)
     hashes = registry.hashes()
-    fleet = device_users({d: hashes[d] for d in issued})
-    for gw in gateways():
-        if gw.is_running():
-            apply_to_gateway(gw.admin(), fleet, [])
+    update = push_to_gateways(running(gateways), device_users({d: hashes[d] for d in issued}), [])
+    _raise_failed(update, f"registered {len(issued)} device(s)")
     return issued
 
 
 def revoke_devices(registry: DeviceRegistry, gateways: Gateways, ids: Iterable[str]) -> dict[str, int]:
     """Forget devices, delete their users on every running gateway and close their
     connections; returns the connections closed per device."""
-    gone = registry.revoke(list(ids))
-    closed = dict.fromkeys(gone, 0)
-    for gw in gateways():
-        if gw.is_running():
-            for d, n in apply_to_gateway(gw.admin(), None, gone).items():
-                closed[d] += n
-    return closed
+    update = push_to_gateways(running(gateways), None, registry.revoke(list(ids)))
+    _raise_failed(update, f"revoked {len(update.closed)} device(s)")
+    return update.closed
 
 
 def sync_devices(registry: DeviceRegistry, gateways: Gateways) -> dict[str, list[str]]:
     """Make every running gateway's device users exactly the registry's; returns the
     device users removed per region (revoked while that gateway was down)."""
-    hashes = registry.hashes()
-    return {
-        gw.spec.region or gw.name: sync_gateway(gw.admin(), hashes) for gw in gateways() if gw.is_running()
-    }
+    update = sync_gateways(running(gateways), registry.hashes())
+    _raise_failed(update, "synced")
+    return update.removed
