@@ -56,7 +56,7 @@ def closed_by_gateway(sock: socket.socket, timeout: float = 30.0) -> bool:
 
     A connection that never completes a CONNECT is closed by the gateway's
     connect timeout, 10 s after it opened (measured on RabbitMQ 3.10 with
-    `\x00\xff...`): waiting exactly that long made the check a race that a
+    the "garbage bytes" input): waiting exactly that long made the check a race that a
     busy machine lost.  Three times that is still bounded."""
     sock.settimeout(timeout)
     deadline = time.monotonic() + timeout
