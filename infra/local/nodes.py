@@ -175,6 +175,11 @@ class Node:
         code = processes.exit_code(pid)
         if code is not None:
             return code
+        if processes.is_child(pid):
+            # our own child, not exited: it runs.  Its marker cannot tell: while the
+            # process execs the next step of its start (unshare, sh, chroot, the
+            # server script on RabbitMQ 4.0) /proc/<pid>/environ reads empty.
+            return None
         return None if processes.pid_alive(pid, self.marker) else -1
 
     def ready(self) -> bool:

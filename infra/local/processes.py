@@ -110,6 +110,11 @@ def exit_code(pid: int) -> int | None:
     return None if proc is None else proc.poll()
 
 
+def is_child(pid: int) -> bool:
+    """Whether `pid` is a node process this process started (and has not forgotten)."""
+    return pid in _CHILDREN
+
+
 def forget(pid: int, timeout: float = 5.0) -> None:
     """Wait for (reap) a stopped child so it leaves no zombie."""
     proc = _CHILDREN.pop(pid, None)

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from infra.local.driver import FederationError
-from tests.conftest import TEST_PORT_BASE, make_federation
+from infra.local.nodes import runtime_of
+from infra.local.settings import load_settings
+from tests.conftest import TEST_PORT_BASE, make_federation, release_override
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +44,11 @@ def test_status_json_gives_every_nodes_role_region_and_ports(federation):
         assert gw["region"] == region and gw["state"] == "running"
         assert {"mqtt", "amqp", "management"} <= set(gw["ports"])
         assert isinstance(gw["connections"], int)
+    # every broker node reports the RabbitMQ it runs: the release the federation was set up with
+    release = federation.settings.rabbitmq_release
+    for name in ("gw-local-eu", "gw-local-us", "backend"):
+        assert nodes[name]["version"].startswith(f"{release}."), nodes[name]
+    assert nodes["kafka"]["version"] is None
     assert {"amqp", "management"} <= set(nodes["backend"]["ports"])
     assert nodes["kafka"]["ports"]["bootstrap"] == TEST_PORT_BASE + 10
     assert all(n["state"] == "running" for n in nodes.values())
@@ -67,15 +74,45 @@ def test_a_port_in_use_is_named_and_nothing_is_started(tmp_path):
     assert fed.leftover_pids() == []
 
 
+def release_runtime(
+    tmp_path: Path, rabbitmq_server: str | None, kafka_jars: bool = True
+) -> dict[str, object]:
+    """Settings overrides under which the tests' RabbitMQ release is installed with its
+    rabbitmq-server replaced by the script `rabbitmq_server` (None: missing), and Kafka's
+    jars present or not.  Where that release runs from the host's own package (3.10; 4.0 on
+    Debian 13) the settings' bin folder is replaced; where it runs in a Debian 13 root
+    (4.0 on Debian 12), the cache folder is: a hard-linked copy of the real root (nothing
+    copied, nothing written through: only the replaced entry is new), and Kafka's jars."""
+    real = load_settings(env={}, **release_override())
+    runtime = runtime_of(real)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if kafka_jars:
+        (cache / "jars").symlink_to(real.cache_dir / "jars")
+    if runtime.root is None:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        if rabbitmq_server is not None:
+            (bin_dir / "rabbitmq-server").write_text(rabbitmq_server)
+            (bin_dir / "rabbitmq-server").chmod(0o755)
+        return {"rabbitmq_bin_dir": bin_dir, "cache_dir": cache}
+    root = cache / runtime.root.relative_to(real.cache_dir)
+    root.parent.mkdir(parents=True)
+    if rabbitmq_server is None:
+        return {"cache_dir": cache}  # no root at all: make setup never ran
+    subprocess.run(["cp", "-al", str(runtime.root), str(root)], check=True)
+    script = root / str(runtime.rabbitmq("rabbitmq-server")).lstrip("/")
+    script.unlink()  # a symlink (or a hard link): unlinked, never written through
+    script.write_text(rabbitmq_server)
+    script.chmod(0o755)
+    return {"cache_dir": cache}
+
+
 def test_a_node_that_fails_to_boot_is_named_with_its_log_and_nothing_is_left(tmp_path):
     """A broken RabbitMQ install: backend exits at once while Kafka and epmd already started."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    script = fake_bin / "rabbitmq-server"
-    script.write_text("#!/bin/sh\necho 'cannot start: simulated broken install' >&2\nexit 1\n")
-    script.chmod(0o755)
+    broken = "#!/bin/sh\necho 'cannot start: simulated broken install' >&2\nexit 1\n"
     base = TEST_PORT_BASE + 1200
-    fed = make_federation(tmp_path / "s", base, regions="", rabbitmq_bin_dir=fake_bin)
+    fed = make_federation(tmp_path / "s", base, regions="", **release_runtime(tmp_path, broken))
     with pytest.raises(FederationError, match=r"backend failed to boot \(exit code 1\); see (\S+)") as err:
         fed.up()
     logs = [Path(p) for p in str(err.value).rsplit("see ", 1)[1].split(" and ")]
@@ -102,13 +139,15 @@ def test_down_leaves_no_process_and_is_a_no_op_when_down(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("missing", "message"),
     [
-        ({"rabbitmq_bin_dir": "/nonexistent/rabbitmq/bin"}, r"rabbitmq-server not found; run `make setup`"),
-        ({"cache_dir": "/nonexistent/cache"}, r"kafka: Kafka jars missing in .*; run `make setup`"),
+        ("rabbitmq", r"rabbitmq-server not found; (run `make setup`|install Debian's rabbitmq-server)"),
+        ("kafka", r"kafka: Kafka jars missing in .*; run `make setup`"),
     ],
 )
-def test_a_missing_binary_is_named_before_anything_starts(tmp_path, override, message):
+def test_a_missing_binary_is_named_before_anything_starts(tmp_path, missing, message):
+    server = None if missing == "rabbitmq" else "#!/bin/sh\nexit 1\n"
+    override = release_runtime(tmp_path, server, kafka_jars=missing != "kafka")
     fed = make_federation(tmp_path / "s", TEST_PORT_BASE + 1600, regions="local-eu", **override)
     with pytest.raises(FederationError, match=message):
         fed.up()

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.local import processes
 from infra.local.broker import RABBITMQ_BIN, BrokerRuntime, BrokerRuntimeError, broker_runtime
 
 
@@ -55,3 +56,19 @@ def test_a_missing_release_is_named_with_what_to_run(tmp_path):
 def test_the_installed_version_is_read_from_the_package(tmp_path):
     (tmp_path / "root/usr/lib/rabbitmq/lib/rabbitmq_server-4.0.5").mkdir(parents=True)
     assert BrokerRuntime("4.0", tmp_path / "root", RABBITMQ_BIN).installed_version() == "4.0.5"
+
+
+def test_a_started_node_process_is_known_as_a_child_until_forgotten(tmp_path):
+    """Node.exited() asks this first: while a node's start chain execs (unshare, sh, chroot,
+    the server script), /proc/<pid>/environ reads empty and its marker cannot be seen."""
+    proc = processes.spawn(
+        ["sh", "-c", "exec sh -c 'exec sleep 5'"],
+        env={"PATH": "/usr/bin:/bin"},
+        node_marker="unit-chain",
+        log_path=tmp_path / "out.log",
+        cwd=tmp_path,
+    )
+    assert processes.is_child(proc.pid) and processes.exit_code(proc.pid) is None
+    proc.kill()
+    processes.forget(proc.pid)
+    assert not processes.is_child(proc.pid)
