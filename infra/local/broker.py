@@ -80,6 +80,8 @@ class BrokerRuntime:
             how = (
                 "run `make setup` (it builds RabbitMQ 4.0's Debian 13 root)"
                 if self.root is not None
+                else f"install Debian's rabbitmq-server {self.release} (make setup installs 4.0 only)"
+                if self.release == "3.10"
                 else "run `make setup` (installs Debian's rabbitmq-server)"
             )
             raise BrokerRuntimeError(f"{who}: {where} not found; {how}")

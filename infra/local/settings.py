@@ -159,15 +159,16 @@ class LocalSettings:
         metadata={"doc": "Seconds a node may take to become ready before `up` gives up."},
     )
     rabbitmq_release: str = field(
-        default="3.10",
+        default="4.0",
         metadata={
             "doc": "RabbitMQ every node runs: '4.0' (Debian 13's, built into the cache by make setup on "
-            "Debian 12) or '3.10' (Debian 12's own package); infra/local/broker.py"
+            "Debian 12) or '3.10' (Debian 12's own package, if installed: make setup no longer installs it); "
+            "infra/local/broker.py"
         },
     )
     rabbitmq_bin_dir: Path = field(
         default=Path("/usr/lib/rabbitmq/bin"),
-        metadata={"doc": "Folder with rabbitmq-server from the system's Debian package."},
+        metadata={"doc": "Folder with rabbitmq-server from the system's Debian package (release 3.10)."},
     )
 
     # --- cloud regions (infra/cloud, docs/operations.md "Cloud regions") ------------

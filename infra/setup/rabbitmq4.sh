@@ -7,8 +7,9 @@
 # replace libc6 and ~50 other packages -- a mixed-release system.  Instead a
 # minimal Debian 13 root holding rabbitmq-server (and mosquitto, the
 # benchmark's baseline of the same release) is built once with debootstrap
-# into the cache, and infra/local/broker.py runs each node from it under
-# bubblewrap (the host's network and the node's own state folder shared).
+# into the cache, and infra/local/broker.py runs each node (and epmd) from it
+# in a private mount namespace with chroot (unshare, from util-linux): the
+# host's network and the node's own state folder are shared.
 #
 # Idempotent: a complete root carries a stamp and is never rebuilt; a failed
 # build leaves only a .partial folder, removed by the next run.
@@ -40,7 +41,6 @@ fi
 [[ $(id -u) -eq 0 ]] || die "building the Debian 13 root for RabbitMQ 4 needs root (debootstrap)"
 need=()
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
-command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 if ((${#need[@]})); then
     step "installing Debian packages: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

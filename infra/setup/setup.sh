@@ -6,9 +6,11 @@
 # at service start -- the local driver only reads what this script put in
 # place.
 #
-#   1. system packages from Debian: RabbitMQ (with its plugins), a Java
-#      runtime for Kafka and Spark, Maven to resolve jars; RabbitMQ 4.0 from
-#      Debian 13 (rabbitmq4.sh: on Debian 12, a Debian 13 root in .cache)
+#   1. system packages from Debian: a Java runtime for Kafka and Spark, Maven
+#      to resolve jars, openssl, mosquitto (the benchmarks' baseline); RabbitMQ
+#      4.0 from Debian 13 for every node (rabbitmq4.sh: the system's package on
+#      Debian 13, a Debian 13 root in .cache on Debian 12 -- which runs its own
+#      epmd too, so Debian 12's rabbitmq-server and Erlang are not needed)
 #   2. the project virtualenv (.venv) with the Python dependencies
 #   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
 #   4. Spark's Kafka source jars matching the installed pyspark into
@@ -30,7 +32,11 @@ SECONDS=0
 
 # --- 1. system packages -----------------------------------------------------
 need_pkgs=()
-[[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || need_pkgs+=(rabbitmq-server)
+# RabbitMQ 4.0: on Debian 13 the system's own package (on Debian 12,
+# rabbitmq4.sh below builds a Debian 13 root instead: Debian 12's 3.10 is not used)
+if [[ "$(cut -d. -f1 /etc/debian_version 2>/dev/null | tr -dc '0-9')" -ge 13 ]]; then
+    [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || need_pkgs+=(rabbitmq-server)
+fi
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federation's CA (TLS)
@@ -38,8 +44,8 @@ command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federati
 if ((${#need_pkgs[@]})); then
     step "installing Debian packages: ${need_pkgs[*]}"
     [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"
-    # The rabbitmq-server package starts a system-wide broker on 5672 when it
-    # is installed. fedgate runs its own nodes, so keep the system one from
+    # The mosquitto and rabbitmq-server packages start a system-wide broker
+    # when they are installed. fedgate runs its own brokers, so keep the system one from
     # starting (policy-rc.d is Debian's switch for that) -- and only remove
     # the switch again if we were the ones who put it there.
     created_policy=0
@@ -55,7 +61,7 @@ if ((${#need_pkgs[@]})); then
     [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
     trap - EXIT
 else
-    step "Debian packages present (rabbitmq-server, java, maven, openssl, mosquitto)"
+    step "Debian packages present (java, maven, openssl, mosquitto)"
 fi
 # RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
 # root on Debian 12 (infra/setup/rabbitmq4.sh says why)
