@@ -9,8 +9,9 @@ tell, the router asks a region's gateway itself:
 
 and it closes the older of two sessions of one client id there.
 
-The management clients are passed in (`Gateways(clients)`), so tests give
-fakes; `Gateways.from_settings` builds the real ones.  The clients block
+The management clients (backend.rabbitmq_admin.RabbitAdmin) are passed in
+(`Gateways(clients)`), so tests give fakes with the same methods;
+`Gateways.clients_from_settings` builds the real ones.  The clients block
 (urllib), so every call runs in the default executor, off the event loop.
 """
 
@@ -21,7 +22,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
@@ -39,30 +40,10 @@ GATEWAY_CHECK_TIMEOUT_S = 3.0
 CLOSE_PATIENCE_S = 30.0
 
 
-class ManagementClient(Protocol):
-    """The part of backend.rabbitmq_admin.RabbitAdmin the router uses."""
-
-    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any: ...
-
-    def request_with_headers(
-        self,
-        method: str,
-        path: str,
-        headers: dict[str, str],
-        body: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Any: ...
-
-    def get(self, path: str) -> Any: ...
-
-    def connections(self) -> list[dict[str, Any]]: ...
-
-
 class Gateways:
     """The router's view of each region's gateway management API."""
 
-    def __init__(self, clients: Mapping[str, ManagementClient], metrics: Metrics | None = None):
+    def __init__(self, clients: Mapping[str, RabbitAdmin], metrics: Metrics | None = None):
         self.clients = dict(clients)
         self.metrics = metrics or Metrics()
         #: region -> (monotonic time, whether its gateway answered then)
@@ -70,10 +51,10 @@ class Gateways:
         self._closers: set[asyncio.Task[None]] = set()
 
     @staticmethod
-    def clients_from_settings(settings: RouterSettings) -> dict[str, ManagementClient]:
+    def clients_from_settings(settings: RouterSettings) -> dict[str, RabbitAdmin]:
         return {g.region: RabbitAdmin(g.management_url, g.user, g.password) for g in settings.gateways}
 
-    def set_clients(self, clients: Mapping[str, ManagementClient]) -> None:
+    def set_clients(self, clients: Mapping[str, RabbitAdmin]) -> None:
         """A region was added or removed."""
         self.clients = dict(clients)
         self._answers = {r: a for r, a in self._answers.items() if r in self.clients}
