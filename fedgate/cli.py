@@ -90,8 +90,9 @@ class Context:
     def spark_settings(self) -> Any:
         """Settings for a Spark session beside the local job's warehouse (infra/local/configs.py)."""
         from infra.local import configs
+        from infra.local.layout import StateFiles
 
-        return configs.spark_settings(self.settings.state_dir, self.settings.state_dir / "warehouse")
+        return configs.spark_settings(StateFiles(self.settings.state_dir))
 
 
 def status_json(fed: LocalFederation, rows: list[NodeStatus]) -> dict[str, Any]:

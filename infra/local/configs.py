@@ -12,21 +12,29 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
-from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROLE_KAFKA, ROLE_ROUTER, ROUTER_NODE, SPARK_NODE
+from infra.local.layout import (
+    ROLE_BACKEND,
+    ROLE_GATEWAY,
+    ROLE_KAFKA,
+    ROLE_ROUTER,
+    ROUTER_NODE,
+    SPARK_NODE,
+    StateFiles,
+)
 from infra.local.nodes import Node
 from infra.local.services import KafkaNode
 from infra.local.settings import LocalSettings
 
 
-def spark_settings(state_dir: Path, warehouse: Path) -> Any:
+def spark_settings(files: StateFiles) -> Any:
     """Settings for a Spark session next to the job (queries, the demo, tests):
     the job's warehouse, its own ports.  FEDGATE_SPARK_* can point elsewhere."""
     from spark.settings import SparkSettings
 
-    rendered = state_dir / "nodes" / SPARK_NODE / "spark.toml"
+    rendered = files.state_dir / "nodes" / SPARK_NODE / "spark.toml"
     if rendered.exists():
         return SparkSettings.load(rendered, driver_port=0, block_manager_port=0, progress_file="")
-    return SparkSettings.load(kafka_bootstrap="-", warehouse=str(warehouse))
+    return SparkSettings.load(kafka_bootstrap="-", warehouse=str(files.warehouse))
 
 
 def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], job: Node) -> dict[str, Any]:

@@ -275,7 +275,7 @@ class LocalFederation:
 
     def spark_settings(self) -> Any:
         """Settings for a Spark session next to the job (configs.spark_settings)."""
-        return configs.spark_settings(self.state_dir, self.warehouse)
+        return configs.spark_settings(self.files)
 
     def spark_config(self, nodes: list[Node], job: Node) -> dict[str, Any]:
         """What spark.toml holds (configs.spark_config)."""

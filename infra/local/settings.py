@@ -27,6 +27,7 @@ process as it is, next to what the driver wires in (configs.router_config)::
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from dataclasses import dataclass, field, fields
@@ -256,7 +257,7 @@ class LocalSettings:
     def spark_kafka_jars(self) -> Path:
         return self.cache_dir / SPARK_KAFKA_JARS
 
-    @property
+    @functools.cached_property
     def router_settings(self) -> RouterSettings:
         """What the [router] table gives (its rules, topics, limits; the wiring fields are stand-ins)."""
         return check_router_table(self.router)
