@@ -21,6 +21,9 @@ class ArmyPlan:
     #: commands per second sent through the router, spread over the devices
     commands_per_s: float = 0.0
     qos: int = 1
+    #: QoS of each device's command subscription; None: the device subscribes to nothing
+    #: (an idle connection, as the benchmark's memory figure needs it)
+    command_qos: int | None = 1
     #: MQTT persistent sessions: the gateway keeps a device's subscription while it is away
     persistent_sessions: bool = False
     tls: bool = False
@@ -50,6 +53,8 @@ class ArmyPlan:
             raise ValueError("settle_s and warmup_s: not negative")
         if self.qos not in (0, 1):
             raise ValueError("qos: 0 or 1")
+        if self.command_qos not in (None, 0, 1):
+            raise ValueError("command_qos: 0, 1 or None")
         if not 0 <= self.roam_share <= 1:
             raise ValueError("roam_share: between 0 and 1")
         return self

@@ -99,7 +99,8 @@ class ArmyDevice:
         self.failures = 0
         self.w.count["connects"] += 1
         self.w.connect_ms.append((time.monotonic() - self._connect_started) * 1000)
-        client.subscribe(c.device_command_topic(self.spec.device_id, "#"), qos=1)
+        if self.w.cfg.plan.command_qos is not None:
+            client.subscribe(c.device_command_topic(self.spec.device_id, "#"), qos=self.w.cfg.plan.command_qos)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
         was = self.connected
