@@ -59,24 +59,37 @@ def connect(url: str, timeout: float = 10.0) -> pika.BlockingConnection:
 
 
 def publish_confirmed(
-    url: str, exchange: str, routing_key: str, payload: bytes | str, headers: dict[str, Any]
+    url: str,
+    exchange: str,
+    routing_key: str,
+    payload: bytes | str,
+    headers: dict[str, Any],
+    **properties: Any,
 ) -> None:
-    """Publish one persistent, mandatory message and wait for the broker's confirm."""
+    """Publish one persistent, mandatory message and wait for the broker's confirm.
+
+    `properties` are further AMQP properties (correlation_id, content_type)."""
     conn = connect(url)
     try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.basic_publish(
-            exchange=exchange,
-            routing_key=routing_key,
-            body=payload.encode() if isinstance(payload, str) else payload,
-            properties=pika.BasicProperties(
-                delivery_mode=pika.DeliveryMode.Persistent, headers=headers, message_id=str(uuid.uuid4())
-            ),
-            mandatory=True,
-        )
+        _publish(conn.channel(), exchange, routing_key, payload, headers, **properties)
     finally:
         conn.close()
+
+
+def _publish(
+    ch: Any, exchange: str, routing_key: str, payload: bytes | str, headers: dict[str, Any], **properties: Any
+) -> None:
+    ch.confirm_delivery()
+    properties.setdefault("message_id", str(uuid.uuid4()))
+    ch.basic_publish(
+        exchange=exchange,
+        routing_key=routing_key,
+        body=payload.encode() if isinstance(payload, str) else payload,
+        properties=pika.BasicProperties(
+            delivery_mode=pika.DeliveryMode.Persistent, headers=headers, **properties
+        ),
+        mandatory=True,
+    )
 
 
 def publish_downlink(
@@ -173,14 +186,105 @@ class Tap:
         self.close()
 
 
-def send_command(url: str, device: str, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
+def command_headers(
+    device: str,
+    topic: str,
+    *,
+    retain: bool = False,
+    expires_in_s: float | None = None,
+    response_topic: str | None = None,
+) -> dict[str, Any]:
+    """The headers of a command on COMMANDS_EXCHANGE (backend/contract.py names them)."""
+    headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
+    if retain:
+        headers[c.RETAIN_HEADER] = True
+    if expires_in_s is not None:
+        if expires_in_s <= 0:
+            raise ValueError("expires_in_s: must be positive")
+        headers[c.EXPIRES_AT_HEADER] = str(int((time.time() + expires_in_s) * 1000))
+    if response_topic is not None:
+        headers[c.RESPONSE_TOPIC_HEADER] = response_topic
+    return headers
+
+
+def send_command(
+    url: str,
+    device: str,
+    topic: str,
+    payload: bytes | str,
+    *,
+    retain: bool = False,
+    expires_in_s: float | None = None,
+    response_topic: str | None = None,
+    correlation_id: str | None = None,
+    content_type: str | None = None,
+) -> None:
     """Hand a device-bound message to the router (COMMANDS_EXCHANGE) and wait for the confirm.
 
     The router sends it to the gateway holding the device, parks it while the
     device is offline, and with `retain` keeps it as the device's desired
-    state for `topic`.
+    state for `topic`.  Past `expires_in_s` it is no longer delivered (it is
+    dead-lettered with the reason).  An MQTT 5 device gets `response_topic`,
+    `correlation_id` and `content_type` as the command's properties.
     """
-    headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
-    if retain:
-        headers[c.RETAIN_HEADER] = True
-    publish_confirmed(url, c.COMMANDS_EXCHANGE, device, payload, headers)
+    headers = command_headers(
+        device, topic, retain=retain, expires_in_s=expires_in_s, response_topic=response_topic
+    )
+    props = {k: v for k, v in (("correlation_id", correlation_id), ("content_type", content_type)) if v}
+    publish_confirmed(url, c.COMMANDS_EXCHANGE, device, payload, headers, **props)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An MQTT 5 device's answer to a command (its PUBLISH to the response topic)."""
+
+    payload: bytes
+    region: str | None
+    content_type: str | None
+    after_s: float
+
+
+def send_and_wait(
+    url: str,
+    device: str,
+    topic: str,
+    payload: bytes | str,
+    *,
+    timeout_s: float = 30.0,
+    expires_in_s: float | None = None,
+    content_type: str | None = None,
+) -> tuple[str, Reply | None]:
+    """Send a command whose answer comes back: (command id, the reply or None after `timeout_s`).
+
+    The command carries the response topic devices/<device>/replies and its
+    id as correlation data; the answer is read on the backend, where the
+    device's messages arrive (it also reaches Kafka, telemetry.replies).  The
+    queue that waits for it is bound before the command leaves, so an answer
+    cannot overtake the wait.
+    """
+    command_id = uuid.uuid4().hex
+    reply_topic = c.device_reply_topic(device)
+    conn = connect(url)
+    try:
+        ch = conn.channel()
+        queue = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(queue, c.TELEMETRY_EXCHANGE, c.mqtt_topic_to_routing_key(reply_topic))
+        headers = command_headers(device, topic, expires_in_s=expires_in_s, response_topic=reply_topic)
+        props = {"correlation_id": command_id, **({"content_type": content_type} if content_type else {})}
+        started = time.monotonic()
+        _publish(ch, c.COMMANDS_EXCHANGE, device, payload, headers, **props)
+        for _method, p, body in ch.consume(queue, auto_ack=True, inactivity_timeout=0.5):
+            if time.monotonic() - started > timeout_s:
+                break
+            if p is None:  # nothing within the inactivity timeout
+                continue
+            # text correlation data is the correlation_id; binary, RabbitMQ's header
+            corr = p.correlation_id or (p.headers or {}).get("x-correlation-id")
+            if corr == command_id:  # another waiter's answer on the same device is not ours
+                return command_id, Reply(
+                    body, c.region_from_headers(p.headers), p.content_type, time.monotonic() - started
+                )
+        return command_id, None
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            conn.close()

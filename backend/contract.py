@@ -209,6 +209,23 @@ TOPIC_HEADER = "x-fedgate-topic"
 RETAIN_HEADER = "x-fedgate-retain"
 #: Set on the copies of a broadcast (a command for a device never seen).
 BROADCAST_HEADER = "x-fedgate-broadcast"
+#: When the command stops being worth delivering: epoch milliseconds.  The
+#: router dead-letters it from then on (reason: expired), and the gateway
+#: drops it from the device's session queue (the AMQP `expiration` the router
+#: sets).  MQTT 5 devices see it as the user property of the same name.
+EXPIRES_AT_HEADER = "x-fedgate-expires-at"
+#: The MQTT topic an MQTT 5 device answers on (its Response Topic).  It must
+#: be under the device's own devices/<id>/, the only place it may publish.
+#: The correlation data is the AMQP `correlation_id`; the content type,
+#: `content_type`.
+RESPONSE_TOPIC_HEADER = "x-fedgate-response-topic"
+
+
+def device_reply_topic(device: str) -> str:
+    """The response topic `fedgate send --wait` gives: the device answers there,
+    with the command's id as correlation data."""
+    return f"devices/{device}/replies"
+
 
 #: A command that waits this long in a region's downlink queue on the backend
 #: (the gateway's federation link is not taking it: the gateway is down or
@@ -237,6 +254,14 @@ KAFKA_MQTT_TOPIC_HEADER = "fedgate.mqtt_topic"
 KAFKA_DEVICE_HEADER = "fedgate.device"
 KAFKA_RECEIVED_AT_HEADER = "fedgate.received_at_ms"
 KAFKA_DEADLETTER_REASON_HEADER = "fedgate.deadletter_reason"
+#: A device message's MQTT 5 properties (none for MQTT 3.1.1): each user
+#: property as a header named KAFKA_USER_PROPERTY_PREFIX + its name (the
+#: prefix keeps a device from passing a property off as one of fedgate's
+#: headers), and the content type, response topic and correlation data.
+KAFKA_USER_PROPERTY_PREFIX = "mqtt.user."
+KAFKA_CONTENT_TYPE_HEADER = "mqtt.content_type"
+KAFKA_RESPONSE_TOPIC_HEADER = "mqtt.response_topic"
+KAFKA_CORRELATION_DATA_HEADER = "mqtt.correlation_data"
 #: Identity of a device message that survives redelivery: the bridge may
 #: produce a message twice (a router dies between Kafka's confirmation and
 #: the AMQP ack; RabbitMQ redelivers it), and Spark drops the second copy by

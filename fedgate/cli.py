@@ -52,6 +52,16 @@ def _progress(msg: str) -> None:
     print(f"[fedgate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of seconds")
+    return value
+
+
 def _confirm(prompt: str) -> bool:
     if not sys.stdin.isatty():
         _progress("no terminal to confirm on; pass --auto-approve (make ... AUTO_APPROVE=1)")
@@ -136,11 +146,33 @@ def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
-    from backend.amqp import send_command
+    from backend.amqp import send_and_wait, send_command
 
-    ep = ctx.fed.endpoints()
-    send_command(ep["backend"]["url"], args.device, args.topic, args.payload, retain=args.retain)
-    print(f"handed to the router: {args.device} {args.topic}" + (" (desired state)" if args.retain else ""))
+    url = ctx.fed.endpoints()["backend"]["url"]
+    if args.wait is None:
+        send_command(
+            url, args.device, args.topic, args.payload, retain=args.retain, expires_in_s=args.expires_in
+        )
+        print(
+            f"handed to the router: {args.device} {args.topic}" + (" (desired state)" if args.retain else "")
+        )
+        return 0
+    if args.retain:
+        raise SettingsError("send: --wait asks one device for one answer; desired state (--retain) has none")
+    print(f"handed to the router: {args.device} {args.topic}; waiting up to {args.wait:g} s for the reply")
+    command_id, reply = send_and_wait(
+        url, args.device, args.topic, args.payload, timeout_s=args.wait, expires_in_s=args.expires_in
+    )
+    if reply is None:
+        print(
+            f"fedgate: no reply to command {command_id} within {args.wait:g} s. The router still holds it: "
+            "it is delivered when the device connects and subscribes"
+            + (f", until it expires ({args.expires_in:g} s after sending)" if args.expires_in else ""),
+            file=sys.stderr,
+        )
+        return 1
+    print(f"reply to command {command_id} from {args.device} via {reply.region} after {reply.after_s:.2f} s:")
+    print(reply.payload.decode("utf-8", "replace"))
     return 0
 
 
@@ -396,6 +428,22 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("payload")
     send.add_argument(
         "--retain", action="store_true", help="keep it as the device's desired state for the topic"
+    )
+    send.add_argument(
+        "--expires-in",
+        type=_positive_seconds,
+        metavar="S",
+        help="not delivered after S seconds (dead-lettered with the reason); an MQTT 5 device sees the "
+        "deadline in the user property x-fedgate-expires-at",
+    )
+    send.add_argument(
+        "--wait",
+        type=_positive_seconds,
+        nargs="?",
+        const=30.0,
+        metavar="S",
+        help="give the command a response topic (devices/<device>/replies) and its id as correlation "
+        "data, and wait up to S seconds (default 30) for an MQTT 5 device's answer",
     )
     send.set_defaults(fn=cmd_send)
     pres = sub.add_parser("presence", help="where devices are connected, since when; counts per region")

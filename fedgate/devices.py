@@ -1,4 +1,4 @@
-"""Simulated devices: real MQTT 3.1.1 clients (paho-mqtt) for the demo and the tests.
+"""Simulated devices: real MQTT 3.1.1 or MQTT 5 clients (paho-mqtt) for the demo and the tests.
 
 A SimDevice connects to its region's gateway, publishes at QoS 1 and waits
 for the PUBACK (the gateway's confirm that the message is safely queued), and
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from backend.errors import FedgateError
 from fedgate.resolver import Endpoint, NearestHealthyResolver
@@ -31,9 +33,39 @@ class Received:
     qos: int
     retain: bool
     at: float = field(default_factory=time.time)
+    #: MQTT 5 PUBLISH properties (paho's Properties; None for an MQTT 3.1.1 device)
+    properties: Any = None
 
     def json(self) -> Any:
         return json.loads(self.payload)
+
+    def prop(self, name: str) -> Any:
+        """One MQTT 5 property by paho's name (ResponseTopic, CorrelationData, ...), or None."""
+        return getattr(self.properties, name, None) if self.properties is not None else None
+
+    @property
+    def user_properties(self) -> dict[str, str]:
+        return dict(self.prop("UserProperty") or [])
+
+
+def publish_properties(
+    *,
+    user: dict[str, str] | list[tuple[str, str]] | None = None,
+    response_topic: str | None = None,
+    correlation_data: bytes | None = None,
+    content_type: str | None = None,
+) -> Properties:
+    """MQTT 5 PUBLISH properties for SimDevice.publish."""
+    p = Properties(PacketTypes.PUBLISH)
+    if user:
+        p.UserProperty = list(user.items()) if isinstance(user, dict) else list(user)
+    if response_topic is not None:
+        p.ResponseTopic = response_topic
+    if correlation_data is not None:
+        p.CorrelationData = correlation_data
+    if content_type is not None:
+        p.ContentType = content_type
+    return p
 
 
 class SimDevice:
@@ -50,8 +82,11 @@ class SimDevice:
         auto_reconnect: bool = True,
         resolver: NearestHealthyResolver | None = None,
         tls_ca: str | None = None,
+        mqtt5: bool = False,
     ):
         self.device_id = device_id
+        self.mqtt5 = mqtt5
+        self.clean_session = clean_session
         self.host, self.port = host, port
         #: with a resolver the device fails over to the next nearest healthy gateway
         self.resolver = resolver
@@ -61,12 +96,18 @@ class SimDevice:
         self._failing_over = threading.Lock()
         #: filters this device subscribed to: a clean session loses them, so a failover renews them
         self.subscriptions: dict[str, int] = {}
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=device_id,
-            clean_session=clean_session,
-            protocol=mqtt.MQTTv311,
-        )
+        # MQTT 5 has no clean-session flag at CONNECT's construction: clean_start goes with connect()
+        if mqtt5:
+            self.client = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5
+            )
+        else:
+            self.client = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id=device_id,
+                clean_session=clean_session,
+                protocol=mqtt.MQTTv311,
+            )
         self.client.username_pw_set(username, password)
         if tls_ca:
             # MQTT over TLS: the gateway's certificate must chain to this CA and name the host
@@ -108,7 +149,8 @@ class SimDevice:
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         with self._cond:
-            self.received.append(Received(msg.topic, msg.payload, msg.qos, msg.retain))
+            props = msg.properties if self.mqtt5 else None
+            self.received.append(Received(msg.topic, msg.payload, msg.qos, msg.retain, properties=props))
             self._cond.notify_all()
 
     def _fail_over(self) -> None:
@@ -146,8 +188,14 @@ class SimDevice:
             self.endpoint = self.resolver.resolve(exclude or [])
             self.host, self.port = self.endpoint.host, self.endpoint.port
         self._connected.clear()
+        kw: dict[str, Any] = {}
+        if self.mqtt5:
+            kw["clean_start"] = self.clean_session
+            if not self.clean_session:  # MQTT 5: a session outlives its connection only with an expiry
+                kw["properties"] = Properties(PacketTypes.CONNECT)
+                kw["properties"].SessionExpiryInterval = 86_400
         try:
-            self.client.connect(self.host, self.port, keepalive=self.keepalive)
+            self.client.connect(self.host, self.port, keepalive=self.keepalive, **kw)
         except OSError as e:
             raise DeviceError(f"{self.device_id}: cannot reach {self.host}:{self.port}: {e}") from e
         self.client.loop_start()
@@ -182,12 +230,19 @@ class SimDevice:
         self.subscriptions[topic_filter] = qos
 
     def publish(
-        self, topic: str, payload: bytes | str | dict[str, Any], qos: int = 1, timeout: float = 10.0
+        self,
+        topic: str,
+        payload: bytes | str | dict[str, Any],
+        qos: int = 1,
+        timeout: float = 10.0,
+        properties: Properties | None = None,
     ) -> None:
-        """Publish and, for QoS 1, wait until the gateway acknowledged (PUBACK)."""
+        """Publish and, for QoS 1, wait until the gateway acknowledged (PUBACK).
+
+        `properties` (MQTT 5 devices only): see publish_properties."""
         if isinstance(payload, dict):
             payload = json.dumps(payload)
-        info = self.client.publish(topic, payload, qos=qos)
+        info = self.client.publish(topic, payload, qos=qos, properties=properties)
         if qos > 0:
             try:
                 info.wait_for_publish(timeout)
@@ -197,6 +252,14 @@ class SimDevice:
                 raise DeviceError(f"{self.device_id}: {topic}: {e}") from e
             if not info.is_published():
                 raise DeviceError(f"{self.device_id}: no PUBACK for {topic} in {timeout}s")
+
+    def reply(self, command: Received, payload: bytes | str | dict[str, Any], timeout: float = 10.0) -> None:
+        """Answer an MQTT 5 command: publish to its response topic with its correlation data."""
+        topic = command.prop("ResponseTopic")
+        if not topic:
+            raise DeviceError(f"{self.device_id}: {command.topic} has no response topic to answer on")
+        corr = command.prop("CorrelationData")
+        self.publish(topic, payload, timeout=timeout, properties=publish_properties(correlation_data=corr))
 
     def publish_async(self, topic: str, payload: bytes | str, qos: int = 1) -> mqtt.MQTTMessageInfo:
         return self.client.publish(topic, payload, qos=qos)

@@ -151,3 +151,102 @@ def subscription_from_event(headers: Mapping[str, Any]) -> SubscriptionMade | No
 def filters_of_bindings(bindings: list[dict[str, Any]]) -> list[str]:
     """The MQTT filters of a session queue's bindings (management API), the default binding left out."""
     return [filter_of_binding_key(b["routing_key"]) for b in bindings if b.get("source")]
+
+
+# --- MQTT 5 properties in AMQP 0.9.1 (RabbitMQ 4.0) ------------------------------
+#
+# A device's PUBLISH crosses the federation as AMQP 0.9.1, converted by the
+# plugin (mc_mqtt): each user property becomes a header of its own name (the
+# first of a repeated name wins), the content type the `content_type`
+# property, the response topic the header `x-reply-to-topic` in AMQP form, the
+# correlation data `correlation_id` when it fits a short string and else the
+# header `x-correlation-id`.  Towards a device the same mapping runs backwards,
+# with one gap: the message expiry interval is given only to messages that
+# came from MQTT, so an AMQP `expiration` is enforced by the gateway's queue
+# but not shown to the device (router/commands.py adds it as a user property).
+
+#: Headers RabbitMQ sets itself (MQTT 5 conversion, federation, dead
+#: lettering); every other header of a device's message is a user property.
+BROKER_HEADERS = frozenset(
+    {
+        c.RECEIVED_FROM_HEADER,
+        "x-reply-to-topic",
+        "x-correlation-id",
+        "x-death",
+        "x-delivery-count",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+    }
+)
+REPLY_TO_TOPIC_HEADER = "x-reply-to-topic"
+CORRELATION_ID_HEADER = "x-correlation-id"
+#: AMQP 0.9.1 short strings (correlation_id, content_type) hold at most this many bytes
+SHORTSTR_MAX = 255
+
+
+@dataclass(frozen=True)
+class Mqtt5Properties:
+    """The MQTT 5 properties of a message that fedgate carries along."""
+
+    user_properties: tuple[tuple[str, str], ...] = ()
+    content_type: str | None = None
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+
+
+#: A message without MQTT 5 properties (an MQTT 3.1.1 device's, most commands)
+NO_PROPERTIES = Mqtt5Properties()
+
+
+def _raw(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode("utf-8", "surrogateescape")
+
+
+def properties_of(
+    headers: Mapping[str, Any] | None, content_type: str | None, correlation_id: Any
+) -> Mqtt5Properties:
+    """The MQTT 5 properties of a device message as it reached AMQP 0.9.1.
+
+    An MQTT 3.1.1 message has none (its only header is the federation's)."""
+    headers = headers or {}
+    user = tuple(
+        (k, text(v)) for k, v in headers.items() if k not in BROKER_HEADERS and isinstance(v, str | bytes)
+    )
+    topic = headers.get(REPLY_TO_TOPIC_HEADER)
+    corr: bytes | None = None
+    if correlation_id is not None:
+        corr = _raw(correlation_id)
+    elif headers.get(CORRELATION_ID_HEADER) is not None:
+        corr = _raw(headers[CORRELATION_ID_HEADER])
+    return Mqtt5Properties(
+        user_properties=user,
+        content_type=content_type or None,
+        response_topic=c.routing_key_to_mqtt_topic(text(topic)) if topic is not None else None,
+        correlation_data=corr,
+    )
+
+
+def amqp_fields(p: Mqtt5Properties) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(headers, message properties) to publish so that an MQTT 5 subscriber gets `p`.
+
+    MQTT 3.1.1 subscribers get the payload alone."""
+    headers: dict[str, Any] = dict(p.user_properties)
+    props: dict[str, Any] = {}
+    if p.content_type:
+        props["content_type"] = p.content_type
+    if p.response_topic:
+        headers[REPLY_TO_TOPIC_HEADER] = c.mqtt_topic_to_routing_key(p.response_topic)
+    if p.correlation_data is not None:
+        try:
+            as_text = p.correlation_data.decode("utf-8")
+        except UnicodeDecodeError:
+            as_text = None
+        if as_text is not None and len(p.correlation_data) <= SHORTSTR_MAX:
+            props["correlation_id"] = as_text
+        else:
+            headers[CORRELATION_ID_HEADER] = p.correlation_data
+    return headers, props

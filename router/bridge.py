@@ -25,6 +25,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
+from gateways import mqtt_plugin
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
@@ -118,6 +119,9 @@ class UplinkBridge(Lifecycle):
         if not mqtt_topic:
             raise Poison("message without an MQTT topic")
         headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(mqtt_topic, message.body).encode()))
+        headers += mqtt5_headers(
+            mqtt_plugin.properties_of(message.headers, message.content_type, message.correlation_id)
+        )
         m = self.mapper.map(mqtt_topic)
         if m is None:
             empty = self.mapper.empty_variable(mqtt_topic)
@@ -231,6 +235,18 @@ class UplinkBridge(Lifecycle):
                 log.warning(
                     "acks not confirmed sent within %.0f s; RabbitMQ redelivers those", SHUTDOWN_ACK_TIMEOUT_S
                 )
+
+
+def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
+    """A device message's MQTT 5 properties as Kafka headers (none for MQTT 3.1.1)."""
+    out = [(c.KAFKA_USER_PROPERTY_PREFIX + k, v.encode()) for k, v in p.user_properties]
+    if p.content_type is not None:
+        out.append((c.KAFKA_CONTENT_TYPE_HEADER, p.content_type.encode()))
+    if p.response_topic is not None:
+        out.append((c.KAFKA_RESPONSE_TOPIC_HEADER, p.response_topic.encode()))
+    if p.correlation_data is not None:
+        out.append((c.KAFKA_CORRELATION_DATA_HEADER, p.correlation_data))
+    return out
 
 
 def _log_task_error(task: Any) -> None:

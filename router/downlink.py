@@ -27,14 +27,14 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any
 
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
-from gateways.mqtt_plugin import text
+from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
+from router.commands import BadCommand, downlink_message, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
@@ -176,6 +176,8 @@ class Downlink(Lifecycle):
         *,
         retain: bool = False,
         broadcast: bool = False,
+        expires_at: float | None = None,
+        properties: Mqtt5Properties = NO_PROPERTIES,
     ) -> None:
         """Publish to a region's downlink and wait for the backend's confirm.
 
@@ -192,18 +194,9 @@ class Downlink(Lifecycle):
             log.error("region %s: no downlink exchange on the backend (%s)", region, e)
             self.metrics.inc("fedgate_router_region_missing_total", region=region)
             raise RegionMissing(region) from e
-        # Device and topic travel along (MQTT does not pass them on) so that a
-        # command the region does not take can come back and be routed again.
-        headers: dict[str, Any] = {c.DEVICE_HEADER: device, c.TOPIC_HEADER: topic}
-        if retain:
-            headers[c.RETAIN_HEADER] = True
-        if broadcast:
-            headers[c.BROADCAST_HEADER] = True
-        await ex.publish(
-            aio_pika.Message(payload, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, headers=headers),
-            routing_key=c.mqtt_topic_to_routing_key(topic),
-            mandatory=True,
-        )
+        message = downlink_message(device, topic, payload, retain=retain, broadcast=broadcast,
+                                   expires_at=expires_at, properties=properties)  # fmt: skip
+        await ex.publish(message, routing_key=c.mqtt_topic_to_routing_key(topic), mandatory=True)
 
     async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
         await self.producer.send(
@@ -224,14 +217,13 @@ class Downlink(Lifecycle):
         # Acked only after the message is confirmed at its next hop (downlink
         # exchange, Kafka parking or dead-letter); an exception requeues it.
         async with message.process(requeue=True), self._lock:
-            headers = dict(message.headers or {})
-            cmd = Command(
-                text(headers.get(c.DEVICE_HEADER, "")),
-                text(headers.get(c.TOPIC_HEADER, "")),
-                retain=bool(headers.get(c.RETAIN_HEADER, False)),
-                returned_from=c.region_of_returned(headers),
-                broadcast_copy=bool(headers.get(c.BROADCAST_HEADER, False)),
-            )
+            try:
+                cmd = parse_command(message.headers, message.content_type, message.correlation_id)
+            except BadCommand as e:
+                headers = message.headers or {}
+                device, topic = (str(headers.get(h, "")) for h in (c.DEVICE_HEADER, c.TOPIC_HEADER))
+                await self._deadletter(str(e), device, topic, message.body)
+                return
             await self.handle(cmd, message.body)
 
     async def route(self, device: str, topic: str, payload: bytes, *, retain: bool = False) -> str:
@@ -263,6 +255,7 @@ class Downlink(Lifecycle):
             known=cmd.device in self.known,
             unknown_device=self.settings.unknown_device,
             gateway_answers=answers,
+            now=time.time(),
         )
 
     async def _carry_out(self, cmd: Command, d: Decision, payload: bytes) -> str:
@@ -282,7 +275,8 @@ class Downlink(Lifecycle):
             await self._deadletter(d.reason, cmd.device, cmd.topic, payload)
         elif d.action is Action.SEND:
             assert d.region is not None
-            await self._send(d.region, cmd.device, cmd.topic, payload, retain=cmd.retain)
+            await self._send(d.region, cmd.device, cmd.topic, payload, retain=cmd.retain,
+                             expires_at=cmd.expires_at, properties=cmd.properties)  # fmt: skip
             session = self.presence.get(cmd.device)
             if cmd.retain and session is not None:
                 self.subscriptions.mark_replayed(session.connection, cmd.topic)
@@ -291,20 +285,26 @@ class Downlink(Lifecycle):
             # held until the device subscribes: parked, and sent when the subscription shows
             # (binding event, or the check of a persistent session's subscriptions); never
             # subscribing, it expires into the dead-letter topic with the reason
-            await self.parking.park(cmd.device, cmd.topic, payload)
+            await self._park(cmd, payload)
             self.metrics.inc("fedgate_router_held_total", region=d.region or "")
             session = self.presence.get(cmd.device)
             if session is not None:
                 self._ask_filters_soon(session)
         elif d.action is Action.PARK:
-            await self.parking.park(cmd.device, cmd.topic, payload)
+            await self._park(cmd, payload)
             self.metrics.inc("fedgate_router_parked_total")
         elif d.action is Action.BROADCAST:
             for region in self.settings.regions:
                 with contextlib.suppress(RegionMissing):  # logged and counted; the others still get it
-                    await self._send(region, cmd.device, cmd.topic, payload, broadcast=True)
+                    await self._send(region, cmd.device, cmd.topic, payload, broadcast=True,
+                                     expires_at=cmd.expires_at, properties=cmd.properties)  # fmt: skip
             self.metrics.inc("fedgate_router_broadcast_total")
         return d.outcome()
+
+    async def _park(self, cmd: Command, payload: bytes) -> Parked:
+        return await self.parking.park(
+            cmd.device, cmd.topic, payload, command_expires_at=cmd.expires_at, properties=cmd.properties
+        )
 
     # --- delivering what waited -----------------------------------------------------------
 
@@ -342,7 +342,8 @@ class Downlink(Lifecycle):
             if p.expires_at < now:
                 await self._expire(p)
                 continue
-            await self._send(session.region, device, p.topic, p.payload)
+            await self._send(session.region, device, p.topic, p.payload,
+                             expires_at=p.command_expires_at, properties=p.properties)  # fmt: skip
             await self.parking.remove(p)
             self.metrics.inc("fedgate_router_unparked_total", region=session.region)
         for topic, payload in self.desired.for_device(device):
@@ -354,9 +355,7 @@ class Downlink(Lifecycle):
                 self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
 
     async def _expire(self, p: Parked) -> None:
-        await self._deadletter(
-            f"parked for {self.parking.ttl_s:g}s without the device coming back", p.device, p.topic, p.payload
-        )
+        await self._deadletter(p.expired_reason(self.parking.ttl_s), p.device, p.topic, p.payload)
         await self.parking.remove(p)
         self.metrics.inc("fedgate_router_expired_total")
 

@@ -10,8 +10,9 @@ this file.
 
 The policy, in the order it is applied:
 
-1. a command without a device or topic, or whose topic is a filter, is
-   dead-lettered with the reason;
+1. a command without a device or topic, or whose topic is a filter, or
+   whose response topic the device could not publish to, is dead-lettered
+   with the reason; so is one whose expiry (x-fedgate-expires-at) passed;
 2. a command that came back from a region whose gateway did not take it
    in time (contract.DOWNLINK_RETURN_AFTER_MS): if presence still puts the
    device there and that gateway does not answer, the session died with
@@ -29,10 +30,12 @@ The policy, in the order it is applied:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
 from backend import contract as c
+from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
 from router.presence import Session
 
 UNKNOWN_DEVICE_CHOICES = ("broadcast", "park")
@@ -58,6 +61,10 @@ class Command:
     returned_from: str | None = None
     #: it was one region's copy of a broadcast
     broadcast_copy: bool = False
+    #: epoch seconds after which it is not delivered (None: it waits as long as parking does)
+    expires_at: float | None = None
+    #: what an MQTT 5 device gets with it: response topic, correlation data, content type
+    properties: Mqtt5Properties = NO_PROPERTIES
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class View:
     unknown_device: str = "broadcast"
     #: for a returned command whose session is at that region: whether its gateway answers
     gateway_answers: bool = True
+    #: the time of the decision, epoch seconds (for the command's expiry)
+    now: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ class Decision:
         return self.action.value
 
 
-def invalid(device: str, topic: str) -> str:
+def invalid(device: str, topic: str, response_topic: str | None = None) -> str:
     """Why a command cannot be routed at all ("" when it can)."""
     if not device:
         return f"command without the {c.DEVICE_HEADER} header"
@@ -102,7 +111,22 @@ def invalid(device: str, topic: str) -> str:
         return f"command without the {c.TOPIC_HEADER} header"
     if any(ch in topic for ch in "+#") or "\x00" in topic:
         return f"topic {topic!r} is a filter, not a topic"
+    if response_topic is not None:
+        own = f"devices/{device}/"
+        if not response_topic.startswith(own) or len(response_topic) == len(own):
+            # the gateway would refuse the answer: a device publishes under its own topics only
+            return f"response topic {response_topic!r} is not under {own}, where the device may publish"
+        if any(ch in response_topic for ch in "+#") or "\x00" in response_topic:
+            return f"response topic {response_topic!r} is a filter, not a topic"
     return ""
+
+
+def expired(cmd: Command, now: float) -> str:
+    """Why a command is no longer delivered ("" while it still is)."""
+    if cmd.expires_at is None or cmd.expires_at > now:
+        return ""
+    late = now - cmd.expires_at
+    return f"expired before it reached the device ({c.EXPIRES_AT_HEADER} passed {late:.1f}s ago)"
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
@@ -124,7 +148,7 @@ def must_ask_gateway(cmd: Command, session: Session | None) -> bool:
 
 def decide(cmd: Command, view: View) -> Decision:
     """What to do with one command (see the module docstring for the policy)."""
-    why = invalid(cmd.device, cmd.topic)
+    why = invalid(cmd.device, cmd.topic, cmd.properties.response_topic) or expired(cmd, view.now)
     if why:
         return Decision(Action.DEADLETTER, reason=why)
     if cmd.returned_from is not None:
@@ -163,6 +187,6 @@ def _decide_returned(cmd: Command, view: View) -> Decision:
         if session is not None and session.region == region:
             return Decision(Action.SEND, region=region, end_session=ended)
         return Decision(Action.DESIRED, end_session=ended)
-    fresh = Command(cmd.device, cmd.topic)
-    again = decide(fresh, View(session, view.subscribed, view.known, view.unknown_device))
+    fresh = dataclasses.replace(cmd, retain=False, returned_from=None, broadcast_copy=False)
+    again = decide(fresh, dataclasses.replace(view, session=session))
     return Decision(again.action, again.region, again.reason, end_session=ended)

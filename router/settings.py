@@ -19,7 +19,7 @@ checks it), rendered into each process's router.toml next to the wiring.
     management_url = "http://127.0.0.1:17102"
 
     [[rules]]                             # first match wins
-    pattern = "devices/{device}/{stream:telemetry|events|state}/..."
+    pattern = "devices/{device}/{stream:telemetry|events|state|replies}/..."
     topic = "telemetry.{stream}"
     key = "{device}"
 """

@@ -15,8 +15,10 @@ so a second router sees the same state.
   that a restarted router starts from where it stopped (the gateways'
   management API lists new connections only seconds later).
 - ``fedgate.router.parked``: key ``<device> NUL <parked id>``, value JSON
-  {topic, payload (base64), parked_at, expires_at}.  Delivered in parking
-  order when the device subscribes to a matching topic, then tombstoned.
+  {topic, payload (base64), parked_at, expires_at, and when the command had
+  them: its own expiry ``command_expires_at`` and its MQTT 5 ``properties``}.
+  Delivered in parking order when the device subscribes to a matching
+  topic, then tombstoned.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.presence import Session
@@ -186,7 +189,41 @@ class Parked:
     topic: str
     payload: bytes
     parked_at: float
+    #: when it leaves the lot: parking's TTL, or the command's own expiry if sooner
     expires_at: float
+    #: the command's own expiry (x-fedgate-expires-at), epoch seconds
+    command_expires_at: float | None = None
+    properties: Mqtt5Properties = NO_PROPERTIES
+
+    def expired_reason(self, ttl_s: float) -> str:
+        if self.command_expires_at is not None and self.command_expires_at <= self.expires_at:
+            return "expired while parked, before the device came back (its x-fedgate-expires-at passed)"
+        return f"parked for {ttl_s:g}s without the device coming back"
+
+
+def properties_to_json(p: Mqtt5Properties) -> dict[str, object]:
+    out: dict[str, object] = {}
+    if p.user_properties:
+        out["user_properties"] = [list(kv) for kv in p.user_properties]
+    if p.content_type is not None:
+        out["content_type"] = p.content_type
+    if p.response_topic is not None:
+        out["response_topic"] = p.response_topic
+    if p.correlation_data is not None:
+        out["correlation_data"] = base64.b64encode(p.correlation_data).decode()
+    return out
+
+
+def properties_from_json(d: dict[str, object] | None) -> Mqtt5Properties:
+    if not d:
+        return Mqtt5Properties()
+    corr = d.get("correlation_data")
+    return Mqtt5Properties(
+        user_properties=tuple((str(k), str(v)) for k, v in d.get("user_properties") or []),  # type: ignore[attr-defined]
+        content_type=d.get("content_type"),  # type: ignore[arg-type]
+        response_topic=d.get("response_topic"),  # type: ignore[arg-type]
+        correlation_data=base64.b64decode(corr) if isinstance(corr, str) else None,
+    )
 
 
 class ParkingLot:
@@ -195,20 +232,34 @@ class ParkingLot:
         self.ttl_s = ttl_s
         self._seq = 0
 
-    async def park(self, device: str, topic: str, payload: bytes) -> Parked:
+    async def park(
+        self,
+        device: str,
+        topic: str,
+        payload: bytes,
+        *,
+        command_expires_at: float | None = None,
+        properties: Mqtt5Properties = NO_PROPERTIES,
+    ) -> Parked:
         now = time.time()
         self._seq += 1
         # sortable id: parking order survives a restart
         pid = f"{int(now * 1e6):020d}-{self._seq:06d}-{uuid.uuid4().hex[:6]}"
-        rec = Parked(f"{device}{SEP}{pid}", device, topic, payload, now, now + self.ttl_s)
-        value = json.dumps(
-            {
-                "topic": topic,
-                "payload": base64.b64encode(payload).decode(),
-                "parked_at": now,
-                "expires_at": rec.expires_at,
-            }
-        ).encode()
+        until = now + self.ttl_s if command_expires_at is None else min(now + self.ttl_s, command_expires_at)
+        rec = Parked(
+            f"{device}{SEP}{pid}", device, topic, payload, now, until, command_expires_at, properties
+        )
+        record: dict[str, object] = {
+            "topic": topic,
+            "payload": base64.b64encode(payload).decode(),
+            "parked_at": now,
+            "expires_at": rec.expires_at,
+        }
+        if command_expires_at is not None:
+            record["command_expires_at"] = command_expires_at
+        if properties != NO_PROPERTIES:
+            record["properties"] = properties_to_json(properties)
+        value = json.dumps(record).encode()
         await self.table.put(rec.key, value)
         return rec
 
@@ -218,7 +269,14 @@ class ParkingLot:
             d = json.loads(value)
             out.append(
                 Parked(
-                    key, device, d["topic"], base64.b64decode(d["payload"]), d["parked_at"], d["expires_at"]
+                    key,
+                    device,
+                    d["topic"],
+                    base64.b64decode(d["payload"]),
+                    d["parked_at"],
+                    d["expires_at"],
+                    d.get("command_expires_at"),
+                    properties_from_json(d.get("properties")),
                 )
             )
         return out

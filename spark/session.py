@@ -48,6 +48,8 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
         .config("spark.ui.enabled", "true" if settings.ui_port else "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.ansi.enabled", "false")
+        # a device's JSON or headers may repeat a key: the last wins instead of failing the batch
+        .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         # dedupe state can hold millions of message ids: RocksDB keeps them off the heap

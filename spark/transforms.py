@@ -29,6 +29,7 @@ RAW_COLUMNS = [
     "message_id",
     "device",
     "mqtt_topic",
+    "user_properties",
     "kafka_topic",
     "kafka_partition",
     "kafka_offset",
@@ -50,6 +51,21 @@ RAW_COLUMNS = [
 def _header(name: str) -> Column:
     # get() is NULL when absent; a header Kafka repeats keeps its first value
     return F.get(F.filter("headers", lambda h: h["key"] == F.lit(name)), 0)["value"].cast("string")
+
+
+def _user_properties() -> Column:
+    """The MQTT 5 user properties the bridge put in headers (mqtt.user.<name>), as a map;
+    empty for an MQTT 3.1.1 device.  A name repeated keeps its last value
+    (spark.sql.mapKeyDedupPolicy, spark/session.py): a repeated header never fails a batch."""
+    prefix = c.KAFKA_USER_PROPERTY_PREFIX
+    entries = F.transform(
+        F.filter("headers", lambda h: h["key"].startswith(prefix)),
+        lambda h: F.struct(
+            F.substring(h["key"], len(prefix) + 1, 1 << 20).alias("key"),
+            h["value"].cast("string").alias("value"),
+        ),
+    )
+    return F.coalesce(F.map_from_entries(entries), F.create_map().cast("MAP<STRING,STRING>"))
 
 
 def decode_kafka(
@@ -79,6 +95,7 @@ def decode_kafka(
         F.timestamp_millis(_header(c.KAFKA_RECEIVED_AT_HEADER).cast("long")).alias("received_at"),
         F.coalesce(_header(c.KAFKA_MESSAGE_ID_HEADER), fallback_id).alias("message_id"),
         _header(c.KAFKA_DEADLETTER_REASON_HEADER).alias("deadletter_reason"),
+        _user_properties().alias("user_properties"),
         size.alias("payload_bytes"),
         # the bridge dead-letters non-UTF-8 payloads; anything else decodes with U+FFFD
         F.when(size <= max_bytes, F.col("value").cast("string")).alias("payload"),

@@ -105,3 +105,49 @@ def test_a_returned_command_for_a_device_gone_offline_and_never_seen_is_broadcas
     # a new router that never saw the device: the same rule as for a new command
     d = decide(returned(), View(None, known=False, unknown_device="broadcast"))
     assert d.action is Action.BROADCAST
+
+
+# --- expiry and MQTT 5 answers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("session", [EU, None], ids=["online", "offline"])
+def test_a_command_past_its_expiry_is_dead_lettered_with_the_reason_wherever_the_device_is(session):
+    cmd = Command("d1", "devices/d1/commands/x", expires_at=100.0)
+    d = decide(cmd, View(session, known=True, now=100.5))
+    assert d.action is Action.DEADLETTER
+    assert c.EXPIRES_AT_HEADER in d.reason and "expired" in d.reason
+
+
+def test_a_command_before_its_expiry_goes_on_as_any_other():
+    cmd = Command("d1", "devices/d1/commands/x", expires_at=100.0)
+    assert decide(cmd, View(EU, known=True, now=99.0)) == Decision(Action.SEND, region="local-eu")
+    assert decide(cmd, View(None, known=True, now=99.0)) == Decision(Action.PARK)
+
+
+def test_a_returned_command_keeps_its_expiry():
+    cmd = Command("d1", "devices/d1/commands/x", returned_from="local-us", expires_at=100.0)
+    assert decide(cmd, View(EU, known=True, now=101.0)).action is Action.DEADLETTER
+    d = decide(cmd, View(EU, known=True, now=99.0))
+    assert d == Decision(Action.SEND, region="local-eu")
+
+
+@pytest.mark.parametrize(
+    "response_topic",
+    ["devices/d2/replies", "replies/d1", "devices/d1/", "devices/d1/replies/#", "devices/d1x/replies"],
+)
+def test_a_response_topic_the_device_may_not_publish_to_is_refused(response_topic):
+    from gateways.mqtt_plugin import Mqtt5Properties
+
+    cmd = Command("d1", "devices/d1/commands/x", properties=Mqtt5Properties(response_topic=response_topic))
+    d = decide(cmd, View(EU, known=True))
+    assert d.action is Action.DEADLETTER and "response topic" in d.reason
+
+
+def test_a_response_topic_under_the_devices_own_topics_is_passed_on():
+    from gateways.mqtt_plugin import Mqtt5Properties
+
+    p = Mqtt5Properties(response_topic="devices/d1/replies", correlation_data=b"id-1")
+    assert (
+        decide(Command("d1", "devices/d1/commands/x", properties=p), View(EU, known=True)).action
+        is Action.SEND
+    )

@@ -47,9 +47,15 @@ def test_every_topic_a_rule_can_produce_is_listed_for_creation_ahead_of_time():
     assert TopicMapper(DEFAULT_RULES).kafka_topics() == [
         "fedgate.unmatched",
         "telemetry.events",
+        "telemetry.replies",
         "telemetry.state",
         "telemetry.telemetry",
     ]
+
+
+def test_a_devices_answers_to_commands_are_bridged_by_the_default_rule():
+    m = TopicMapper().map("devices/d1/replies")
+    assert (m.kafka_topic, m.key) == ("telemetry.replies", "d1")
 
 
 def test_the_topics_a_bridge_writes_are_the_rules_topics_plus_catch_all_and_dead_letters():

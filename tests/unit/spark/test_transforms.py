@@ -173,3 +173,28 @@ def test_region_minute_counts_devices_and_latency_percentiles(spark):
     assert eu["latency_p50_ms"] == 50 and eu["latency_p95_ms"] == 95 and eu["latency_p99_ms"] == 99
     assert eu["latency_max_ms"] == 100
     assert (agg["local-us"]["messages"], agg["local-us"]["devices"]) == (1, 1)
+
+
+def test_an_mqtt5_readings_user_properties_are_a_column_and_an_mqtt311_reading_has_none(spark):
+    five = bridge_headers() + [
+        (c.KAFKA_USER_PROPERTY_PREFIX + "unit", b"celsius"),
+        (c.KAFKA_USER_PROPERTY_PREFIX + "fw", b"2.1.0"),
+        (c.KAFKA_CONTENT_TYPE_HEADER, b"application/json"),
+    ]
+    d = decode(spark, [record({"temp_c": 21.5}, 1, headers=five), record({"temp_c": 19.0}, 2)])
+    rows = by_offset(tr.raw_rows(d))
+    assert rows[1]["user_properties"] == {"unit": "celsius", "fw": "2.1.0"}
+    assert rows[2]["user_properties"] == {}
+
+
+def test_a_repeated_key_in_headers_or_payload_never_fails_the_batch(spark):
+    # not what the bridge writes (RabbitMQ keeps the first of a repeated user property), but a
+    # record written to the topic by anyone else must not stop the job: the last value wins
+    hdrs = bridge_headers() + [
+        (c.KAFKA_USER_PROPERTY_PREFIX + "unit", b"C"),
+        (c.KAFKA_USER_PROPERTY_PREFIX + "unit", b"K"),
+    ]
+    d = decode(spark, [record(b'{"temp_c": 1, "temp_c": 2}', 1, headers=hdrs)])
+    (row,) = tr.raw_rows(d).collect()
+    assert row["user_properties"] == {"unit": "K"}
+    assert row["numeric_fields"] == {"temp_c": 2.0}

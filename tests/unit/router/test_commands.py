@@ -1,0 +1,67 @@
+"""A command's wire forms (router/commands.py): what a sender puts on the commands
+exchange, what the router publishes downlink, and that a returned command keeps all of it."""
+
+import time
+
+import pytest
+
+from backend import contract as c
+from gateways.mqtt_plugin import Mqtt5Properties
+from router.bridge import mqtt5_headers
+from router.commands import BadCommand, downlink_message, parse_command
+
+
+def test_a_senders_command_with_expiry_and_a_response_topic():
+    headers = {
+        c.DEVICE_HEADER: "d1",
+        c.TOPIC_HEADER: "devices/d1/commands/reboot",
+        c.EXPIRES_AT_HEADER: "1800000000000",
+        c.RESPONSE_TOPIC_HEADER: "devices/d1/replies",
+    }
+    cmd = parse_command(headers, "application/json", "cmd-1")
+    assert (cmd.device, cmd.topic, cmd.expires_at) == ("d1", "devices/d1/commands/reboot", 1_800_000_000.0)
+    assert cmd.properties == Mqtt5Properties(
+        content_type="application/json", response_topic="devices/d1/replies", correlation_data=b"cmd-1"
+    )
+
+
+def test_an_expiry_that_is_not_epoch_milliseconds_is_refused_with_the_reason():
+    with pytest.raises(BadCommand, match=c.EXPIRES_AT_HEADER):
+        parse_command({c.DEVICE_HEADER: "d1", c.EXPIRES_AT_HEADER: "tomorrow"}, None, None)
+
+
+def test_the_downlink_message_carries_the_remaining_time_and_what_mqtt_5_devices_get():
+    expires_at = time.time() + 30
+    p = Mqtt5Properties(
+        response_topic="devices/d1/replies", correlation_data=b"cmd-1", content_type="text/plain"
+    )
+    m = downlink_message("d1", "devices/d1/commands/x", b"{}", expires_at=expires_at, properties=p)
+    assert 28_000 <= int(m.properties.expiration) <= 30_000  # milliseconds on the wire
+    assert m.correlation_id == "cmd-1" and m.content_type == "text/plain"
+    assert m.headers["x-reply-to-topic"] == "devices.d1.replies"
+    # what a returned copy (dead-lettered back by the backend) is routed again with
+    back = parse_command(m.headers, m.content_type, m.correlation_id)
+    assert back.expires_at == pytest.approx(expires_at, abs=0.001)
+    assert back.properties == p and (back.device, back.topic) == ("d1", "devices/d1/commands/x")
+
+
+def test_a_command_past_its_expiry_still_gets_a_positive_expiration():
+    m = downlink_message("d1", "devices/d1/commands/x", b"{}", expires_at=time.time() - 5)
+    assert int(m.properties.expiration) >= 1
+
+
+def test_mqtt_5_properties_reach_kafka_as_headers_under_their_own_prefix():
+    p = Mqtt5Properties(
+        user_properties=(("unit", "C"), ("fedgate.region", "spoofed")),
+        content_type="application/json",
+        response_topic="devices/d1/replies",
+        correlation_data=b"\x00\x01",
+    )
+    assert mqtt5_headers(p) == [
+        ("mqtt.user.unit", b"C"),
+        ("mqtt.user.fedgate.region", b"spoofed"),
+        ("mqtt.content_type", b"application/json"),
+        ("mqtt.response_topic", b"devices/d1/replies"),
+        ("mqtt.correlation_data", b"\x00\x01"),
+    ]
+    assert mqtt5_headers(Mqtt5Properties()) == []
