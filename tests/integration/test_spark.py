@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from backend import contract as c
+from fedgate.devices import publish_properties
 from infra.local import processes
 from spark.tables import register_views
 from tests.helpers import device, operator_client
@@ -74,17 +75,22 @@ def produce_bridge_records(bootstrap: str, records: list[tuple[str, bytes]], *, 
 
 
 def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, spark, uid):
+    """local-eu's device speaks MQTT 5 and tags its readings with user properties,
+    local-us's speaks MQTT 3.1.1: both become rows, each with what it sent."""
     sent: dict[str, list[float]] = {}
     started = time.time()
+    tags = {"unit": "celsius", "fw": "2.1.0"}
     for region in ("local-eu", "local-us"):
         dev_id = f"spark-{region}-{uid}"
-        d = device(endpoints, region, dev_id)
+        five = region == "local-eu"
+        d = device(endpoints, region, dev_id, mqtt5=five)
         try:
             for i in range(10):
                 temp = 20.0 + i
                 d.publish(
                     c.device_telemetry_topic(dev_id),
                     {"ts": ms(dt.datetime.now(dt.UTC)), "temp_c": temp, "i": i},
+                    properties=publish_properties(user=tags) if five else None,
                 )
                 sent.setdefault(dev_id, []).append(temp)
         finally:
@@ -103,6 +109,7 @@ def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, s
         # device -> Kafka from the device's own timestamp: it cannot exceed the time since the send
         assert 0 <= r["latency_ms"] <= (time.time() - started) * 1000
         assert r["ingest_batch"] is not None
+        assert r["user_properties"] == (tags if region == "local-eu" else {}), "MQTT 5 user properties"
     assert len({r["message_id"] for r in rows}) == 20
 
     per_device = query(
