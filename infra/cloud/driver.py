@@ -57,6 +57,10 @@ from infra.secrets_file import SecretsFile, write_private_json
 MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"
 PLAN_FILE = "tfplan"
 
+#: RabbitMQ on the cloud nodes: Debian 13's rabbitmq-server, the release the local nodes run
+#: (the rabbitmq-nodes module boots Debian 13 and starts no other release).
+RABBITMQ_VERSION = "4.0.5"
+
 #: AWS APIs the gateway-region module calls; all go to aws_endpoint_url when it is set.
 AWS_SERVICES = ("ec2", "elbv2", "autoscaling", "iam", "route53", "sts")
 
@@ -255,7 +259,9 @@ class CloudDriver:
             "admin_password": sec["admin"],
             "erlang_cookie": sec["erlang_cookies"][region],
             "rabbitmq_definitions": json.dumps(
-                definitions_file(definitions), sort_keys=True, separators=(",", ":")
+                definitions_file(definitions, rabbit_version=RABBITMQ_VERSION),
+                sort_keys=True,
+                separators=(",", ":"),
             ),
             "zone_id": s.cloud_zone_id,
             "mqtt_hostname": f"mqtt.{s.cloud_domain}",

@@ -227,7 +227,7 @@ class LocalSettings:
     )
     cloud_ami_id: str = field(
         default="",
-        metadata={"doc": "AMI of cloud gateway nodes (empty: newest official Debian 12)."},
+        metadata={"doc": "AMI of cloud gateway nodes, a Debian 13 image (empty: newest official Debian 13)."},
     )
     aws_endpoint_url: str = field(
         default="",

@@ -252,6 +252,9 @@ def test_the_root_module_points_every_aws_api_at_the_override_and_loads_the_gate
         "&server_name_indication=backend.fleet.example.com"
     )
     assert definitions["global_parameters"] == [{"name": "cluster_name", "value": REGION}]
+    # the nodes run Debian 13's RabbitMQ, the release of the local nodes; no AMI pinned by default
+    assert definitions["rabbit_version"] == "4.0.5"
+    assert "ami_id" not in module
     assert set(root["output"]) >= {"lb_dns_name", "amqp_endpoint", "route53_health_check_id"}
     # the nodes' certificate for gw-<region>.<domain>, from the CA kept beside the cloud state
     tls = module["node_tls"]

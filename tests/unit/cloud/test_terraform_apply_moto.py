@@ -1,27 +1,24 @@
 """The gateway-region example applied against a moto server: the resources a region needs exist,
-the latency record has its health check, and a second plan shows no changes (~1 min)."""
+the nodes boot Debian 13's RabbitMQ with the gateway's plugins, the latency record has its health
+check, and a second plan shows no changes (~1 min)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import shutil
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
+import yaml
 
 from infra.cloud import route53
-from infra.cloud.driver import AWS_SERVICES
 from infra.cloud.toolchain import Toolchain
+from infra.local.settings import PROJECT_ROOT
 from infra.local.tls import LocalCA
 
-from .conftest import run_tf
+from .conftest import TRIXIE_AMD64, moto_client, moto_override, run_tf
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 
@@ -31,72 +28,6 @@ ADMIN_CIDR = "203.0.113.0/24"
 BACKEND_CIDR = "198.51.100.10/32"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    moto_server = Path(sys.executable).with_name("moto_server")
-    # moto[server] is a dev dependency `make setup` installs: missing, the install is broken
-    assert moto_server.exists(), f"{moto_server} missing: run `make setup` (moto[server], pyproject.toml)"
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(moto_server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not start on {url}")
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _client(service: str, url: str) -> object:
-    return boto3.client(
-        service,
-        endpoint_url=url,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
-def _override(url: str) -> str:
-    endpoints = "\n".join(f'    {s} = "{url}"' for s in AWS_SERVICES)
-    return f"""# written by the test: every AWS API goes to moto
-provider "aws" {{
-  region                      = "{REGION}"
-  access_key                  = "testing"
-  secret_key                  = "testing"
-  skip_credentials_validation = true
-  skip_requesting_account_id  = true
-  skip_metadata_api_check     = true
-
-  endpoints {{
-{endpoints}
-  }}
-}}
-"""
-
-
 def test_gateway_region_example_applies_against_moto_and_replans_clean(
     toolchain: Toolchain, terraform_tree: Path, moto_url: str
 ) -> None:
@@ -104,7 +35,7 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     examples = terraform_tree / "infra" / "terraform" / "examples"
     example = examples / "gateway-region-moto"
     shutil.copytree(examples / "gateway-region", example, ignore=shutil.ignore_patterns(".terraform*"))
-    (example / "moto_override.tf").write_text(_override(moto_url))
+    (example / "moto_override.tf").write_text(moto_override(moto_url, REGION))
     # TLS on the nodes as `fedgate gateway add` sets it: a certificate from fedgate's CA
     cert = LocalCA(example / "tls").node_cert(f"gw-{REGION}", f"gw-{REGION}.{DOMAIN}")
     tls_vars = {
@@ -117,10 +48,9 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     }
     (example / "tls.auto.tfvars.json").write_text(json.dumps(tls_vars))
 
-    ec2 = _client("ec2", moto_url)
-    ami = ec2.describe_images()["Images"][0]["ImageId"]  # type: ignore[attr-defined]
+    ec2 = moto_client("ec2", moto_url, REGION)
+    # no ami_id: the module looks up Debian 13 itself
     tf_vars = [
-        f"-var=ami_id={ami}",
         f"-var=domain={DOMAIN}",
         f'-var=admin_cidr_blocks=["{ADMIN_CIDR}"]',
         f'-var=backend_cidr_blocks=["{BACKEND_CIDR}"]',
@@ -163,7 +93,7 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     assert {(1883, 1883), (8883, 8883), (5671, 5672)} == lb_ports
 
     # the gateway nodes: an autoscaling group of two
-    asg = _client("autoscaling", moto_url).describe_auto_scaling_groups(  # type: ignore[attr-defined]
+    asg = moto_client("autoscaling", moto_url, REGION).describe_auto_scaling_groups(  # type: ignore[attr-defined]
         AutoScalingGroupNames=[outputs["autoscaling_group_name"]]
     )["AutoScalingGroups"][0]
     # MQTT, AMQP, and passed-through AMQPS and MQTT over TLS
@@ -173,7 +103,24 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     template = ec2.describe_launch_template_versions(  # type: ignore[attr-defined]
         LaunchTemplateName=f"fedgate-{REGION}-gateway", Versions=["$Latest"]
     )["LaunchTemplateVersions"][0]
+    # Debian 13 from Debian's account, the newest amd64 build (t3.small), not a look-alike
+    assert template["LaunchTemplateData"]["ImageId"] == TRIXIE_AMD64
     user_data = base64.b64decode(template["LaunchTemplateData"]["UserData"]).decode()
+    cloud_config = yaml.safe_load(user_data)
+    assert user_data.startswith("#cloud-config\n") and cloud_config["packages"] == [
+        "ca-certificates",
+        "rabbitmq-server",
+    ]
+    files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
+    # the plugins of a local gateway node, plus peer discovery
+    local_plugins = (PROJECT_ROOT / "gateways" / "templates" / "enabled_plugins").read_text().strip()
+    assert files["/etc/rabbitmq/enabled_plugins"] == local_plugins.replace(
+        "].", ",rabbitmq_peer_discovery_aws].\n"
+    )
+    assert "cluster_formation.peer_discovery_backend = aws" in files["/etc/rabbitmq/rabbitmq.conf"]
+    # the broker starts only as the 4.0 release, after the cluster's cookie and config are in place
+    start = cloud_config["runcmd"][-1]
+    assert start[:2] == ["sh", "-c"] and "4.0.*) systemctl start rabbitmq-server" in start[2]
     assert "listeners.ssl.1 = 0.0.0.0:5671" in user_data
     assert "mqtt.listeners.ssl.1 = 0.0.0.0:8883" in user_data
     assert "ssl_options.keyfile = /etc/rabbitmq/tls/key.pem" in user_data
@@ -188,7 +135,7 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     }
 
     # the network load balancer with an MQTT listener
-    elb = _client("elbv2", moto_url)
+    elb = moto_client("elbv2", moto_url, REGION)
     lb = elb.describe_load_balancers()["LoadBalancers"]  # type: ignore[attr-defined]
     lb = next(x for x in lb if x["DNSName"] == outputs["lb_dns_name"])
     assert lb["Type"] == "network"
@@ -202,7 +149,7 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
 
     # the latency record and its health check, read back the way the driver verifies them
     rec, hc = route53.verify_region_record(
-        _client("route53", moto_url),
+        moto_client("route53", moto_url, REGION),
         zone_id=outputs["zone_id"],
         hostname=outputs["mqtt_hostname"],
         set_identifier=REGION,
@@ -214,3 +161,34 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     # idempotent: a second plan shows no changes (exit code 0 of -detailed-exitcode)
     plan = run_tf(toolchain, example, "plan", "-detailed-exitcode", "-input=false", "-no-color", *tf_vars)
     assert plan.returncode == 0, plan.stdout[-4000:] + plan.stderr
+
+
+def test_backend_example_plans_against_moto_with_debian_13_nodes_and_the_backend_plugins(
+    toolchain: Toolchain, terraform_tree: Path, moto_url: str
+) -> None:
+    examples = terraform_tree / "infra" / "terraform" / "examples"
+    example = examples / "backend-moto"
+    shutil.copytree(examples / "backend", example, ignore=shutil.ignore_patterns(".terraform*"))
+    (example / "moto_override.tf").write_text(moto_override(moto_url, "eu-central-1"))
+    init = run_tf(toolchain, example, "init", "-input=false", "-no-color")
+    assert init.returncode == 0, init.stderr
+    tf_vars = ["-var=analytics_bucket_name=fedgate-test", "-var=admin_password=pw", "-var=erlang_cookie=c"]
+    plan = run_tf(toolchain, example, "plan", "-input=false", "-no-color", "-out=tfplan", *tf_vars)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
+    shown = run_tf(toolchain, example, "show", "-json", "-no-color", "tfplan")
+    nodes = next(
+        m
+        for m in json.loads(shown.stdout)["planned_values"]["root_module"]["child_modules"][0][
+            "child_modules"
+        ]
+        if m["address"] == "module.backend.module.nodes"
+    )
+    template = next(r for r in nodes["resources"] if r["type"] == "aws_launch_template")["values"]
+    assert template["image_id"] == TRIXIE_AMD64  # m6i.large
+    cloud_config = yaml.safe_load(base64.b64decode(template["user_data"]).decode())
+    files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
+    local_plugins = (PROJECT_ROOT / "backend" / "templates" / "enabled_plugins").read_text().strip()
+    assert files["/etc/rabbitmq/enabled_plugins"] == local_plugins.replace(
+        "].", ",rabbitmq_peer_discovery_aws].\n"
+    )
+    assert "cluster_name = fedgate-backend" in files["/etc/rabbitmq/rabbitmq.conf"]

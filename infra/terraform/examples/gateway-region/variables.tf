@@ -29,7 +29,7 @@ variable "backend_cidr_blocks" {
 }
 
 variable "ami_id" {
-  description = "AMI of the gateway nodes. Null: the newest official Debian 12 AMI."
+  description = "AMI of the gateway nodes (Debian 13). Null: the newest official Debian 13 AMI."
   type        = string
   default     = null
 }

@@ -119,7 +119,7 @@ resource "aws_security_group" "lb" {
   tags        = merge(local.tags, { Name = "${local.name}-lb" })
 
   ingress {
-    description = "AMQP/AMQPS from the gateways' downlink links"
+    description = "AMQP/AMQPS from the gateways (their downlink links)"
     from_port   = 5671
     to_port     = 5672
     protocol    = "tcp"
@@ -232,6 +232,8 @@ module "nodes" {
   enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
   erlang_cookie      = var.erlang_cookie
   ami_id             = var.ami_id
+  ami_owners         = var.ami_owners
+  ami_name_filter    = var.ami_name_filter
   instance_type      = var.instance_type
   node_count         = var.node_count
   subnet_ids         = aws_subnet.private[*].id

@@ -38,7 +38,19 @@ variable "admin_cidr_blocks" {
 }
 
 variable "ami_id" {
-  description = "AMI of the backend nodes: Debian 12 (rabbitmq-server 3.10.8). Null: the newest official Debian 12 AMI."
+  description = "AMI of the backend nodes; it must be Debian 13 (trixie), whose rabbitmq-server 4.0.5 every fedgate node runs. Null: the newest official Debian 13 AMI for the instance type's architecture (ami_owners, ami_name_filter)."
+  type        = string
+  default     = null
+}
+
+variable "ami_owners" {
+  description = "Accounts the AMI lookup takes images from (when ami_id is null): Debian's official account; other AWS partitions have their own."
+  type        = list(string)
+  default     = ["136693071363"]
+}
+
+variable "ami_name_filter" {
+  description = "Name filter of the AMI lookup (when ami_id is null). Null: debian-13-amd64-* or debian-13-arm64-*, as the instance type's architecture asks."
   type        = string
   default     = null
 }

@@ -261,6 +261,8 @@ module "nodes" {
   definitions        = var.rabbitmq_definitions
   max_fds            = var.max_fds
   ami_id             = var.ami_id
+  ami_owners         = var.ami_owners
+  ami_name_filter    = var.ami_name_filter
   instance_type      = var.instance_type
   node_count         = var.node_count
   subnet_ids         = aws_subnet.public[*].id

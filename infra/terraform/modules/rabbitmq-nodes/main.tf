@@ -1,24 +1,55 @@
-# A RabbitMQ cluster on EC2: an autoscaling group of Debian nodes that install
-# Debian's rabbitmq-server through cloud-init, take fedgate's rendered config,
-# and find each other through AWS peer discovery (by autoscaling group).
+# A RabbitMQ cluster on EC2: an autoscaling group of Debian 13 (trixie) nodes
+# that install Debian's rabbitmq-server (4.0.5, the release the local
+# federation runs too) through cloud-init, take fedgate's rendered config, and
+# find each other through AWS peer discovery (by autoscaling group).
 # The gateway-region and backend modules both stamp their nodes out with it.
 
 data "aws_region" "current" {}
+
+# Debian names its images after the architecture (debian-13-amd64-*,
+# debian-13-arm64-*): the instance type decides which one boots.
+data "aws_ec2_instance_type" "this" {
+  count = var.ami_id == null ? 1 : 0
+
+  instance_type = var.instance_type
+}
+
+locals {
+  ami_arch = var.ami_id != null ? null : (
+    contains(data.aws_ec2_instance_type.this[0].supported_architectures, "x86_64") ? "amd64" : "arm64"
+  )
+}
 
 data "aws_ami" "debian" {
   count = var.ami_id == null ? 1 : 0
 
   most_recent = true
-  owners      = ["136693071363"] # Debian's official AMIs
+  owners      = var.ami_owners
 
   filter {
     name   = "name"
-    values = ["debian-12-amd64-*"]
+    values = [coalesce(var.ami_name_filter, "debian-13-${local.ami_arch}-*")]
+  }
+
+  filter {
+    name   = "architecture"
+    values = [local.ami_arch == "amd64" ? "x86_64" : "arm64"]
   }
 }
 
 locals {
   has_definitions = var.definitions != ""
+
+  # Debian 13's rabbitmq-server is 4.0.x (4.0.5-6+deb13u2 when this was
+  # written); a node with any other release stays stopped and says why.
+  rabbitmq_release = "4.0"
+  start_if_release = join(" ", [
+    "v=$(dpkg-query -W -f='$${Version}' rabbitmq-server);",
+    "case \"$v\" in",
+    "${local.rabbitmq_release}.*) systemctl start rabbitmq-server ;;",
+    "*) echo \"fedgate: rabbitmq-server $v is not ${local.rabbitmq_release} (boot a Debian 13 AMI); not started\" >&2; exit 1 ;;",
+    "esac",
+  ])
 
   rabbitmq_conf = join("\n", [
     var.rabbitmq_conf,
@@ -34,7 +65,11 @@ locals {
 
   user_data = join("\n", ["#cloud-config", yamlencode({
     package_update = true
-    packages       = ["rabbitmq-server"]
+    # ca-certificates: RabbitMQ 4.0's Erlang (27) loads the system's CA store
+    # for any HTTP request, also the plain-HTTP metadata query of AWS peer
+    # discovery; without it the node fails to boot (no_cacerts_found), and
+    # rabbitmq-server does not depend on it.
+    packages = ["ca-certificates", "rabbitmq-server"]
     write_files = concat(
       [
         { path = "/etc/rabbitmq/rabbitmq.conf", permissions = "0640", content = local.rabbitmq_conf },
@@ -59,14 +94,15 @@ locals {
       ],
     )
     # The package starts the broker with its defaults; restart it with the
-    # cluster's cookie and fedgate's config.
+    # cluster's cookie and fedgate's config -- only if the package is the
+    # release fedgate runs everywhere (another AMI could bring another one).
     runcmd = [
       ["systemctl", "stop", "rabbitmq-server"],
       ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
       ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
       ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
       ["systemctl", "daemon-reload"],
-      ["systemctl", "start", "rabbitmq-server"],
+      ["sh", "-c", local.start_if_release],
     ]
   })])
 }

@@ -40,7 +40,19 @@ variable "max_fds" {
 }
 
 variable "ami_id" {
-  description = "AMI of the nodes: Debian 12 (bookworm), whose rabbitmq-server 3.10.8 fedgate is built against. Null: the newest official Debian 12 AMI."
+  description = "AMI of the nodes; it must be Debian 13 (trixie), whose rabbitmq-server 4.0.5 every fedgate node runs (a node with another release does not start its broker). Null: the newest AMI of ami_owners named ami_name_filter, for the instance type's architecture."
+  type        = string
+  default     = null
+}
+
+variable "ami_owners" {
+  description = "Accounts the AMI lookup takes images from (when ami_id is null): Debian's official account; other AWS partitions have their own."
+  type        = list(string)
+  default     = ["136693071363"]
+}
+
+variable "ami_name_filter" {
+  description = "Name filter of the AMI lookup (when ami_id is null). Null: debian-13-amd64-* or debian-13-arm64-*, as the instance type's architecture asks (Debian 13's official images)."
   type        = string
   default     = null
 }
