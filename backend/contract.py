@@ -221,6 +221,36 @@ EXPIRES_AT_HEADER = "x-fedgate-expires-at"
 RESPONSE_TOPIC_HEADER = "x-fedgate-response-topic"
 
 
+#: The id of a command as its device acknowledges it: message_id() of its
+#: MQTT topic and payload (an MQTT 3.1.1 device computes it; an MQTT 5 device
+#: also finds it in the user property of this name).
+COMMAND_ID_HEADER = "x-fedgate-command-id"
+
+#: Quorum queue on the backend with the devices' command acknowledgements
+#: (device_ack_topic), read by the router that routes commands.
+ACKS_QUEUE = "fedgate.router.acks"
+
+
+def device_ack_topic(device: str) -> str:
+    """Where a device acknowledges the commands it received at QoS 0: a JSON object
+    {"acks": [<command id>, ...]} (parse_acks).  See docs/router.md, "Acknowledged commands"."""
+    return f"devices/{device}/acks"
+
+
+def parse_acks(payload: bytes) -> list[str]:
+    """The command ids of an acknowledgement; raises ValueError saying what is wrong."""
+    import json
+
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"acknowledgement is not JSON: {e}") from e
+    ids = doc.get("acks") if isinstance(doc, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        raise ValueError('acknowledgement is not {"acks": [<command id>, ...]}')
+    return ids
+
+
 def device_reply_topic(device: str) -> str:
     """The response topic `fedgate send --wait` gives: the device answers there,
     with the command's id as correlation data."""

@@ -138,6 +138,13 @@ def backend_definitions(
         d.bindings.append(Binding(c.UPLINK_EXCHANGE, q, "queue", "1"))  # weight 1 each
     # Fanout: the device id travels in a header (routing key = device id by convention).
     d.bindings.append(Binding(c.COMMANDS_EXCHANGE, c.COMMANDS_QUEUE, "queue", ""))
+    # Devices' acknowledgements of commands they got at QoS 0 (router/acks.py), for the
+    # router that routes commands; they also reach Kafka through the uplink like any reading.
+    d.queues.append(
+        Queue(c.ACKS_QUEUE, arguments={"x-queue-type": "quorum", "x-single-active-consumer": True})
+    )
+    ack_key = c.mqtt_topic_to_routing_key(c.device_ack_topic("*"))
+    d.bindings.append(Binding(c.TELEMETRY_EXCHANGE, c.ACKS_QUEUE, "queue", ack_key))
     # A command its region's gateway does not take within the time comes back to
     # the router (RabbitMQ dead-letters it with x-death naming the queue), which
     # routes it again: moved on with its device, or parked.  The queues are the

@@ -18,6 +18,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from backend import contract as c
 from backend.errors import FedgateError
 from fedgate.resolver import Endpoint, NearestHealthyResolver
 
@@ -252,6 +253,12 @@ class SimDevice:
                 raise DeviceError(f"{self.device_id}: {topic}: {e}") from e
             if not info.is_published():
                 raise DeviceError(f"{self.device_id}: no PUBACK for {topic} in {timeout}s")
+
+    def ack(self, *commands: Received, timeout: float = 10.0) -> None:
+        """Acknowledge commands received through a QoS 0 subscription (docs/router.md): the
+        router sends each again until it is acknowledged."""
+        ids = [c.message_id(r.topic, r.payload) for r in commands]
+        self.publish(c.device_ack_topic(self.device_id), {"acks": ids}, timeout=timeout)
 
     def reply(self, command: Received, payload: bytes | str | dict[str, Any], timeout: float = 10.0) -> None:
         """Answer an MQTT 5 command: publish to its response topic with its correlation data."""

@@ -135,17 +135,27 @@ class SubscriptionMade:
     client_id: str
     region: str
     topic_filter: str
+    #: the QoS the device subscribed with (its queue's name says it)
+    qos: int = 1
+
+
+def qos_of_queue(queue: str) -> int | None:
+    """mqtt-subscription-<client id>qos<0|1> -> 0 or 1; None for any other queue."""
+    if client_id_of_queue(queue) is None or queue[-1] not in "01":
+        return None
+    return int(queue[-1])
 
 
 def subscription_from_event(headers: Mapping[str, Any]) -> SubscriptionMade | None:
     """A binding.created event of a gateway -> the subscription it stands for (None if none)."""
     if text(headers.get("source_name", "")) != c.MQTT_EXCHANGE:
         return None
-    cid = client_id_of_queue(text(headers.get("destination_name", "")))
+    queue = text(headers.get("destination_name", ""))
+    cid, qos = client_id_of_queue(queue), qos_of_queue(queue)
     region = c.region_from_headers(headers)
-    if cid is None or region is None:
+    if cid is None or qos is None or region is None:
         return None
-    return SubscriptionMade(cid, region, filter_of_binding_key(text(headers.get("routing_key", ""))))
+    return SubscriptionMade(cid, region, filter_of_binding_key(text(headers.get("routing_key", ""))), qos)
 
 
 def filters_of_bindings(bindings: list[dict[str, Any]]) -> list[str]:

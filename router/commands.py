@@ -41,26 +41,32 @@ MIN_EXPIRATION_MS = 1
 class BadCommand(ValueError):
     """A command whose headers cannot be read; the message says which."""
 
+    def __init__(self, reason: str, device: str, topic: str):
+        super().__init__(reason)
+        self.device, self.topic = device, topic
+
 
 def parse_command(
     headers: Mapping[str, Any] | None, content_type: str | None, correlation_id: Any
 ) -> Command:
     """The Command in an AMQP message on the commands queue (raises BadCommand)."""
     h = dict(headers or {})
+    device, topic = text(h.get(c.DEVICE_HEADER, "")), text(h.get(c.TOPIC_HEADER, ""))
     expires_at = None
     raw = h.get(c.EXPIRES_AT_HEADER)
     if raw is not None:
         try:
             expires_at = int(text(raw)) / 1000
         except ValueError as e:
-            raise BadCommand(f"{c.EXPIRES_AT_HEADER} is {text(raw)!r}, not epoch milliseconds") from e
+            why = f"{c.EXPIRES_AT_HEADER} is {text(raw)!r}, not epoch milliseconds"
+            raise BadCommand(why, device, topic) from e
     response_topic = h.get(c.RESPONSE_TOPIC_HEADER)
     corr = correlation_id
     if isinstance(corr, str):
         corr = corr.encode()
     return Command(
-        text(h.get(c.DEVICE_HEADER, "")),
-        text(h.get(c.TOPIC_HEADER, "")),
+        device,
+        topic,
         retain=bool(h.get(c.RETAIN_HEADER, False)),
         returned_from=c.region_of_returned(h),
         broadcast_copy=bool(h.get(c.BROADCAST_HEADER, False)),
@@ -89,6 +95,7 @@ def downlink_message(
     # command the region does not take can come back and be routed again.
     headers[c.DEVICE_HEADER] = device
     headers[c.TOPIC_HEADER] = topic
+    headers[c.COMMAND_ID_HEADER] = c.message_id(topic, payload)
     if retain:
         headers[c.RETAIN_HEADER] = True
     if broadcast:

@@ -34,6 +34,7 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobu
 
 from backend import contract as c
 from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
+from router.acks import CommandAcks
 from router.commands import BadCommand, downlink_message, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
@@ -99,6 +100,9 @@ class Downlink(Lifecycle):
         self._channel: AbstractRobustChannel | None = None
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self.acks = CommandAcks(
+            parking, presence, self.subscriptions, metrics, settings.ack_timeout_s, self._send_parked
+        )
 
     def set_gateways(self, settings: RouterSettings) -> None:
         """A region was added or removed: route, broadcast and rebuild with the new set."""
@@ -132,6 +136,8 @@ class Downlink(Lifecycle):
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
         commands = await channel.get_queue(c.COMMANDS_QUEUE, ensure=True)
         self._consumers.append((commands, await commands.consume(self.on_command)))
+        acks = await channel.get_queue(c.ACKS_QUEUE, ensure=True)
+        self._consumers.append((acks, await acks.consume(self.on_ack)))
         self._sweeper = asyncio.create_task(self._sweep_expired())
 
     async def _stop(self) -> None:
@@ -220,11 +226,14 @@ class Downlink(Lifecycle):
             try:
                 cmd = parse_command(message.headers, message.content_type, message.correlation_id)
             except BadCommand as e:
-                headers = message.headers or {}
-                device, topic = (str(headers.get(h, "")) for h in (c.DEVICE_HEADER, c.TOPIC_HEADER))
-                await self._deadletter(str(e), device, topic, message.body)
+                await self._deadletter(str(e), e.device, e.topic, message.body)
                 return
             await self.handle(cmd, message.body)
+
+    async def on_ack(self, message: AbstractIncomingMessage) -> None:
+        """A device's acknowledgement of commands (router/acks.py); acked once settled in Kafka."""
+        async with message.process(requeue=True), self._lock:
+            await self.acks.on_ack(message.routing_key or "", message.body)
 
     async def route(self, device: str, topic: str, payload: bytes, *, retain: bool = False) -> str:
         """Send, park or broadcast one new command; returns what was done."""
@@ -278,6 +287,8 @@ class Downlink(Lifecycle):
             await self._send(d.region, cmd.device, cmd.topic, payload, retain=cmd.retain,
                              expires_at=cmd.expires_at, properties=cmd.properties)  # fmt: skip
             session = self.presence.get(cmd.device)
+            if session is not None and not cmd.retain:
+                await self.acks.sent(session, cmd, payload)
             if cmd.retain and session is not None:
                 self.subscriptions.mark_replayed(session.connection, cmd.topic)
             self.metrics.inc("fedgate_router_routed_total", region=d.region)
@@ -342,9 +353,9 @@ class Downlink(Lifecycle):
             if p.expires_at < now:
                 await self._expire(p)
                 continue
-            await self._send(session.region, device, p.topic, p.payload,
-                             expires_at=p.command_expires_at, properties=p.properties)  # fmt: skip
-            await self.parking.remove(p)
+            if p.sent_to == session.connection:
+                continue  # sent to this very connection: waits for its acknowledgement
+            await self._send_parked(session, p)
             self.metrics.inc("fedgate_router_unparked_total", region=session.region)
         for topic, payload in self.desired.for_device(device):
             if self.subscriptions.replayed(session.connection, topic):
@@ -353,6 +364,15 @@ class Downlink(Lifecycle):
                 await self._send(session.region, device, topic, payload, retain=True)
                 self.subscriptions.mark_replayed(session.connection, topic)
                 self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
+
+    async def _send_parked(self, session: Session, p: Parked) -> None:
+        """Send a parked command; it stays until acknowledged if the device acks (router/acks.py)."""
+        await self._send(session.region, p.device, p.topic, p.payload,
+                         expires_at=p.command_expires_at, properties=p.properties)  # fmt: skip
+        if self.acks.tracks(session, p.topic):
+            await self.parking.mark_sent(p, session.connection)
+        else:
+            await self.parking.remove(p)
 
     async def _expire(self, p: Parked) -> None:
         await self._deadletter(p.expired_reason(self.parking.ttl_s), p.device, p.topic, p.payload)
@@ -369,6 +389,7 @@ class Downlink(Lifecycle):
                         for p in self.parking.for_device(device):
                             if p.expires_at < now:
                                 await self._expire(p)
+                    await self.acks.resend_due(now)
             except Exception as e:  # keep sweeping; the next round retries
                 log.error("expiring parked messages failed: %s", e)
 

@@ -208,7 +208,7 @@ class PresenceFeed:
         session = self.presence.get(made.client_id)
         if session is None or session.region != made.region:
             return
-        self.subscriptions.add(session.connection, [made.topic_filter])
+        self.subscriptions.add(session.connection, [made.topic_filter], made.qos)
         await self._deliver(session, [made.topic_filter])
 
     async def use_filters(self, session: Session, filters: list[str] | None) -> bool:

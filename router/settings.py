@@ -19,7 +19,7 @@ checks it), rendered into each process's router.toml next to the wiring.
     management_url = "http://127.0.0.1:17102"
 
     [[rules]]                             # first match wins
-    pattern = "devices/{device}/{stream:telemetry|events|state|replies}/..."
+    pattern = "devices/{device}/{stream:telemetry|events|state|replies|acks}/..."
     topic = "telemetry.{stream}"
     key = "{device}"
 """
@@ -76,6 +76,13 @@ class RouterSettings:
     )
     park_ttl_s: float = field(
         default=3600.0, metadata={"doc": "How long a parked message waits for its device."}
+    )
+    ack_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "doc": "A command sent to a device that subscribes at QoS 0 is sent again when it is not "
+            "acknowledged (devices/<id>/acks) within this long, or at once on the device's next session."
+        },
     )
     max_payload_bytes: int = field(
         default=256 * 1024, metadata={"doc": "Uplink payloads above this are dead-lettered."}
@@ -157,6 +164,7 @@ class RouterSettings:
             )
         for name in (
             "park_ttl_s",
+            "ack_timeout_s",
             "max_payload_bytes",
             "max_inflight",
             "kafka_partitions",

@@ -16,9 +16,11 @@ so a second router sees the same state.
   management API lists new connections only seconds later).
 - ``fedgate.router.parked``: key ``<device> NUL <parked id>``, value JSON
   {topic, payload (base64), parked_at, expires_at, and when the command had
-  them: its own expiry ``command_expires_at`` and its MQTT 5 ``properties``}.
-  Delivered in parking order when the device subscribes to a matching
-  topic, then tombstoned.
+  them: its own expiry ``command_expires_at`` and its MQTT 5 ``properties``;
+  once sent to a device that acknowledges itself, ``sent_to``, ``attempts``,
+  ``sent_at``}.  Delivered in parking order when the device subscribes to a
+  matching topic, then tombstoned -- a command for a device subscribed at
+  QoS 0 only when the device acknowledged it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from backend import contract as c
 from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
@@ -194,8 +197,22 @@ class Parked:
     #: the command's own expiry (x-fedgate-expires-at), epoch seconds
     command_expires_at: float | None = None
     properties: Mqtt5Properties = NO_PROPERTIES
+    #: sent, and waiting for the device's acknowledgement: to this connection, how often, when last
+    sent_to: str | None = None
+    attempts: int = 0
+    sent_at: float = 0.0
+
+    @property
+    def command_id(self) -> str:
+        """The id its device acknowledges it by (contract.message_id of topic and payload)."""
+        return c.message_id(self.topic, self.payload)
 
     def expired_reason(self, ttl_s: float) -> str:
+        if self.attempts:
+            return (
+                f"sent {self.attempts} time(s) to a device subscribed at QoS 0, never acknowledged "
+                f"on {c.device_ack_topic(self.device)}"
+            )
         if self.command_expires_at is not None and self.command_expires_at <= self.expires_at:
             return "expired while parked, before the device came back (its x-fedgate-expires-at passed)"
         return f"parked for {ttl_s:g}s without the device coming back"
@@ -240,7 +257,9 @@ class ParkingLot:
         *,
         command_expires_at: float | None = None,
         properties: Mqtt5Properties = NO_PROPERTIES,
+        sent_to: str | None = None,
     ) -> Parked:
+        """Park a command; with `sent_to`, one just sent there that waits for its acknowledgement."""
         now = time.time()
         self._seq += 1
         # sortable id: parking order survives a restart
@@ -249,19 +268,32 @@ class ParkingLot:
         rec = Parked(
             f"{device}{SEP}{pid}", device, topic, payload, now, until, command_expires_at, properties
         )
+        if sent_to is not None:
+            rec = dataclasses.replace(rec, sent_to=sent_to, attempts=1, sent_at=now)
+        await self.table.put(rec.key, self._value(rec))
+        return rec
+
+    async def mark_sent(self, rec: Parked, connection: str) -> Parked:
+        """It went to `connection` (once more), and waits there for its acknowledgement."""
+        sent = dataclasses.replace(rec, sent_to=connection, attempts=rec.attempts + 1, sent_at=time.time())
+        await self.table.put(sent.key, self._value(sent))
+        return sent
+
+    @staticmethod
+    def _value(rec: Parked) -> bytes:
         record: dict[str, object] = {
-            "topic": topic,
-            "payload": base64.b64encode(payload).decode(),
-            "parked_at": now,
+            "topic": rec.topic,
+            "payload": base64.b64encode(rec.payload).decode(),
+            "parked_at": rec.parked_at,
             "expires_at": rec.expires_at,
         }
-        if command_expires_at is not None:
-            record["command_expires_at"] = command_expires_at
-        if properties != NO_PROPERTIES:
-            record["properties"] = properties_to_json(properties)
-        value = json.dumps(record).encode()
-        await self.table.put(rec.key, value)
-        return rec
+        if rec.command_expires_at is not None:
+            record["command_expires_at"] = rec.command_expires_at
+        if rec.properties != NO_PROPERTIES:
+            record["properties"] = properties_to_json(rec.properties)
+        if rec.sent_to is not None:
+            record.update(sent_to=rec.sent_to, attempts=rec.attempts, sent_at=rec.sent_at)
+        return json.dumps(record).encode()
 
     def for_device(self, device: str) -> list[Parked]:
         out = []
@@ -277,6 +309,9 @@ class ParkingLot:
                     d["expires_at"],
                     d.get("command_expires_at"),
                     properties_from_json(d.get("properties")),
+                    d.get("sent_to"),
+                    d.get("attempts", 0),
+                    d.get("sent_at", 0.0),
                 )
             )
         return out

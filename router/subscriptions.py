@@ -9,7 +9,10 @@ rebuild at start) are taken as subscribed: their subscriptions were made
 before this router ran.
 
 Also kept per connection: the desired-state topics already replayed to it,
-so that a device gets its desired state once per connection.
+so that a device gets its desired state once per connection; and the QoS of
+each filter seen subscribed (from the binding event's queue name): a command
+that reaches a connection only through QoS 0 subscriptions is one its device
+acknowledges itself (docs/router.md, "Acknowledged commands").
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from router.routing import topic_matches
 
 class Subscriptions:
     def __init__(self) -> None:
-        #: connection -> filters seen; a connection missing here counts as subscribed
-        self._filters: dict[str, set[str]] = {}
+        #: connection -> filters seen, with their QoS; a connection missing here counts as subscribed
+        self._filters: dict[str, dict[str, int]] = {}
         #: connections whose existing subscriptions (a persistent session's) were asked for
         self._asked: set[str] = set()
         #: connection -> desired-state topics already replayed to it
@@ -28,11 +31,14 @@ class Subscriptions:
 
     def opened(self, connection: str) -> None:
         """A connection the router saw open: it subscribes to nothing until it says so."""
-        self._filters[connection] = set()
+        self._filters[connection] = {}
 
-    def add(self, connection: str, filters: list[str]) -> None:
+    def add(self, connection: str, filters: list[str], qos: int = 1) -> None:
+        """Filters the connection subscribed with (subscribing again replaces the QoS, as in MQTT).
+
+        Filters asked from a gateway (a persistent session's) are taken as QoS 1."""
         if connection in self._filters:
-            self._filters[connection].update(filters)
+            self._filters[connection].update(dict.fromkeys(filters, qos))
 
     def unknown(self, connection: str) -> None:
         """Its gateway could not say: count the connection as subscribed to everything."""
@@ -42,6 +48,15 @@ class Subscriptions:
         """Whether a message on `topic` reaches the connection now."""
         filters = self._filters.get(connection)
         return filters is None or any(topic_matches(f, topic) for f in filters)
+
+    def only_qos0(self, connection: str, topic: str) -> bool:
+        """Whether a message on `topic` reaches the connection through QoS 0 subscriptions only:
+        MQTT then delivers it at most once, and only the device's acknowledgement says it arrived."""
+        filters = self._filters.get(connection)
+        if not filters:
+            return False
+        matching = [q for f, q in filters.items() if topic_matches(f, topic)]
+        return bool(matching) and max(matching) == 0
 
     def ask_once(self, connection: str) -> bool:
         """True the first time: the caller asks the gateway for the connection's kept filters."""

@@ -2,7 +2,7 @@
 
 A rule has an MQTT topic *pattern* made of segments:
 
-    devices/{device}/{stream:telemetry|events|state|replies}/...
+    devices/{device}/{stream:telemetry|events|state|replies|acks}/...
 
 - a literal segment matches itself;
 - ``{name}`` matches any one non-empty segment and captures it;
@@ -176,7 +176,9 @@ class Rule:
 
 _MISS: Any = object()
 
-DEFAULT_RULES = (Rule("devices/{device}/{stream:telemetry|events|state|replies}/...", "telemetry.{stream}"),)
+DEFAULT_RULES = (
+    Rule("devices/{device}/{stream:telemetry|events|state|replies|acks}/...", "telemetry.{stream}"),
+)
 
 
 class TopicMapper:

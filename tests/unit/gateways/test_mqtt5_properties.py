@@ -45,3 +45,23 @@ def test_the_response_topic_goes_out_in_amqp_form_and_comes_back_the_same():
     headers, props = amqp_fields(p)
     assert headers == {"x-reply-to-topic": "devices.d1.replies"} and props == {"content_type": "text/plain"}
     assert properties_of(headers, props["content_type"], None) == p
+
+
+def test_a_subscriptions_qos_is_read_from_its_queue_name():
+    from gateways.mqtt_plugin import qos_of_queue, subscription_from_event
+
+    assert qos_of_queue("mqtt-subscription-d1qos0") == 0
+    assert qos_of_queue("mqtt-subscription-d1qos1") == 1
+    assert qos_of_queue("fedgate.router.acks") is None
+    event = {
+        "source_name": "amq.topic",
+        "destination_name": "mqtt-subscription-d1qos0",
+        "routing_key": "devices.d1.commands.#",
+        "x-received-from": [{"cluster-name": "local-eu"}],
+    }
+    made = subscription_from_event(event)
+    assert made is not None and (made.client_id, made.topic_filter, made.qos) == (
+        "d1",
+        "devices/d1/commands/#",
+        0,
+    )

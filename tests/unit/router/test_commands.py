@@ -65,3 +65,32 @@ def test_mqtt_5_properties_reach_kafka_as_headers_under_their_own_prefix():
         ("mqtt.correlation_data", b"\x00\x01"),
     ]
     assert mqtt5_headers(Mqtt5Properties()) == []
+
+
+# --- acknowledged commands (router/acks.py) ------------------------------------------------
+
+
+def test_an_acknowledgement_names_command_ids_and_anything_else_is_refused_with_the_reason():
+    assert c.parse_acks(b'{"acks": ["a1", "b2"]}') == ["a1", "b2"]
+    for bad in (b"a1", b"[1]", b'{"acks": "a1"}', b'{"acks": [""]}', b'{"acks": [1]}', b"\xff"):
+        with pytest.raises(ValueError, match="acknowledgement"):
+            c.parse_acks(bad)
+
+
+def test_the_command_id_a_device_acknowledges_is_in_the_downlink_message():
+    m = downlink_message("d1", "devices/d1/commands/x", b"{}")
+    assert m.headers[c.COMMAND_ID_HEADER] == c.message_id("devices/d1/commands/x", b"{}")
+
+
+def test_only_a_command_reaching_a_connection_through_qos0_subscriptions_alone_is_tracked():
+    from router.subscriptions import Subscriptions
+
+    s = Subscriptions()
+    s.opened("conn")
+    s.add("conn", ["devices/d1/commands/#"], qos=0)
+    assert s.only_qos0("conn", "devices/d1/commands/x")
+    assert not s.only_qos0("conn", "devices/d1/other")  # not subscribed at all
+    s.add("conn", ["devices/d1/commands/urgent"], qos=1)  # overlapping QoS 1: MQTT acknowledges it
+    assert not s.only_qos0("conn", "devices/d1/commands/urgent")
+    assert s.only_qos0("conn", "devices/d1/commands/x")
+    assert not s.only_qos0("unseen-connection", "devices/d1/commands/x")  # filters not known

@@ -46,6 +46,7 @@ def test_first_matching_rule_wins():
 def test_every_topic_a_rule_can_produce_is_listed_for_creation_ahead_of_time():
     assert TopicMapper(DEFAULT_RULES).kafka_topics() == [
         "fedgate.unmatched",
+        "telemetry.acks",
         "telemetry.events",
         "telemetry.replies",
         "telemetry.state",

@@ -1,0 +1,113 @@
+"""Commands that their device acknowledges itself: sent again until it does.
+
+A device that subscribes to its commands at QoS 0 costs its gateway a
+quarter of the memory of a QoS 1 subscription (docs/router.md, "Which QoS
+for commands"), but MQTT then delivers at most once: a command on its way
+when the connection drops, or dropped by a gateway under overload, is gone,
+and nothing tells the router.  So such a device acknowledges each command
+itself, on devices/<id>/acks ({"acks": [<command id>, ...]}, the id being
+contract.message_id of the command's topic and payload), and the router
+keeps every command it sent to a QoS 0 subscription in the parking lot,
+marked as sent, until that acknowledgement arrives:
+
+- the device's next session gets it again as soon as it subscribes (the
+  parked commands are delivered then, as for a device that was offline);
+- the same session gets it again when `ack_timeout_s` passes without one;
+- when its expiry or parking's TTL passes, it is dead-lettered with the
+  number of attempts.
+
+A device may so receive a command more than once (at least once); it
+recognises a repeat by the command id.  Devices subscribed at QoS 1 rely on
+MQTT's own acknowledgement and are not tracked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from backend import contract as c
+from router.metrics import Metrics
+from router.presence import PresenceTable, Session
+from router.routing import Command
+from router.stores import Parked, ParkingLot
+from router.subscriptions import Subscriptions
+
+log = logging.getLogger(__name__)
+
+
+class CommandAcks:
+    def __init__(
+        self,
+        parking: ParkingLot,
+        presence: PresenceTable,
+        subscriptions: Subscriptions,
+        metrics: Metrics,
+        ack_timeout_s: float,
+        send: Callable[[Session, Parked], Awaitable[None]],
+    ):
+        self.parking = parking
+        self.presence = presence
+        self.subscriptions = subscriptions
+        self.metrics = metrics
+        self.ack_timeout_s = ack_timeout_s
+        self._send = send
+
+    def tracks(self, session: Session, topic: str) -> bool:
+        """Whether a command on `topic` to this session waits for the device's acknowledgement."""
+        return self.subscriptions.only_qos0(session.connection, topic)
+
+    async def sent(self, session: Session, cmd: Command, payload: bytes) -> None:
+        """A new command went to the session: on record until acknowledged, if the device acks."""
+        if self.tracks(session, cmd.topic):
+            await self.parking.park(
+                cmd.device,
+                cmd.topic,
+                payload,
+                command_expires_at=cmd.expires_at,
+                properties=cmd.properties,
+                sent_to=session.connection,
+            )
+
+    async def on_ack(self, routing_key: str, payload: bytes) -> int:
+        """Take an acknowledgement published on devices/<id>/acks (the caller holds the
+        downlink's lock, so the command it acknowledges is already on record); returns how
+        many commands it settled."""
+        parts = c.routing_key_to_mqtt_topic(routing_key).split("/")
+        if len(parts) != 3 or parts[0] != "devices" or parts[2] != "acks":
+            return 0  # not an acknowledgement topic: the queue's binding lets none through
+        device = parts[1]
+        try:
+            ids = c.parse_acks(payload)
+        except ValueError as e:
+            # the record is in Kafka anyway (telemetry.acks, bridged like any device message)
+            log.warning("acknowledgement from %s refused: %s", device, e)
+            self.metrics.inc("fedgate_router_acks_refused_total")
+            return 0
+        waiting = [p for p in self.parking.for_device(device) if p.sent_to is not None]
+        settled = 0
+        for command_id in ids:
+            match = next((p for p in waiting if p.command_id == command_id), None)
+            if match is None:
+                continue  # a repeat, or a command sent to a QoS 1 subscription: nothing waits
+            waiting.remove(match)
+            await self.parking.remove(match)
+            settled += 1
+        self.metrics.inc("fedgate_router_acked_total", settled)
+        return settled
+
+    async def resend_due(self, now: float) -> None:
+        """Send again what waited `ack_timeout_s` for an acknowledgement from a device that is
+        connected and subscribed now (a device that is away gets it on its next subscription)."""
+        for device in self.parking.all_devices():
+            session = self.presence.get(device)
+            if session is None:
+                continue
+            for p in self.parking.for_device(device):
+                if p.sent_to is None or now - p.sent_at < self.ack_timeout_s or p.expires_at < now:
+                    continue
+                if not self.subscriptions.covers(session.connection, p.topic):
+                    continue
+                log.info("%s: command %s not acknowledged; sending it again", device, p.command_id)
+                await self._send(session, p)
+                self.metrics.inc("fedgate_router_resent_total")
