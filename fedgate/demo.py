@@ -3,21 +3,28 @@
 The scene, with real MQTT devices (paho-mqtt) in both regions:
 
 1. every device connects to its region's gateway and subscribes to its own
-   command topic; a wildcard "monitor" on each gateway watches every command
-   that reaches that gateway;
+   command topic -- the first of each region over MQTT 3.1.1 at QoS 1, the
+   second over MQTT 5 at QoS 0, acknowledging each command itself; a
+   wildcard "monitor" on each gateway watches every command that reaches
+   that gateway;
 2. the devices publish telemetry at QoS 1 and the backend shows it arriving,
    tagged with the region it came from;
 3. the backend hands one command to the router (as `fedgate send` does); the
    router finds the device's gateway from presence and sends it through that
    region's downlink: that device, and no other device or gateway, receives it;
+   then an MQTT 5 device in the other region is asked for its firmware
+   (`fedgate send --wait`): its answer, by response topic and correlation
+   data, is what the sender gets;
 4. the router has bridged the telemetry into Kafka: a Kafka consumer reads
-   it back, keyed by device, with the region in a header;
+   it back, keyed by device, with the region in a header (and an MQTT 5
+   device's user properties);
 5. a summary of what was checked; the federation is left running.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 import uuid
@@ -26,18 +33,39 @@ from collections.abc import Callable
 from typing import Any
 
 from backend import contract as c
-from backend.amqp import Tap, send_command
+from backend.amqp import Tap, send_and_wait, send_command
 from backend.kafka_read import read_records
-from fedgate.devices import SimDevice
+from fedgate.devices import SimDevice, publish_properties
 from infra.local.driver import LocalFederation
 
 READINGS_PER_DEVICE = 5
 DEVICES_PER_REGION = 2
 
 
+#: what the MQTT 5 devices tag their readings with, and answer when asked for their firmware
+DEVICE_TAGS = {"unit": "celsius", "fw": "2.1.0"}
+
+
 def _device_ids(region: str) -> list[str]:
     short = region.removeprefix("local-")
     return [f"{short}-thermo-{i}" for i in range(1, DEVICES_PER_REGION + 1)]
+
+
+def _speaks_mqtt5(dev_id: str) -> bool:
+    return not dev_id.endswith("-1")
+
+
+def _firmware(stop: threading.Event, devices: list[SimDevice]) -> None:
+    """What an MQTT 5 device's own code does with its commands: acknowledge each (it subscribed
+    at QoS 0) and answer those that name a response topic."""
+    done: dict[str, int] = {d.device_id: 0 for d in devices}
+    while not stop.wait(0.05):
+        for d in devices:
+            for r in d.received[done[d.device_id] :]:
+                d.ack(r)
+                if r.prop("ResponseTopic"):
+                    d.reply(r, {"firmware": DEVICE_TAGS["fw"], "uptime_s": 42})
+                done[d.device_id] += 1
 
 
 def wait_for_presence(ep: dict[str, Any], device: str, region: str, timeout: float = 15.0) -> None:
@@ -71,6 +99,11 @@ def read_kafka(
             "key": (msg.key() or b"").decode(),
             "seq": json.loads(msg.value()).get("seq"),
             "region": headers.get(c.KAFKA_REGION_HEADER, ""),
+            "user_properties": {
+                k.removeprefix(c.KAFKA_USER_PROPERTY_PREFIX): v
+                for k, v in headers.items()
+                if k.startswith(c.KAFKA_USER_PROPERTY_PREFIX)
+            },
         }
         for msg, headers in read_records(bootstrap, topic, this_run, expect, timeout)
     ]
@@ -138,6 +171,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     say(f"backend + {len(regions)} gateway regions ({', '.join(regions)}) + Kafka, all on {host}")
 
     run_id = uuid.uuid4().hex[:8]
+    stop_firmware = threading.Event()
     devices: dict[str, SimDevice] = {}
     monitors: dict[str, SimDevice] = {}
     with Tap(url, c.TELEMETRY_EXCHANGE) as tap:
@@ -146,19 +180,29 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             for region in regions:
                 port = ep["gateways"][region]["mqtt"]
                 for dev_id in _device_ids(region):
-                    d = SimDevice(dev_id, host, port, dev_id, secrets[dev_id]).connect()
-                    d.subscribe(c.device_command_topic(dev_id, "#"))
+                    five = _speaks_mqtt5(dev_id)
+                    d = SimDevice(dev_id, host, port, dev_id, secrets[dev_id], mqtt5=five).connect()
+                    d.subscribe(c.device_command_topic(dev_id, "#"), qos=0 if five else 1)
                     devices[dev_id] = d
                 # the operator's view of every command: a device may only see its own
                 mon = SimDevice(f"monitor-{region}", host, port, admin_user, admin_pass).connect()
                 mon.subscribe("devices/+/commands/#")
                 monitors[region] = mon
-            say(f"\n1. {len(devices)} devices connected over MQTT 3.1.1:")
+            say(
+                f"\n1. {len(devices)} devices connected; * MQTT 5, commands at QoS 0 and acknowledged,"
+                " the others MQTT 3.1.1:"
+            )
             for region in regions:
                 say(
                     f"   {region:10} gateway mqtt://{host}:{ep['gateways'][region]['mqtt']}  "
-                    f"{', '.join(_device_ids(region))}"
+                    + ", ".join(d + ("*" if _speaks_mqtt5(d) else "") for d in _device_ids(region))
                 )
+            firmware = threading.Thread(
+                target=_firmware,
+                args=(stop_firmware, [d for k, d in devices.items() if _speaks_mqtt5(k)]),
+                daemon=True,
+            )
+            firmware.start()
 
             # 2. telemetry up
             sent = 0
@@ -171,7 +215,8 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
                         "temp_c": round(20 + 0.5 * i, 1),
                         "ts": int(time.time() * 1000),  # send time, ms: Spark measures latency from it
                     }
-                    d.publish(c.device_telemetry_topic(dev_id), reading, qos=1)
+                    props = publish_properties(user=DEVICE_TAGS) if _speaks_mqtt5(dev_id) else None
+                    d.publish(c.device_telemetry_topic(dev_id), reading, qos=1, properties=props)
                     sent += 1
             got = tap.drain(expect=sent, timeout=15)
             per_region = Counter(m.region for m in got)
@@ -229,7 +274,30 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             )
             echo = tap.drain(timeout=1.5)
             checks.append((not echo, "downlink: the command did not echo back into telemetry"))
+
+            # 3b. a question, and its answer
+            asked_region = regions[-1]
+            asked = next(d for d in _device_ids(asked_region) if _speaks_mqtt5(d))
+            wait_for_presence(ep, asked, asked_region)
+            _, reply = send_and_wait(
+                url, asked, c.device_command_topic(asked, "firmware"), "{}", timeout_s=15
+            )
+            answer = json.loads(reply.payload) if reply is not None else None
+            say(f"   then `fedgate send {asked} .../commands/firmware --wait` asked the MQTT 5 device,")
+            say(
+                f"   which answered on its response topic: {answer} "
+                f"(via {reply.region}, {reply.after_s:.2f} s)"
+                if reply is not None
+                else "   which did not answer within 15 s"
+            )
+            checks.append(
+                (
+                    answer is not None and answer.get("firmware") == DEVICE_TAGS["fw"],
+                    f"downlink: {asked} (MQTT 5) answered the sender's question",
+                )
+            )
         finally:
+            stop_firmware.set()
             for d in [*devices.values(), *monitors.values()]:
                 d.close()
 
@@ -250,6 +318,14 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
         [r["seq"] for r in records if r["key"] == dev] == list(range(READINGS_PER_DEVICE)) for dev in devices
     )
     checks.append((in_order, "kafka: every device's readings in the order it sent them"))
+    tagged = {r["key"] for r in records if r["user_properties"] == DEVICE_TAGS}
+    say(f"   MQTT 5 devices' user properties arrived as headers mqtt.user.*: {sorted(tagged)}")
+    checks.append(
+        (
+            tagged == {d for d in devices if _speaks_mqtt5(d)},
+            "kafka: the MQTT 5 devices' user properties arrived as record headers",
+        )
+    )
 
     # 5. Spark tables
     if fed.settings.spark:
