@@ -203,3 +203,16 @@ def test_a_closed_management_port_is_named_on_revoke(state, monkeypatch, capsys)
     assert out == "pump-1: revoked, 0 connection(s) closed\n"
     assert len(err.splitlines()) == 1 and "local region local-eu not updated" in err
     assert "Connection refused" in err
+
+
+def test_send_takes_a_deadline_and_a_wait_with_a_default_and_refuses_nonsense(capsys):
+    p = build_parser()
+    a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--expires-in", "30", "--wait"])
+    assert (a.expires_in, a.wait) == (30.0, 30.0)
+    a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--wait", "5"])
+    assert (a.expires_in, a.wait) == (None, 5.0)
+    assert p.parse_args(["send", "d1", "devices/d1/commands/x", "{}"]).wait is None
+    for bad in (["--expires-in", "0"], ["--expires-in", "-3"], ["--wait", "soon"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", *bad])
+    assert "a positive number of seconds" in capsys.readouterr().err
