@@ -3,7 +3,8 @@
 One run, one machine, the same devices and offered load for both targets:
 
 fedgate   devices -> gateway -> federation -> backend -> two routers -> Kafka
-baseline  devices -> one Mosquitto broker -> a plain Python bridge -> Kafka (bench/baseline.py)
+baseline  devices -> one Mosquitto broker -> a plain Python bridge -> Kafka (bench/baseline.py;
+          Mosquitto 2.0 from Debian 13, the release the gateway's RabbitMQ 4.0 comes from)
 
 Every figure is counted by the army (fedgate/army/): readings the
 broker acknowledged are looked up in Kafka, commands the next hop
@@ -14,8 +15,11 @@ confirmed are looked up on the devices.  Scenarios:
   step carried with nothing lost, at least 95% of the offered rate and a
   p99 under 2 s is the sustained rate;
 - **latency** at a moderate rate (the first step);
-- **connections**: idle devices connected at once, the broker's memory per
-  connection, the connect rate;
+- **memory per device**: the broker's resident memory per connected
+  device, in three modes -- idle (no subscription), with a QoS 0 and with a
+  QoS 1 command subscription -- each on a fresh broker (the gateway node
+  restarted, a new Mosquitto), and the connect rate of idle devices; for the
+  gateway also RabbitMQ's memory breakdown, to say where it goes;
 - **downlink**: commands/s through fedgate's router and straight into
   Mosquitto, with their latency.
 
@@ -37,20 +41,24 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError
-from bench.baseline import Baseline
+from bench.baseline import Baseline, Mosquitto, mosquitto_target
 from bench.router_bench import cpu_seconds, kafka_produce, progress
 from fedgate import army
 from infra.local import processes
+from infra.local.broker import debian13_runtime
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER
 from infra.local.settings import PROJECT_ROOT
 
-#: The baseline broker's port, beside the bench federation's block.
+#: The baseline broker's port, beside the bench federation's block (the next one: the fresh
+#: Mosquitto of each memory mode).
 BASELINE_PORT_OFFSET = 600
 SUSTAINED_P99_MS = 2000.0
 #: The second headline: the highest rate carried with a p99 a person would not notice.
@@ -66,6 +74,26 @@ CEILING_PROBES = 2
 WARMUP_S = {"full": 3.0, "quick": 1.0}
 #: How long each run waits for a duplicate after the drain.
 SETTLE_S = {"full": 3.0, "quick": 1.0}
+
+#: The broker's memory per connected device, by what each device holds: nothing, or a command
+#: subscription of either QoS (fedgate's devices hold QoS 1; on RabbitMQ 4.0 a QoS 1
+#: subscription is a classic queue process, a QoS 0 one a queue type without a process).
+MEMORY_MODES: dict[str, int | None] = {"idle": None, "qos0": 0, "qos1": 1}
+MEMORY_MODE_TEXT = {
+    "idle": "idle (no subscription)",
+    "qos0": "QoS 0 command subscription",
+    "qos1": "QoS 1 command subscription",
+}
+#: How long the devices stay connected while the broker's memory is sampled (once a second).
+MEMORY_HOLD_S = {"full": 5.0, "quick": 2.0}
+#: A freshly booted node's RSS falls for ~20 s (its allocators hand back what booting used,
+#: ~20 MB): a mode is measured once the RSS stayed within this many bytes over this many
+#: samples a second apart, or after the most samples (quick runs do not wait it out).
+SETTLED_WITHIN = 1 << 20
+SETTLED_SAMPLES = {"full": 5, "quick": 3}
+SETTLE_MAX_SAMPLES = {"full": 60, "quick": 8}
+#: A per-device figure of RabbitMQ's memory breakdown shown in the Markdown from this size up.
+BREAKDOWN_FLOOR_KB = 0.5
 
 
 def _plan(devices: int, quick: bool, **kw: Any) -> army.ArmyPlan:
@@ -241,8 +269,9 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     progress("reference: Kafka produce from Python (the router's settings)")
     results["kafka_produce_raw_per_s"] = round(kafka_produce(bootstrap, 20_000 if quick else 100_000))
     fed_target = army.federation_target(fed, _plan(idle, quick, prefix="bench"), progress)
-    gateway = fed.gateways()[0]
-    with Baseline(workdir, fed.settings.port_base + BASELINE_PORT_OFFSET, bootstrap) as baseline:
+    with Baseline(
+        workdir, fed.settings.port_base + BASELINE_PORT_OFFSET, bootstrap, fed.settings.cache_dir
+    ) as baseline:
         base_target = baseline.target(fed_target.specs)
         targets = {"fedgate": fed_target, "baseline": base_target}
 
@@ -299,29 +328,12 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
                 k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated", "latency_ms")
             }
 
-        # connections: idle devices, the broker's memory per connection
-        for name, target, pids in (
-            ("fedgate", fed_target, lambda: processes.marked_pids(gateway.marker)),
-            ("baseline", base_target, baseline.broker_pids),
-        ):
-            progress(f"{name}: {idle} idle devices connecting at once")
-            before = processes.rss_bytes(pids())
-            holder: dict[str, int] = {}
-            r = army.run_fleet(
-                target,
-                _plan(idle, quick, rate=0, duration_s=2 if quick else 3, prefix="bench"),
-                line=_sampler(holder, pids),
-            )
-            rss = holder.get("max", before)
-            results[name]["connections"] = {
-                "devices": idle,
-                "connected": r["connections"]["connects"],
-                "connect_per_s": r["connections"]["connect_per_s"],
-                "connect_ms": r["connections"]["connect_ms"],
-                "broker_rss_mb_before": round(before / 2**20, 1),
-                "broker_rss_mb_connected": round(rss / 2**20, 1),
-                "kb_per_connection": round((rss - before) / 1024 / idle, 1),
-            }
+        results["baseline"]["broker"] = f"Mosquitto {baseline.version}"
+
+    # memory per device, idle and with either command subscription: a fresh broker for each mode
+    memory_modes(fed, fed_target, workdir, quick, idle, results)
+    for name in ("fedgate", "baseline"):
+        results[name]["connections"] = connections(results[name]["memory"]["idle"])
 
     # reference: QoS 1 into one RabbitMQ node, nothing consuming (the backend is stopped)
     progress("reference: MQTT QoS 1 into one RabbitMQ node, backend stopped (the gateway only stores)")
@@ -346,9 +358,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         "p99_latency_fedgate_vs_baseline": _ratio(
             f["latency_at_moderate_ms"]["p99"], b["latency_at_moderate_ms"]["p99"]
         ),
-        "memory_per_connection_fedgate_vs_baseline": _ratio(
-            f["connections"]["kb_per_connection"], b["connections"]["kb_per_connection"]
-        ),
+        **memory_ratios(f["memory"], b["memory"]),
     }
     results["plots"] = plots(results, publish=not quick)
     return results
@@ -358,6 +368,223 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+def wait_settled(
+    sample: Callable[[], int],
+    *,
+    samples: int,
+    within: int,
+    max_samples: int,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, bool]:
+    """Sample once a second until the last `samples` values lie within `within` of each other,
+    or `max_samples` were taken; returns how many were taken and whether it settled."""
+    seen: list[int] = []
+    while True:
+        seen.append(sample())
+        last = seen[-samples:]
+        if len(last) == samples and max(last) - min(last) <= within:
+            return len(seen), True
+        if len(seen) >= max_samples:
+            return len(seen), False
+        sleep(1.0)
+
+
+def flat_breakdown(memory: dict[str, Any]) -> dict[str, float]:
+    """RabbitMQ's memory breakdown (GET /api/nodes/<node>/memory) as one level of bytes: its
+    categories, and its totals as total_erlang, total_rss and total_allocated."""
+    out = {k: v for k, v in memory.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    for k, v in (memory.get("total") or {}).items():
+        if isinstance(v, int | float):
+            out[f"total_{k}"] = v
+    return out
+
+
+def breakdown_per_device(before: dict[str, Any], peak: dict[str, Any], devices: int) -> dict[str, float]:
+    """KB per device each category of the breakdown grew by, from before the devices to the peak."""
+    b, p = flat_breakdown(before), flat_breakdown(peak)
+    return {k: round((v - b.get(k, 0)) / 1024 / devices, 1) for k, v in p.items()}
+
+
+def measure_memory(
+    target: army.Target,
+    plan: army.ArmyPlan,
+    pids: Callable[[], list[int]],
+    breakdown: Callable[[], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Connect plan.devices devices to a settled broker and hold them: the broker's resident
+    memory at its peak while they are connected (sampled once a second) minus before, per
+    device; with `breakdown` also RabbitMQ's memory breakdown before and at that peak.  The
+    peak holds the connect burst's garbage too: the last sample (the devices still connected)
+    is kept beside it."""
+    breakdown_before = breakdown() if breakdown else None
+    before = processes.rss_bytes(pids())
+    peak: dict[str, Any] = {"rss": before, "last": before, "breakdown": None}
+
+    def line(text: str) -> None:
+        progress(text)
+        rss = peak["last"] = processes.rss_bytes(pids())
+        if rss > peak["rss"]:
+            peak["rss"] = rss
+            if breakdown is not None:
+                peak["breakdown"] = breakdown()
+
+    r = army.run_fleet(target, plan, line=line)
+    conn = r["connections"]
+    n = plan.devices
+    out: dict[str, Any] = {
+        "command_qos": plan.command_qos,
+        "devices": n,
+        "connected": conn["connects"],
+        "subscribed": conn["subscribed"],
+        "subscribe_refused": conn["subscribe_refused"],
+        "connect_per_s": conn["connect_per_s"],
+        "connect_ms": conn["connect_ms"],
+        "held_s": plan.duration_s,
+        "rss_mb_before": round(before / 2**20, 1),
+        "rss_mb_peak": round(peak["rss"] / 2**20, 1),
+        "kb_per_device": round((peak["rss"] - before) / 1024 / n, 1),
+        "kb_per_device_last": round((peak["last"] - before) / 1024 / n, 1),
+    }
+    if breakdown_before is not None and peak["breakdown"] is not None:
+        out["breakdown_kb_per_device"] = breakdown_per_device(breakdown_before, peak["breakdown"], n)
+        out["breakdown_mb_peak"] = {
+            k: round(v / 2**20, 1) for k, v in flat_breakdown(peak["breakdown"]).items()
+        }
+    return out
+
+
+def memory_modes(
+    fed: LocalFederation,
+    fed_target: army.Target,
+    workdir: Path,
+    quick: bool,
+    devices: int,
+    results: dict[str, Any],
+) -> None:
+    """results[name]["memory"][mode] for fedgate's gateway and Mosquitto, each mode on a fresh
+    broker: a node's RSS grows with its allocators' caches, so modes measured one after another
+    on the same process read low (and the first high).  Before each mode the gateway restarts
+    (its federation links up again) and Mosquitto's fresh broker is measured while the gateway
+    settles; then the gateway, once its RSS is steady."""
+    mode_key = "quick" if quick else "full"
+    gateway = fed.gateways()[0]
+    admin = gateway.admin(timeout=5)
+    memory_path = f"nodes/{quote(gateway.erlang_node, safe='')}/memory"
+    runtime = debian13_runtime(fed.settings.cache_dir)
+    port = fed.settings.port_base + BASELINE_PORT_OFFSET + 1
+    base_target = mosquitto_target(fed_target.specs[:devices], "127.0.0.1", port, fed_target.kafka_bootstrap)
+
+    def gateway_pids() -> list[int]:
+        return processes.marked_pids(gateway.marker)
+
+    for name in ("fedgate", "baseline"):
+        results[name]["memory"] = {}
+    for mode, qos in MEMORY_MODES.items():
+        plan = _plan(
+            devices, quick, rate=0, duration_s=MEMORY_HOLD_S[mode_key], command_qos=qos, prefix="bench"
+        )
+        progress(f"memory, {MEMORY_MODE_TEXT[mode]}: restarting {gateway.name} (a fresh node per mode)")
+        fed.stop_node(gateway.name)
+        fed.start_node(gateway.name)
+        fed.wait_for_links()
+        restarted = time.monotonic()
+        progress(f"baseline: {devices} devices, {MEMORY_MODE_TEXT[mode]}, on a fresh Mosquitto")
+        with Mosquitto(workdir / f"memory-{mode}", port, runtime) as mosquitto:
+            results["baseline"]["memory"][mode] = measure_memory(base_target, plan, mosquitto.pids)
+        progress(f"fedgate: waiting for {gateway.name}'s memory to settle after its boot")
+        taken, settled = wait_settled(
+            lambda: processes.rss_bytes(gateway_pids()),
+            samples=SETTLED_SAMPLES[mode_key],
+            within=SETTLED_WITHIN,
+            max_samples=SETTLE_MAX_SAMPLES[mode_key],
+        )
+        settle_s = round(time.monotonic() - restarted, 1)
+        state = "settled" if settled else "not settled"
+        progress(
+            f"fedgate: {devices} devices, {MEMORY_MODE_TEXT[mode]} ({state} {settle_s} s after the restart)"
+        )
+        m = measure_memory(fed_target, plan, gateway_pids, lambda: admin.get(memory_path)["memory"])
+        results["fedgate"]["memory"][mode] = {**m, "settle_s": settle_s, "settled": settled}
+    results["fedgate"]["broker"] = f"RabbitMQ {admin.get('overview').get('rabbitmq_version')}"
+
+
+def connections(idle: dict[str, Any]) -> dict[str, Any]:
+    """The connect figures, from the idle devices of the memory modes."""
+    return {k: idle[k] for k in ("devices", "connected", "connect_per_s", "connect_ms")}
+
+
+def memory_ratios(f: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
+    """fedgate's memory per device over the baseline's, per mode."""
+    return {
+        f"memory_per_device_{mode}_fedgate_vs_baseline": _ratio(
+            f.get(mode, {}).get("kb_per_device"), b.get(mode, {}).get("kb_per_device")
+        )
+        for mode in MEMORY_MODES
+    }
+
+
+def memory_markdown(r: dict[str, Any]) -> list[str]:
+    """The memory per device per mode, fedgate against the baseline, and where the gateway's
+    memory goes (RabbitMQ's breakdown, the categories that grew by BREAKDOWN_FLOOR_KB or more)."""
+    f, b = r["fedgate"], r["baseline"]
+    fm, bm = f["memory"], b["memory"]
+    devices = fm["idle"]["devices"]
+
+    def cell(m: dict[str, Any] | None) -> str:
+        if m is None:
+            return ""
+        text = f"{m['kb_per_device']} KB"
+        short = []
+        if m["connected"] < m["devices"]:
+            short.append(f"{m['connected']} connected")
+        if m["command_qos"] is not None and m["subscribed"] < m["devices"]:
+            short.append(f"{m['subscribed']} subscribed")
+        if m.get("settled") is False:
+            short.append("RSS not settled")
+        return text + (f" ({', '.join(short)})" if short else "")
+
+    lines = [
+        "",
+        f"Broker memory per connected device ({devices} devices held {fm['idle']['held_s']:g} s; "
+        "resident memory at its peak while they were connected, minus before, per device; "
+        "each mode on a fresh broker: the gateway node restarted and settled, a new Mosquitto):",
+        "",
+        f"| memory per device | fedgate ({f.get('broker', 'RabbitMQ')} gateway) "
+        f"| baseline ({b.get('broker', 'Mosquitto')}) | fedgate / baseline |",
+        "|---|---|---|---|",
+    ]
+    for mode in MEMORY_MODES:
+        ratio = r["ratios"].get(f"memory_per_device_{mode}_fedgate_vs_baseline")
+        lines.append(f"| {MEMORY_MODE_TEXT[mode]} | {cell(fm.get(mode))} | {cell(bm.get(mode))} | {ratio} |")
+    last = {
+        name: ", ".join(f"{m['kb_per_device_last']} KB {mode}" for mode, m in r[name]["memory"].items())
+        for name in ("fedgate", "baseline")
+    }
+    lines += [
+        "",
+        "The peak holds the garbage of the connect burst; the last sample of the hold, the devices "
+        f"still connected: fedgate {last['fedgate']}; baseline {last['baseline']}.",
+    ]
+    per_mode = {mode: fm[mode].get("breakdown_kb_per_device") or {} for mode in MEMORY_MODES if mode in fm}
+    categories = {k for d in per_mode.values() for k, v in d.items() if abs(v) >= BREAKDOWN_FLOOR_KB}
+    if categories:
+        biggest = list(per_mode)[-1]
+        totals = sorted(k for k in categories if k.startswith("total_"))
+        rows = sorted(categories - set(totals), key=lambda k: -per_mode[biggest].get(k, 0)) + totals
+        lines += [
+            "",
+            "Where the gateway's memory goes: RabbitMQ's memory breakdown (`/api/nodes/<node>/memory`), "
+            "KB per device from before the devices to the peak (categories from "
+            f"{BREAKDOWN_FLOOR_KB:g} KB; `total_rss` is the Erlang VM's own RSS):",
+            "",
+            "| category | " + " | ".join(MEMORY_MODE_TEXT[m] for m in per_mode) + " |",
+            "|---|" + "---|" * len(per_mode),
+        ]
+        for k in rows:
+            lines.append(f"| {k} | " + " | ".join(str(per_mode[m].get(k, "")) for m in per_mode) + " |")
+    return lines
+
+
 def _subset(t: army.Target, n: int) -> army.Target:
     return dataclasses.replace(t, specs=t.specs[:n])
 
@@ -365,15 +592,6 @@ def _subset(t: army.Target, n: int) -> army.Target:
 def _unverified(t: army.Target, n: int) -> army.Target:
     """The gateway alone: readings stay in it, so the Kafka check is not asked for."""
     return dataclasses.replace(t, specs=t.specs[:n], verify=False)
-
-
-def _sampler(holder: dict[str, int], pids: Any) -> Any:
-    def line(text: str) -> None:
-        progress(text)
-        rss = processes.rss_bytes(pids())
-        holder["max"] = max(holder.get("max", 0), rss)
-
-    return line
 
 
 def plots(results: dict[str, Any], publish: bool = True) -> list[str]:
@@ -456,7 +674,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         return f"{x['p50']} / {x['p99']} ms"
 
     lines = [
-        f"## Device army: fedgate against Mosquitto + a Python bridge ({'quick' if r['quick'] else 'full'})",
+        f"## Device army: fedgate ({f.get('broker', 'RabbitMQ')}) against {b.get('broker', 'Mosquitto')} "
+        f"+ a Python bridge ({'quick' if r['quick'] else 'full'})",
         "",
         f"{r['devices']} devices, QoS 1, {r['step_s']} s per step, {r['machine']['cpus']} cores shared by "
         "everything; every acknowledged reading looked up in Kafka. Latency: device send to the Kafka "
@@ -525,8 +744,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"| {lat(b['latency_at_moderate_ms'])} | {r['ratios']['p99_latency_fedgate_vs_baseline']} (p99) |",
         f"| {fc['devices']} idle connections: connect rate | {fc['connect_per_s']}/s "
         f"| {bc['connect_per_s']}/s | |",
-        f"| broker memory per connection | {fc['kb_per_connection']} KB | {bc['kb_per_connection']} KB "
-        f"| {r['ratios']['memory_per_connection_fedgate_vs_baseline']} |",
+        f"| broker memory per device, {MEMORY_MODE_TEXT['qos1']} (fedgate's devices) "
+        f"| {f['memory']['qos1']['kb_per_device']} KB | {b['memory']['qos1']['kb_per_device']} KB "
+        f"| {r['ratios']['memory_per_device_qos1_fedgate_vs_baseline']} |",
         f"| downlink: commands sent / received / lost | {fd['sent']} / {fd['received']} / {fd['lost']} "
         f"| {bd['sent']} / {bd['received']} / {bd['lost']} | |",
         f"| downlink latency p50 / p99 | {lat(fd['latency_ms'])} | {lat(bd['latency_ms'])} | |",
@@ -539,4 +759,5 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"| {r['rabbitmq_mqtt_raw']['acked_per_s']}/s (offered {r['rabbitmq_mqtt_raw']['offered']}) "
         f"| {r['ratios']['sustained_fedgate_vs_rabbitmq_raw']} |",
     ]
+    lines += memory_markdown(r)
     return "\n".join(lines) + "\n"

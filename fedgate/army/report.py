@@ -103,6 +103,9 @@ def build_report(
             "connect_per_s": round(plan.devices / connect_all_s, 1) if connect_all_s else None,
             "connect_ms": percentiles([x for w in done.values() for x in w["connect_ms"]]),
             "refused": tick("refused"),
+            # SUBACKs of the devices' command subscriptions (plan.command_qos), granted and refused
+            "subscribed": tick("subscribed"),
+            "subscribe_refused": tick("subscribe_refused"),
             "connect_errors": tick("connect_errors"),
             "drops": tick("drops"),
             "reconnects": tick("reconnects"),

@@ -67,6 +67,7 @@ class ArmyDevice:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_publish = self._on_publish
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self.client.on_socket_open = self._on_socket_open
         self.client.on_socket_close = self._on_socket_close
         self.client.on_socket_register_write = self._on_register_write
@@ -110,6 +111,11 @@ class ArmyDevice:
             self.w.count["drops"] += 1
         if not self.w.finishing:
             self.w.schedule_reconnect(self)
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any, props: Any = None) -> None:
+        # the SUBACK: the gateway holds the command subscription (or refused it)
+        refused = any(getattr(rc, "is_failure", False) for rc in codes)
+        self.w.count["subscribe_refused" if refused else "subscribed"] += 1
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any = None) -> None:
         seq = self.inflight.pop(mid, None)

@@ -17,6 +17,11 @@ fedgate runs RabbitMQ 4.0 from Debian 13's packages (`rabbitmq_release =
 
 `rabbitmq_release = "3.10"` runs Debian 12's own package as before (the
 settings' `rabbitmq_bin_dir`).
+
+Other programs of the same Debian 13 release run the same way
+(`debian13_runtime(cache_dir).command(...)`, `check_program`): the
+benchmarks' baseline broker is the root's Mosquitto, whatever release the
+nodes run.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ RELEASES = ("4.0", "3.10")
 #: Where a Debian root keeps RabbitMQ's scripts and Erlang's port mapper.
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 EPMD = Path("/usr/bin/epmd")
+#: The benchmarks' baseline broker, from the same Debian 13 release (rabbitmq4.sh puts it in the root).
+MOSQUITTO = Path("/usr/sbin/mosquitto")
 
 # Mounts the node's folders into the root and chroots; each argument is passed
 # positionally, so no path is ever parsed by the shell.
@@ -85,10 +92,29 @@ class BrokerRuntime:
                 else "run `make setup` (installs Debian's rabbitmq-server)"
             )
             raise BrokerRuntimeError(f"{who}: {where} not found; {how}")
+        self._check_can_enter_root(who, f"RabbitMQ {self.release}")
+
+    def host_path(self, program: Path) -> Path:
+        """Where `program` (a path as the node sees it) is in this host's file system."""
+        return (self.root or Path("/")) / str(program).lstrip("/")
+
+    def check_program(self, who: str, program: Path) -> None:
+        """Like check(), for another program of the release (e.g. MOSQUITTO)."""
+        where = self.host_path(program)
+        if not where.exists():
+            how = (
+                "run `make setup` (it builds the Debian 13 root with it)"
+                if self.root is not None
+                else f"install Debian's package holding {program} (make setup installs it)"
+            )
+            raise BrokerRuntimeError(f"{who}: {where} not found; {how}")
+        self._check_can_enter_root(who, program.name)
+
+    def _check_can_enter_root(self, who: str, what: str) -> None:
         if self.root is not None:
             if os.geteuid() != 0:
                 raise BrokerRuntimeError(
-                    f"{who}: RabbitMQ {self.release} runs in a Debian 13 root here, which needs root "
+                    f"{who}: {what} runs in a Debian 13 root here, which needs root "
                     "(a private mount namespace); run as root, or on Debian 13"
                 )
             if not shutil.which("unshare") or not shutil.which("chroot"):
@@ -134,3 +160,9 @@ def broker_runtime(release: str, cache_dir: Path, rabbitmq_bin_dir: Path) -> Bro
     if release == "4.0":
         return BrokerRuntime(release, cache_dir / "rabbitmq-4.0" / "root", RABBITMQ_BIN)
     raise BrokerRuntimeError(f"rabbitmq_release: one of {', '.join(RELEASES)}, got {release!r}")
+
+
+def debian13_runtime(cache_dir: Path) -> BrokerRuntime:
+    """Debian 13's programs on this host, whichever release the nodes run: the system's own on
+    Debian 13, the cached root on Debian 12 (which holds the benchmarks' Mosquitto too)."""
+    return broker_runtime("4.0", cache_dir, RABBITMQ_BIN)

@@ -7,12 +7,14 @@
 # replace libc6 and ~50 other packages -- a mixed-release system.  Instead a
 # minimal Debian 13 root holding rabbitmq-server (and mosquitto, the
 # benchmark's baseline of the same release) is built once with debootstrap
-# into the cache, and infra/local/broker.py runs each node (and epmd) from it
-# in a private mount namespace with chroot (unshare, from util-linux): the
-# host's network and the node's own state folder are shared.
+# into the cache, and infra/local/broker.py runs each node (and epmd, and the
+# benchmark's Mosquitto) from it in a private mount namespace with chroot
+# (unshare, from util-linux): the host's network and the node's own state
+# folder are shared.
 #
-# Idempotent: a complete root carries a stamp and is never rebuilt; a failed
-# build leaves only a .partial folder, removed by the next run.
+# Idempotent: a complete root carries a stamp and is never rebuilt (unless a
+# program it must hold is missing); a failed build leaves only a .partial
+# folder, removed by the next run.
 #
 # Usage: rabbitmq4.sh CACHE_DIR      (called by setup.sh)
 set -euo pipefail
@@ -21,6 +23,8 @@ CACHE="$1"
 DEST="$CACHE/rabbitmq-4.0"
 SUITE=trixie
 PACKAGES=rabbitmq-server,mosquitto
+#: what the root must hold, one program of each package
+PROGRAMS=(usr/lib/rabbitmq/bin/rabbitmq-server usr/sbin/mosquitto)
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -33,9 +37,17 @@ if [[ "$(debian_major)" -ge 13 ]]; then
     exit 0
 fi
 
+holds_programs() { # root
+    local p
+    for p in "${PROGRAMS[@]}"; do [[ -x "$1/$p" ]] || return 1; done
+}
+
 if [[ -f "$DEST/.complete" ]]; then
-    step "RabbitMQ $(cat "$DEST/.complete") root present ($DEST/root)"
-    exit 0
+    if holds_programs "$DEST/root"; then
+        step "RabbitMQ $(cat "$DEST/.complete") root present ($DEST/root)"
+        exit 0
+    fi
+    step "the Debian 13 root in $DEST lacks one of ${PROGRAMS[*]}: building it again"
 fi
 
 [[ $(id -u) -eq 0 ]] || die "building the Debian 13 root for RabbitMQ 4 needs root (debootstrap)"
@@ -64,6 +76,7 @@ debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$DEST.partial/root
     || die "debootstrap failed; its log: $DEST.partial/debootstrap.log"
 version=$(ls "$DEST.partial/root/usr/lib/rabbitmq/lib" | sed -n 's/^rabbitmq_server-//p' | head -1)
 [[ "$version" == 4.* ]] || die "the Debian 13 root holds RabbitMQ '${version:-none}', not 4.x"
+holds_programs "$DEST.partial/root" || die "the Debian 13 root lacks one of ${PROGRAMS[*]}"
 # nothing in the root runs as a service: its package scripts' leftovers go
 rm -rf "$DEST.partial/root/var/lib/rabbitmq/mnesia" "$DEST.partial/root/var/cache/apt/archives"/*.deb
 echo "$version" >"$DEST.partial/.complete"

@@ -7,10 +7,11 @@
 # place.
 #
 #   1. system packages from Debian: a Java runtime for Kafka and Spark, Maven
-#      to resolve jars, openssl, mosquitto (the benchmarks' baseline); RabbitMQ
-#      4.0 from Debian 13 for every node (rabbitmq4.sh: the system's package on
-#      Debian 13, a Debian 13 root in .cache on Debian 12 -- which runs its own
-#      epmd too, so Debian 12's rabbitmq-server and Erlang are not needed)
+#      to resolve jars, openssl; RabbitMQ 4.0 from Debian 13 for every node and
+#      Mosquitto 2.0 of the same release, the benchmarks' baseline
+#      (rabbitmq4.sh: the system's packages on Debian 13, a Debian 13 root in
+#      .cache on Debian 12 -- which runs its own epmd too, so Debian 12's
+#      rabbitmq-server, Erlang and mosquitto are not needed)
 #   2. the project virtualenv (.venv) with the Python dependencies
 #   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
 #   4. Spark's Kafka source jars matching the installed pyspark into
@@ -32,15 +33,17 @@ SECONDS=0
 
 # --- 1. system packages -----------------------------------------------------
 need_pkgs=()
-# RabbitMQ 4.0: on Debian 13 the system's own package (on Debian 12,
-# rabbitmq4.sh below builds a Debian 13 root instead: Debian 12's 3.10 is not used)
+# RabbitMQ 4.0 and the baseline broker `make bench` measures fedgate against
+# (Mosquitto 2.0): on Debian 13 the system's own packages (on Debian 12,
+# rabbitmq4.sh below builds a Debian 13 root holding both instead: Debian 12's
+# rabbitmq-server 3.10 and mosquitto 2.0.11 are not used)
 if [[ "$(cut -d. -f1 /etc/debian_version 2>/dev/null | tr -dc '0-9')" -ge 13 ]]; then
     [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || need_pkgs+=(rabbitmq-server)
+    [[ -x /usr/sbin/mosquitto ]] || need_pkgs+=(mosquitto)
 fi
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federation's CA (TLS)
-[[ -x /usr/sbin/mosquitto ]] || need_pkgs+=(mosquitto)  # the baseline broker `make bench` measures fedgate against
 if ((${#need_pkgs[@]})); then
     step "installing Debian packages: ${need_pkgs[*]}"
     [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"
@@ -61,7 +64,7 @@ if ((${#need_pkgs[@]})); then
     [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
     trap - EXIT
 else
-    step "Debian packages present (java, maven, openssl, mosquitto)"
+    step "Debian packages present (java, maven, openssl)"
 fi
 # RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
 # root on Debian 12 (infra/setup/rabbitmq4.sh says why)

@@ -62,7 +62,18 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
         assert d["sent"] > 0 and d["lost"] == 0, f"{name}: every confirmed command reached its device"
         conn = r[name]["connections"]
         assert conn["connected"] == conn["devices"] == 300
-        assert conn["kb_per_connection"] > 0
+        # memory per device: idle, QoS 0 and QoS 1 command subscriptions, each on a fresh broker
+        assert list(r[name]["memory"]) == ["idle", "qos0", "qos1"]
+        for mode, m in r[name]["memory"].items():
+            assert m["devices"] == 300 and m["connected"] >= 300, f"{name} {mode}"
+            assert m["subscribed"] == (0 if m["command_qos"] is None else 300), f"{name} {mode}: SUBACKs"
+            assert m["rss_mb_before"] > 0 and isinstance(m["kb_per_device"], float)
+            assert f"memory_per_device_{mode}_fedgate_vs_baseline" in r["ratios"]
+    for mode, m in r["fedgate"]["memory"].items():
+        assert m["breakdown_kb_per_device"]["total_rss"] is not None, f"{mode}: RabbitMQ's memory breakdown"
+    assert r["fedgate"]["memory"]["qos1"]["kb_per_device"] > 0, "a classic queue process per device"
+    assert r["fedgate"]["broker"].startswith("RabbitMQ 4.")
+    assert r["baseline"]["broker"].startswith("Mosquitto 2."), "Debian 13's Mosquitto, its version known"
     hops = set(r["fedgate"]["steps"][0]["backlog_peak"])
     assert hops == {"devices", "gateway_federation", "backend_shards"}
     cores = r["fedgate"]["steps"][0]["cpu_cores"]
@@ -73,3 +84,4 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert len(cdf) == 100 and cdf == sorted(cdf), "the CDF the plot draws"
     md = army_bench.to_markdown(r)
     assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md
+    assert "| QoS 1 command subscription |" in md and "Where the gateway's memory goes" in md
