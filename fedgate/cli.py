@@ -329,6 +329,7 @@ def cmd_army(ctx: Context, args: argparse.Namespace) -> int:
         regions=[r for r in (args.regions or "").split(",") if r],
         commands_per_s=args.commands,
         qos=args.qos,
+        command_qos=args.command_qos,
         tls=args.tls,
         persistent_sessions=args.persistent_sessions,
         prefix=args.prefix,
@@ -492,7 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--processes", type=int, default=max(1, os.cpu_count() or 1))
     ar.add_argument("--regions", help="home regions, comma-separated (default: every gateway)")
     ar.add_argument("--commands", type=float, default=0.0, help="commands/s through the router")
-    ar.add_argument("--qos", type=int, default=1, choices=(0, 1))
+    ar.add_argument("--qos", type=int, default=1, choices=(0, 1), help="QoS of the readings")
+    ar.add_argument(
+        "--command-qos",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="QoS of the devices' command subscriptions; at 0 they acknowledge each command",
+    )
     ar.add_argument("--tls", action="store_true", help="MQTT over TLS (checks the gateways' certificates)")
     ar.add_argument(
         "--persistent-sessions", action="store_true", help="clean_session=false: gateways keep subscriptions"

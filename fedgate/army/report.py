@@ -89,6 +89,8 @@ def build_report(
             "received": cmd_received,
             "lost": cmd_lost,
             "duplicated": cmd_received - cmd_distinct,
+            # an earlier run's commands the router sent again (their acknowledgement never came)
+            "stale_from_earlier_runs": tick("stale_commands"),
             # when the lost ones were sent, seconds into the run (the first 50)
             "lost_sent_at_s": [round(commands.sent_at[n] - t0, 2) for n in lost_cmds[:50]]
             if commands

@@ -100,8 +100,9 @@ class ArmyDevice:
         self.failures = 0
         self.w.count["connects"] += 1
         self.w.connect_ms.append((time.monotonic() - self._connect_started) * 1000)
-        if self.w.cfg.plan.command_qos is not None:
-            client.subscribe(c.device_command_topic(self.spec.device_id, "#"), qos=self.w.cfg.plan.command_qos)
+        qos = self.w.cfg.plan.command_qos
+        if qos is not None:
+            client.subscribe(c.device_command_topic(self.spec.device_id, "#"), qos=qos)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
         was = self.connected
@@ -129,6 +130,13 @@ class ArmyDevice:
             n, sent_ms = int(body["n"]), float(body["t"])
         except (ValueError, KeyError, TypeError):
             self.w.count["foreign_messages"] += 1
+            return
+        if self.w.cfg.plan.command_qos == 0:
+            # QoS 0 delivers at most once: the device acknowledges, or the router sends it again
+            ack = json.dumps({"acks": [c.message_id(msg.topic, msg.payload)]})
+            client.publish(c.device_ack_topic(self.spec.device_id), ack, qos=1)
+        if sent_ms < self.w.born_ms:
+            self.w.count["stale_commands"] += 1
             return
         self.commands.append(n)
         self.w.count["commands"] += 1
@@ -191,6 +199,9 @@ class Worker:
         self.out = out
         #: set by the parent once every device is connected; t0 holds that moment (wall clock)
         self.go, self.t0 = go, t0
+        #: commands sent before this worker started are an earlier run's (sent again to a QoS 0
+        #: device whose acknowledgement the router never got): acknowledged, not counted
+        self.born_ms = time.time() * 1000
         self.stop_publishing = stop_publishing
         self.finish = finish
         self.finishing = False
