@@ -159,9 +159,9 @@ def test_memory_ratios_are_fedgate_over_the_baseline_per_mode_and_none_without_a
 def test_the_memory_table_names_both_brokers_each_mode_and_where_the_gateways_memory_goes():
     md = "\n".join(memory_markdown(memory_results()))
     assert "| fedgate (RabbitMQ 4.0.5 gateway) | baseline (Mosquitto 2.0.21) | fedgate / baseline |" in md
-    assert "| idle (no subscription) | 11.0 KB | 2.0 KB | 5.5 |" in md
-    assert "| QoS 0 command subscription | 19.0 KB | 2.5 KB | 7.6 |" in md
-    assert "| QoS 1 command subscription | 89.0 KB | 0.0 KB | None |" in md
+    assert "| idle (no subscription) | 8.8 KB (peak 11.0) | 1.6 KB (peak 2.0) | 5.5 |" in md
+    assert "| QoS 0 command subscription | 15.2 KB (peak 19.0) | 2.0 KB (peak 2.5) | 7.6 |" in md
+    assert "| QoS 1 command subscription | 71.2 KB (peak 89.0) | 0.0 KB (peak 0.0) | None |" in md
     # the breakdown: the categories that grew, the largest with the QoS 1 subscription first
     rows = [
         line
@@ -169,7 +169,6 @@ def test_the_memory_table_names_both_brokers_each_mode_and_where_the_gateways_me
         if line.startswith("| queue_procs") or line.startswith("| connection_other")
     ]
     assert rows == ["| queue_procs | 0.0 | 0.2 | 60.4 |", "| connection_other | 8.1 | 8.3 | 8.2 |"]
-    assert "still connected: fedgate 8.8 KB idle, 15.2 KB qos0, 71.2 KB qos1; baseline 1.6 KB idle" in md
 
 
 def test_a_mode_that_fell_short_says_so_beside_its_figure():
@@ -177,8 +176,8 @@ def test_a_mode_that_fell_short_says_so_beside_its_figure():
     r["fedgate"]["memory"]["qos1"].update(subscribed=1990, settled=False)
     r["baseline"]["memory"]["idle"]["connected"] = 1999
     md = "\n".join(memory_markdown(r))
-    assert "| QoS 1 command subscription | 89.0 KB (1990 subscribed, RSS not settled) |" in md
-    assert "| 2.0 KB (1999 connected) |" in md
+    assert "| QoS 1 command subscription | 71.2 KB (peak 89.0) (1990 subscribed, RSS not settled) |" in md
+    assert "| 1.6 KB (peak 2.0) (1999 connected) |" in md
 
 
 def test_the_connect_figures_come_from_the_idle_mode():
@@ -238,9 +237,9 @@ def test_the_army_report_names_the_brokers_and_carries_the_memory_per_mode():
         "## Device army: fedgate (RabbitMQ 4.0.5) against Mosquitto 2.0.21 + a Python bridge (full)"
     )
     assert "| 2000 idle connections: connect rate | 2400.0/s | 2400.0/s | |" in md
-    qos1 = "| broker memory per device, QoS 1 command subscription (fedgate's devices) |"
-    assert f"{qos1} 89.0 KB | 0.0 KB | None |" in md
-    assert "| QoS 0 command subscription | 19.0 KB | 2.5 KB | 7.6 |" in md
+    qos0 = "| broker memory per device, QoS 0 command subscription (fedgate's devices), settled |"
+    assert f"{qos0} 15.2 KB | 2.0 KB | 7.6 |" in md
+    assert "| QoS 0 command subscription | 15.2 KB (peak 19.0) | 2.0 KB (peak 2.5) | 7.6 |" in md
 
 
 def test_no_breakdown_table_without_a_breakdown():
