@@ -101,7 +101,7 @@ def _policy_body(p: Policy) -> dict[str, Any]:
     return {"pattern": p.pattern, "apply-to": p.apply_to, "definition": p.definition, "priority": p.priority}
 
 
-def definitions_file(d: NodeDefinitions, rabbit_version: str = "3.10.8") -> dict[str, Any]:
+def definitions_file(d: NodeDefinitions, rabbit_version: str = "4.0.5") -> dict[str, Any]:
     """`d` in RabbitMQ's definitions-file format, for `load_definitions` at a cloud node's boot."""
     vhost = {"vhost": VHOST}
     return {
