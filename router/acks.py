@@ -60,14 +60,7 @@ class CommandAcks:
     async def sent(self, session: Session, cmd: Command, payload: bytes) -> None:
         """A new command went to the session: on record until acknowledged, if the device acks."""
         if self.tracks(session, cmd.topic):
-            await self.parking.park(
-                cmd.device,
-                cmd.topic,
-                payload,
-                command_expires_at=cmd.expires_at,
-                properties=cmd.properties,
-                sent_to=session.connection,
-            )
+            await self.parking.park_command(cmd, payload, sent_to=session.connection)
 
     async def on_ack(self, routing_key: str, payload: bytes) -> int:
         """Take an acknowledgement published on devices/<id>/acks (the caller holds the

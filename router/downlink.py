@@ -44,7 +44,7 @@ from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway, topic_matches
 from router.settings import RouterSettings
-from router.stores import DesiredState, Parked, ParkingLot, PresenceStore
+from router.stores import DesiredState, Parked, ParkingLot, PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
@@ -222,18 +222,24 @@ class Downlink(Lifecycle):
     async def on_command(self, message: AbstractIncomingMessage) -> None:
         # Acked only after the message is confirmed at its next hop (downlink
         # exchange, Kafka parking or dead-letter); an exception requeues it.
-        async with message.process(requeue=True), self._lock:
-            try:
-                cmd = parse_command(message.headers, message.content_type, message.correlation_id)
-            except BadCommand as e:
-                await self._deadletter(str(e), e.device, e.topic, message.body)
-                return
-            await self.handle(cmd, message.body)
+        # Parking writes are confirmed after the lock (stores.confirm_later): the next
+        # command does not wait for this one's Kafka round trip.
+        async with message.process(requeue=True):
+            async with confirm_later() as pending, self._lock:
+                try:
+                    cmd = parse_command(message.headers, message.content_type, message.correlation_id)
+                except BadCommand as e:
+                    await self._deadletter(str(e), e.device, e.topic, message.body)
+                    return
+                await self.handle(cmd, message.body)
+            await all_confirmed(pending)
 
     async def on_ack(self, message: AbstractIncomingMessage) -> None:
         """A device's acknowledgement of commands (router/acks.py); acked once settled in Kafka."""
-        async with message.process(requeue=True), self._lock:
-            await self.acks.on_ack(message.routing_key or "", message.body)
+        async with message.process(requeue=True):
+            async with confirm_later() as pending, self._lock:
+                await self.acks.on_ack(message.routing_key or "", message.body)
+            await all_confirmed(pending)
 
     async def route(self, device: str, topic: str, payload: bytes, *, retain: bool = False) -> str:
         """Send, park or broadcast one new command; returns what was done."""
@@ -296,13 +302,13 @@ class Downlink(Lifecycle):
             # held until the device subscribes: parked, and sent when the subscription shows
             # (binding event, or the check of a persistent session's subscriptions); never
             # subscribing, it expires into the dead-letter topic with the reason
-            await self._park(cmd, payload)
+            await self.parking.park_command(cmd, payload)
             self.metrics.inc("fedgate_router_held_total", region=d.region or "")
             session = self.presence.get(cmd.device)
             if session is not None:
                 self._ask_filters_soon(session)
         elif d.action is Action.PARK:
-            await self._park(cmd, payload)
+            await self.parking.park_command(cmd, payload)
             self.metrics.inc("fedgate_router_parked_total")
         elif d.action is Action.BROADCAST:
             for region in self.settings.regions:
@@ -311,11 +317,6 @@ class Downlink(Lifecycle):
                                      expires_at=cmd.expires_at, properties=cmd.properties)  # fmt: skip
             self.metrics.inc("fedgate_router_broadcast_total")
         return d.outcome()
-
-    async def _park(self, cmd: Command, payload: bytes) -> Parked:
-        return await self.parking.park(
-            cmd.device, cmd.topic, payload, command_expires_at=cmd.expires_at, properties=cmd.properties
-        )
 
     # --- delivering what waited -----------------------------------------------------------
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -34,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -44,8 +46,34 @@ from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.presence import Session
+from router.routing import Command
 
 log = logging.getLogger(__name__)
+
+#: Kafka delivery reports of parking writes made while this context collects them
+#: (confirm_later), to be awaited once the caller released its lock.
+_CONFIRM_LATER: contextvars.ContextVar[list[Awaitable[None]] | None] = contextvars.ContextVar(
+    "confirm_later", default=None
+)
+
+
+@contextlib.asynccontextmanager
+async def confirm_later() -> AsyncIterator[list[Awaitable[None]]]:
+    """Collect the Kafka confirmations of the parking writes made inside; the caller awaits
+    them (all_confirmed) before it acks its input, outside its lock."""
+    pending: list[Awaitable[None]] = []
+    token = _CONFIRM_LATER.set(pending)
+    try:
+        yield pending
+    finally:
+        _CONFIRM_LATER.reset(token)
+
+
+async def all_confirmed(pending: list[Awaitable[None]]) -> None:
+    """Wait for every collected confirmation; the first failure raises (the input is requeued)."""
+    for p in pending:
+        await p
+
 
 DESIRED_TOPIC = "fedgate.router.desired"
 PRESENCE_TOPIC = "fedgate.router.presence"
@@ -167,6 +195,17 @@ class KafkaTable(Lifecycle):
 
         return applied()
 
+    async def put_deferrable(self, key: str, value: bytes | None) -> None:
+        """Write through Kafka; while a caller collects confirmations (`confirm_later`), the
+        view changes at once and Kafka's delivery report goes to the caller's list instead:
+        what else happens under the caller's lock sees the write, and waits for no round trip."""
+        pending = _CONFIRM_LATER.get()
+        if pending is None:
+            await self.put(key, value)
+            return
+        pending.append(self.producer.send_soon(self.topic, value, key.encode()))
+        self._apply(key, value)
+
     def items_for(self, device: str) -> Iterator[tuple[str, bytes]]:
         with self._lock:
             keys = sorted(self.by_device.get(device, ()))
@@ -270,13 +309,23 @@ class ParkingLot:
         )
         if sent_to is not None:
             rec = dataclasses.replace(rec, sent_to=sent_to, attempts=1, sent_at=now)
-        await self.table.put(rec.key, self._value(rec))
+        await self.table.put_deferrable(rec.key, self._value(rec))
         return rec
+
+    async def park_command(self, cmd: Command, payload: bytes, sent_to: str | None = None) -> Parked:
+        return await self.park(
+            cmd.device,
+            cmd.topic,
+            payload,
+            command_expires_at=cmd.expires_at,
+            properties=cmd.properties,
+            sent_to=sent_to,
+        )
 
     async def mark_sent(self, rec: Parked, connection: str) -> Parked:
         """It went to `connection` (once more), and waits there for its acknowledgement."""
         sent = dataclasses.replace(rec, sent_to=connection, attempts=rec.attempts + 1, sent_at=time.time())
-        await self.table.put(sent.key, self._value(sent))
+        await self.table.put_deferrable(sent.key, self._value(sent))
         return sent
 
     @staticmethod
@@ -321,7 +370,7 @@ class ParkingLot:
             return list(self.table.by_device)
 
     async def remove(self, rec: Parked) -> None:
-        await self.table.put(rec.key, None)
+        await self.table.put_deferrable(rec.key, None)
 
 
 class PresenceStore:
