@@ -1,7 +1,7 @@
 """Commands that their device acknowledges itself: sent again until it does.
 
 A device that subscribes to its commands at QoS 0 costs its gateway a
-quarter of the memory of a QoS 1 subscription (docs/router.md, "Which QoS
+third to a half of the memory of a QoS 1 subscription (docs/router.md, "Which QoS
 for commands"), but MQTT then delivers at most once: a command on its way
 when the connection drops, or dropped by a gateway under overload, is gone,
 and nothing tells the router.  So such a device acknowledges each command

@@ -1,6 +1,6 @@
 """Commands to devices subscribed at QoS 0, which acknowledge them themselves (router/acks.py).
 
-QoS 0 costs a gateway a quarter of the memory of a QoS 1 subscription, but
+QoS 0 costs a gateway less than half the memory of a QoS 1 subscription, but
 MQTT delivers it at most once. What is tried here: a command the device
 never got (it does not acknowledge), a device that drops before it
 acknowledges and comes back at another gateway, and a device that never
