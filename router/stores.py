@@ -59,8 +59,8 @@ _CONFIRM_LATER: contextvars.ContextVar[list[Awaitable[None]] | None] = contextva
 
 @contextlib.asynccontextmanager
 async def confirm_later() -> AsyncIterator[list[Awaitable[None]]]:
-    """Collect the Kafka confirmations of the parking writes made inside; the caller awaits
-    them (all_confirmed) before it acks its input, outside its lock."""
+    """Collect the Kafka confirmations of the table writes (KafkaTable.put) made inside; the
+    caller awaits them (all_confirmed) before it acks its input, outside its lock."""
     pending: list[Awaitable[None]] = []
     token = _CONFIRM_LATER.set(pending)
     try:
@@ -70,9 +70,11 @@ async def confirm_later() -> AsyncIterator[list[Awaitable[None]]]:
 
 
 async def all_confirmed(pending: list[Awaitable[None]]) -> None:
-    """Wait for every collected confirmation; the first failure raises (the input is requeued)."""
-    for p in pending:
-        await p
+    """Wait for every collected confirmation; a failure raises (the input is requeued)."""
+    outcomes = await asyncio.gather(*pending, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 DESIRED_TOPIC = "fedgate.router.desired"
@@ -181,8 +183,32 @@ class KafkaTable(Lifecycle):
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
 
     async def put(self, key: str, value: bytes | None) -> None:
-        """Write through Kafka (waits for the delivery report), then update the view."""
-        await self.put_soon(key, value)
+        """Write through Kafka (waits for the delivery report), then update the view.
+
+        While the caller collects confirmations (confirm_later), the view changes at once and
+        the delivery report goes to the caller's list instead: what else happens under the
+        caller's lock sees the write and waits for no round trip.  A write Kafka refuses puts
+        the view back as it was (the input it came from is requeued and handled again)."""
+        pending = _CONFIRM_LATER.get()
+        if pending is None:
+            await self.put_soon(key, value)
+            return
+        with self._lock:
+            before = self.data.get(key)
+        delivered = self.producer.send_soon(self.topic, value, key.encode())
+        self._apply(key, value)
+
+        async def confirmed() -> None:
+            try:
+                await delivered
+            except BaseException:
+                with self._lock:
+                    untouched = self.data.get(key) == value  # no later write of the key since
+                if untouched:
+                    self._apply(key, before)
+                raise
+
+        pending.append(confirmed())
 
     def put_soon(self, key: str, value: bytes | None) -> Awaitable[None]:
         """Produce the write now, in call order; awaiting the result waits for Kafka's delivery
@@ -194,17 +220,6 @@ class KafkaTable(Lifecycle):
             self._apply(key, value)
 
         return applied()
-
-    async def put_deferrable(self, key: str, value: bytes | None) -> None:
-        """Write through Kafka; while a caller collects confirmations (`confirm_later`), the
-        view changes at once and Kafka's delivery report goes to the caller's list instead:
-        what else happens under the caller's lock sees the write, and waits for no round trip."""
-        pending = _CONFIRM_LATER.get()
-        if pending is None:
-            await self.put(key, value)
-            return
-        pending.append(self.producer.send_soon(self.topic, value, key.encode()))
-        self._apply(key, value)
 
     def items_for(self, device: str) -> Iterator[tuple[str, bytes]]:
         with self._lock:
@@ -309,7 +324,7 @@ class ParkingLot:
         )
         if sent_to is not None:
             rec = dataclasses.replace(rec, sent_to=sent_to, attempts=1, sent_at=now)
-        await self.table.put_deferrable(rec.key, self._value(rec))
+        await self.table.put(rec.key, self._value(rec))
         return rec
 
     async def park_command(self, cmd: Command, payload: bytes, sent_to: str | None = None) -> Parked:
@@ -325,7 +340,7 @@ class ParkingLot:
     async def mark_sent(self, rec: Parked, connection: str) -> Parked:
         """It went to `connection` (once more), and waits there for its acknowledgement."""
         sent = dataclasses.replace(rec, sent_to=connection, attempts=rec.attempts + 1, sent_at=time.time())
-        await self.table.put_deferrable(sent.key, self._value(sent))
+        await self.table.put(sent.key, self._value(sent))
         return sent
 
     @staticmethod
@@ -370,7 +385,7 @@ class ParkingLot:
             return list(self.table.by_device)
 
     async def remove(self, rec: Parked) -> None:
-        await self.table.put_deferrable(rec.key, None)
+        await self.table.put(rec.key, None)
 
 
 class PresenceStore:

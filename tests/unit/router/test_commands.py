@@ -1,6 +1,7 @@
 """A command's wire forms (router/commands.py): what a sender puts on the commands
 exchange, what the router publishes downlink, and that a returned command keeps all of it."""
 
+import asyncio
 import time
 
 import pytest
@@ -94,3 +95,59 @@ def test_only_a_command_reaching_a_connection_through_qos0_subscriptions_alone_i
     assert not s.only_qos0("conn", "devices/d1/commands/urgent")
     assert s.only_qos0("conn", "devices/d1/commands/x")
     assert not s.only_qos0("unseen-connection", "devices/d1/commands/x")  # filters not known
+
+
+# --- table writes confirmed after the lock (router/stores.py) ---------------------------------
+
+
+class _Producer:
+    """Delivery reports on demand: the test decides whether Kafka stored a write."""
+
+    def __init__(self):
+        self.reports = []
+
+    def send_soon(self, topic, value, key):
+        fut = asyncio.get_running_loop().create_future()
+        self.reports.append(fut)
+        return fut
+
+
+def _table(producer):
+    from router.stores import KafkaTable
+
+    return KafkaTable("127.0.0.1:1", "t", producer, "unit")  # never started: no broker is asked
+
+
+def test_a_write_made_while_confirmations_are_collected_is_seen_at_once_and_confirmed_later():
+    from router.stores import all_confirmed, confirm_later
+
+    async def scenario():
+        producer = _Producer()
+        table = _table(producer)
+        async with confirm_later() as pending:
+            await table.put("d1\x00k", b"v")
+            assert table.data["d1\x00k"] == b"v", "seen before Kafka answered"
+        producer.reports[0].set_result(None)
+        await all_confirmed(pending)
+        assert table.data["d1\x00k"] == b"v"
+
+    asyncio.run(scenario())
+
+
+def test_a_write_kafka_refuses_is_taken_back_from_the_view_and_raises():
+    from router.stores import all_confirmed, confirm_later
+
+    async def scenario():
+        producer = _Producer()
+        table = _table(producer)
+        table._apply("d1\x00k", b"old")
+        async with confirm_later() as pending:
+            await table.put("d1\x00k", b"new")
+            await table.put("d1\x00gone", None)
+        producer.reports[0].set_exception(RuntimeError("Kafka refused"))
+        producer.reports[1].set_result(None)
+        with pytest.raises(RuntimeError, match="refused"):
+            await all_confirmed(pending)
+        assert table.data["d1\x00k"] == b"old", "the input is requeued and handled again from here"
+
+    asyncio.run(scenario())
