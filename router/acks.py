@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable
 
 from backend import contract as c
 from router.metrics import Metrics
+from router.parking import Parked, ParkingLot
 from router.presence import PresenceTable, Session
 from router.routing import Command
-from router.stores import Parked, ParkingLot
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)

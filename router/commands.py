@@ -29,7 +29,7 @@ from typing import Any
 import aio_pika
 
 from backend import contract as c
-from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties, amqp_fields, text
+from gateways.mqtt_plugin import Mqtt5Properties, amqp_fields, text
 from router.routing import Command
 
 #: A command expiring sooner than this once it reaches the gateway still gets
@@ -79,33 +79,24 @@ def parse_command(
     )
 
 
-def downlink_message(
-    device: str,
-    topic: str,
-    payload: bytes,
-    *,
-    retain: bool = False,
-    broadcast: bool = False,
-    expires_at: float | None = None,
-    properties: Mqtt5Properties = NO_PROPERTIES,
-) -> aio_pika.Message:
+def downlink_message(cmd: Command, payload: bytes, *, broadcast: bool = False) -> aio_pika.Message:
     """The message the router publishes to a region's downlink exchange."""
-    headers, props = amqp_fields(properties)
+    headers, props = amqp_fields(cmd.properties)
     # Device and topic travel along (MQTT does not pass them on) so that a
     # command the region does not take can come back and be routed again.
-    headers[c.DEVICE_HEADER] = device
-    headers[c.TOPIC_HEADER] = topic
-    headers[c.COMMAND_ID_HEADER] = c.message_id(topic, payload)
-    if retain:
+    headers[c.DEVICE_HEADER] = cmd.device
+    headers[c.TOPIC_HEADER] = cmd.topic
+    headers[c.COMMAND_ID_HEADER] = c.message_id(cmd.topic, payload)
+    if cmd.retain:
         headers[c.RETAIN_HEADER] = True
     if broadcast:
         headers[c.BROADCAST_HEADER] = True
-    if properties.response_topic:
-        headers[c.RESPONSE_TOPIC_HEADER] = properties.response_topic
+    if cmd.properties.response_topic:
+        headers[c.RESPONSE_TOPIC_HEADER] = cmd.properties.response_topic
     expiration = None
-    if expires_at is not None:
-        headers[c.EXPIRES_AT_HEADER] = str(int(expires_at * 1000))
-        left_ms = max(MIN_EXPIRATION_MS, int((expires_at - time.time()) * 1000))
+    if cmd.expires_at is not None:
+        headers[c.EXPIRES_AT_HEADER] = str(int(cmd.expires_at * 1000))
+        left_ms = max(MIN_EXPIRATION_MS, int((cmd.expires_at - time.time()) * 1000))
         expiration = datetime.timedelta(milliseconds=left_ms)
     return aio_pika.Message(
         payload,

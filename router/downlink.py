@@ -33,18 +33,18 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
-from gateways.mqtt_plugin import NO_PROPERTIES, Mqtt5Properties
 from router.acks import CommandAcks
 from router.commands import BadCommand, downlink_message, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
+from router.parking import Parked, ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway, topic_matches
 from router.settings import RouterSettings
-from router.stores import DesiredState, Parked, ParkingLot, PresenceStore, all_confirmed, confirm_later
+from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
@@ -173,18 +173,7 @@ class Downlink(Lifecycle):
             )
         return self._exchanges[region]
 
-    async def _send(
-        self,
-        region: str,
-        device: str,
-        topic: str,
-        payload: bytes,
-        *,
-        retain: bool = False,
-        broadcast: bool = False,
-        expires_at: float | None = None,
-        properties: Mqtt5Properties = NO_PROPERTIES,
-    ) -> None:
+    async def _send(self, region: str, cmd: Command, payload: bytes, *, broadcast: bool = False) -> None:
         """Publish to a region's downlink and wait for the backend's confirm.
 
         Raises RegionMissing when the region's downlink exchange does not exist
@@ -200,9 +189,8 @@ class Downlink(Lifecycle):
             log.error("region %s: no downlink exchange on the backend (%s)", region, e)
             self.metrics.inc("fedgate_router_region_missing_total", region=region)
             raise RegionMissing(region) from e
-        message = downlink_message(device, topic, payload, retain=retain, broadcast=broadcast,
-                                   expires_at=expires_at, properties=properties)  # fmt: skip
-        await ex.publish(message, routing_key=c.mqtt_topic_to_routing_key(topic), mandatory=True)
+        message = downlink_message(cmd, payload, broadcast=broadcast)
+        await ex.publish(message, routing_key=c.mqtt_topic_to_routing_key(cmd.topic), mandatory=True)
 
     async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
         await self.producer.send(
@@ -290,8 +278,7 @@ class Downlink(Lifecycle):
             await self._deadletter(d.reason, cmd.device, cmd.topic, payload)
         elif d.action is Action.SEND:
             assert d.region is not None
-            await self._send(d.region, cmd.device, cmd.topic, payload, retain=cmd.retain,
-                             expires_at=cmd.expires_at, properties=cmd.properties)  # fmt: skip
+            await self._send(d.region, cmd, payload)
             session = self.presence.get(cmd.device)
             if session is not None and not cmd.retain:
                 await self.acks.sent(session, cmd, payload)
@@ -313,8 +300,7 @@ class Downlink(Lifecycle):
         elif d.action is Action.BROADCAST:
             for region in self.settings.regions:
                 with contextlib.suppress(RegionMissing):  # logged and counted; the others still get it
-                    await self._send(region, cmd.device, cmd.topic, payload, broadcast=True,
-                                     expires_at=cmd.expires_at, properties=cmd.properties)  # fmt: skip
+                    await self._send(region, cmd, payload, broadcast=True)
             self.metrics.inc("fedgate_router_broadcast_total")
         return d.outcome()
 
@@ -362,14 +348,13 @@ class Downlink(Lifecycle):
             if self.subscriptions.replayed(session.connection, topic):
                 continue
             if any(topic_matches(f, topic) for f in filters):
-                await self._send(session.region, device, topic, payload, retain=True)
+                await self._send(session.region, Command(device, topic, retain=True), payload)
                 self.subscriptions.mark_replayed(session.connection, topic)
                 self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
 
     async def _send_parked(self, session: Session, p: Parked) -> None:
         """Send a parked command; it stays until acknowledged if the device acks (router/acks.py)."""
-        await self._send(session.region, p.device, p.topic, p.payload,
-                         expires_at=p.command_expires_at, properties=p.properties)  # fmt: skip
+        await self._send(session.region, p.command(), p.payload)
         if self.acks.tracks(session, p.topic):
             await self.parking.mark_sent(p, session.connection)
         else:

@@ -30,6 +30,7 @@ from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, producer_config
 from router.lifecycle import Lifecycle
 from router.metrics import HttpEndpoint, Metrics, json_response
+from router.parking import ParkingLot
 from router.presence import PresenceTable
 from router.settings import RouterSettings, RouterSettingsError, load_router_settings
 from router.stores import (
@@ -39,7 +40,6 @@ from router.stores import (
     PRESENCE_TOPIC,
     DesiredState,
     KafkaTable,
-    ParkingLot,
     PresenceStore,
 )
 

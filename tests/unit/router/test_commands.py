@@ -10,6 +10,7 @@ from backend import contract as c
 from gateways.mqtt_plugin import Mqtt5Properties
 from router.bridge import mqtt5_headers
 from router.commands import BadCommand, downlink_message, parse_command
+from router.routing import Command
 
 
 def test_a_senders_command_with_expiry_and_a_response_topic():
@@ -36,7 +37,8 @@ def test_the_downlink_message_carries_the_remaining_time_and_what_mqtt_5_devices
     p = Mqtt5Properties(
         response_topic="devices/d1/replies", correlation_data=b"cmd-1", content_type="text/plain"
     )
-    m = downlink_message("d1", "devices/d1/commands/x", b"{}", expires_at=expires_at, properties=p)
+    cmd = Command("d1", "devices/d1/commands/x", expires_at=expires_at, properties=p)
+    m = downlink_message(cmd, b"{}")
     assert 28_000 <= int(m.properties.expiration) <= 30_000  # milliseconds on the wire
     assert m.correlation_id == "cmd-1" and m.content_type == "text/plain"
     assert m.headers["x-reply-to-topic"] == "devices.d1.replies"
@@ -47,7 +49,7 @@ def test_the_downlink_message_carries_the_remaining_time_and_what_mqtt_5_devices
 
 
 def test_a_command_past_its_expiry_still_gets_a_positive_expiration():
-    m = downlink_message("d1", "devices/d1/commands/x", b"{}", expires_at=time.time() - 5)
+    m = downlink_message(Command("d1", "devices/d1/commands/x", expires_at=time.time() - 5), b"{}")
     assert int(m.properties.expiration) >= 1
 
 
@@ -79,7 +81,7 @@ def test_an_acknowledgement_names_command_ids_and_anything_else_is_refused_with_
 
 
 def test_the_command_id_a_device_acknowledges_is_in_the_downlink_message():
-    m = downlink_message("d1", "devices/d1/commands/x", b"{}")
+    m = downlink_message(Command("d1", "devices/d1/commands/x"), b"{}")
     assert m.headers[c.COMMAND_ID_HEADER] == c.message_id("devices/d1/commands/x", b"{}")
 
 
