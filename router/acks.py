@@ -89,18 +89,15 @@ class CommandAcks:
         self.metrics.inc("fedgate_router_acked_total", settled)
         return settled
 
-    async def resend_due(self, now: float) -> None:
-        """Send again what waited `ack_timeout_s` for an acknowledgement from a device that is
-        connected and subscribed now (a device that is away gets it on its next subscription)."""
-        for device in self.parking.all_devices():
-            session = self.presence.get(device)
-            if session is None:
-                continue
-            for p in self.parking.for_device(device):
-                if p.sent_to is None or now - p.sent_at < self.ack_timeout_s or p.expires_at < now:
-                    continue
-                if not self.subscriptions.covers(session.connection, p.topic):
-                    continue
-                log.info("%s: command %s not acknowledged; sending it again", device, p.command_id)
-                await self._send(session, p)
-                self.metrics.inc("fedgate_router_resent_total")
+    async def resend_if_due(self, p: Parked, now: float) -> None:
+        """Send a command again if it waited `ack_timeout_s` for its acknowledgement and its
+        device is connected and subscribed now (one that is away gets it on its next
+        subscription).  Called by the downlink's sweep over the lot, expired records left out."""
+        if p.sent_to is None or now - p.sent_at < self.ack_timeout_s:
+            return
+        session = self.presence.get(p.device)
+        if session is None or not self.subscriptions.covers(session.connection, p.topic):
+            return
+        log.info("%s: command %s not acknowledged; sending it again", p.device, p.command_id)
+        await self._send(session, p)
+        self.metrics.inc("fedgate_router_resent_total")

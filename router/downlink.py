@@ -375,7 +375,8 @@ class Downlink(Lifecycle):
                         for p in self.parking.for_device(device):
                             if p.expires_at < now:
                                 await self._expire(p)
-                    await self.acks.resend_due(now)
+                            else:
+                                await self.acks.resend_if_due(p, now)
             except Exception as e:  # keep sweeping; the next round retries
                 log.error("expiring parked messages failed: %s", e)
 
