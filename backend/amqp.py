@@ -31,6 +31,9 @@ class UplinkMessage:
     delivery_tag: int = 0
     #: when this process read it (wall clock), for latency figures
     received_at: float = 0.0
+    #: an MQTT 5 device's correlation data, when it is text (binary: headers["x-correlation-id"])
+    correlation_id: str | None = None
+    content_type: str | None = None
 
     @property
     def device(self) -> str | None:
@@ -47,6 +50,8 @@ def to_uplink(method: Any, props: pika.BasicProperties, body: bytes) -> UplinkMe
         headers=headers,
         delivery_tag=method.delivery_tag,
         received_at=time.time(),
+        correlation_id=props.correlation_id,
+        content_type=props.content_type,
     )
 
 
@@ -264,27 +269,15 @@ def send_and_wait(
     """
     command_id = uuid.uuid4().hex
     reply_topic = c.device_reply_topic(device)
-    conn = connect(url)
-    try:
-        ch = conn.channel()
-        queue = ch.queue_declare("", exclusive=True).method.queue
-        ch.queue_bind(queue, c.TELEMETRY_EXCHANGE, c.mqtt_topic_to_routing_key(reply_topic))
+    with Tap(url, c.TELEMETRY_EXCHANGE, [c.mqtt_topic_to_routing_key(reply_topic)]) as answers:
         headers = command_headers(device, topic, expires_in_s=expires_in_s, response_topic=reply_topic)
         props = {"correlation_id": command_id, **({"content_type": content_type} if content_type else {})}
         started = time.monotonic()
-        _publish(ch, c.COMMANDS_EXCHANGE, device, payload, headers, **props)
-        for _method, p, body in ch.consume(queue, auto_ack=True, inactivity_timeout=0.5):
-            if time.monotonic() - started > timeout_s:
-                break
-            if p is None:  # nothing within the inactivity timeout
-                continue
-            # text correlation data is the correlation_id; binary, RabbitMQ's header
-            corr = p.correlation_id or (p.headers or {}).get("x-correlation-id")
-            if corr == command_id:  # another waiter's answer on the same device is not ours
-                return command_id, Reply(
-                    body, c.region_from_headers(p.headers), p.content_type, time.monotonic() - started
-                )
+        _publish(answers.ch, c.COMMANDS_EXCHANGE, device, payload, headers, **props)
+        while (left := timeout_s - (time.monotonic() - started)) > 0:
+            for m in answers.drain(expect=1, timeout=left):
+                # text correlation data is the correlation_id; binary, RabbitMQ's header
+                corr = m.correlation_id or m.headers.get("x-correlation-id")
+                if corr == command_id:  # another waiter's answer on the same device is not ours
+                    return command_id, Reply(m.payload, m.region, m.content_type, time.monotonic() - started)
         return command_id, None
-    finally:
-        with contextlib.suppress(pika.exceptions.AMQPError):
-            conn.close()

@@ -18,6 +18,7 @@ Message paths (see docs/architecture.md):
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -239,8 +240,6 @@ def device_ack_topic(device: str) -> str:
 
 def parse_acks(payload: bytes) -> list[str]:
     """The command ids of an acknowledgement; raises ValueError saying what is wrong."""
-    import json
-
     try:
         doc = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as e:
