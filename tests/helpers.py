@@ -56,6 +56,14 @@ def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def wait_metric(endpoints: dict[str, Any], name: str, at_least: float, timeout: float = 10.0) -> None:
+    """Wait until router-0's metric `name` (with labels) reaches `at_least`."""
+    deadline = time.monotonic() + timeout
+    while (now := router_metrics(endpoints).get(name, 0.0)) < at_least:
+        assert time.monotonic() < deadline, f"{name} never reached {at_least} (now {now})"
+        time.sleep(0.1)
+
+
 def wait_present(endpoints: dict[str, Any], dev_id: str, region: str, timeout: float = 10.0) -> None:
     """Wait until router-0's presence has the device at `region`."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
-from tests.helpers import device, kafka_records, record_counts, router_metrics, wait_present
+from tests.helpers import device, kafka_records, record_counts, router_metrics, wait_metric, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -28,15 +28,6 @@ def send(endpoints, dev_id, name, payload, **kw):
 
 def metric(endpoints, name):
     return router_metrics(endpoints).get(name, 0.0)
-
-
-def wait_metric(endpoints, name, at_least, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if metric(endpoints, name) >= at_least:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never reached {at_least} (now {metric(endpoints, name)})")
 
 
 def qos0_device(endpoints, region, dev_id):
@@ -55,7 +46,7 @@ def test_a_qos0_subscriber_that_acknowledges_gets_each_command_once(endpoints, u
             send(endpoints, dev_id, "step", str(i))
         got = d.wait_for(3)
         d.ack(*got)
-        wait_metric(endpoints, "fedgate_router_acked_total", acked + 3)
+        wait_metric(endpoints, "fedgate_router_acked_total", acked + 3, timeout=20)
         time.sleep(ACK_TIMEOUT_S + 3)  # a command still on record would be sent again by now
         payloads = [r.payload for r in d.received]
         record_counts(sent=3, delivered=len(payloads), acknowledged=3, lost=0)

@@ -10,7 +10,7 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
-from tests.helpers import device, kafka_records, operator_client, router_metrics, wait_present
+from tests.helpers import device, kafka_records, operator_client, router_metrics, wait_metric, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -73,7 +73,7 @@ def test_commands_sent_between_connect_and_subscribe_wait_for_the_subscription(e
         for i in range(3):
             send(endpoints, dev_id, "early", str(i))
         # held, not routed: routed now, MQTT would drop them (nobody subscribes to the topic yet)
-        _wait_metric(endpoints, 'fedgate_router_held_total{region="local-eu"}', held + 3)
+        wait_metric(endpoints, 'fedgate_router_held_total{region="local-eu"}', held + 3)
         d.subscribe(c.device_command_topic(dev_id, "#"))
         d.wait_for(3, timeout=15)
         send(endpoints, dev_id, "later", "3")  # subscribed now: routed straight to it
@@ -241,20 +241,13 @@ def _park_for(endpoints, dev_id):
     time.sleep(0.5)
 
 
-def _wait_metric(endpoints, name, at_least, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while router_metrics(endpoints).get(name, 0) < at_least:
-        assert time.monotonic() < deadline, f"{name} never reached {at_least}"
-        time.sleep(0.1)
-
-
 def test_parked_messages_and_desired_state_survive_a_router_restart(federation, endpoints, uid):
     dev_id = f"restart-{uid}"
     _park_for(endpoints, dev_id)
     parked = router_metrics(endpoints).get("fedgate_router_parked_total", 0)
     send(endpoints, dev_id, "config", "desired-v1", retain=True)
     send(endpoints, dev_id, "reboot", "parked-1")
-    _wait_metric(endpoints, "fedgate_router_parked_total", parked + 1)
+    wait_metric(endpoints, "fedgate_router_parked_total", parked + 1)
 
     federation.stop_node("router-0")
     federation.start_node("router-0")
