@@ -97,6 +97,11 @@ DEVICE_USER = "device"
 #: User the router logs into the backend with.
 ROUTER_USER = "fedgate-router"
 
+#: fedgate's own users on the gateways: never a device id.  A gateway's
+#: connection listing names only the user of a connection (see
+#: gateways/mqtt_plugin.py), so these are what tells a device's apart.
+SERVICE_USERS = frozenset({ADMIN_USER, BACKEND_LINK_USER, DEVICE_USER, "guest"})
+
 
 def gateway_link_user(region: str) -> str:
     """User a region's gateway logs into the backend with (its downlink link)."""

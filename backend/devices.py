@@ -33,7 +33,7 @@ from backend.errors import FedgateError
 DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 #: Reserved for fedgate's own users on the gateways.
-RESERVED = frozenset({c.ADMIN_USER, c.BACKEND_LINK_USER, c.DEVICE_USER, "guest"})
+RESERVED = c.SERVICE_USERS
 
 #: Topic authorisation on the MQTT exchange, over AMQP routing keys (MQTT '/' is '.').
 PUBLISH_PATTERN = r"^devices\.{username}\."

@@ -22,6 +22,14 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 BACKEND_MAX_FDS = 8192
 
 
+def conf_for_release(conf: str, release: str) -> str:
+    """A rendered rabbitmq.conf for the release that reads it: 3.10 knows no deprecated
+    features, so the lines that deny them (4.0's) are left out."""
+    if release != "3.10":
+        return conf
+    return "\n".join(ln for ln in conf.splitlines() if not ln.startswith("deprecated_features.")) + "\n"
+
+
 @dataclass(frozen=True)
 class BackendNodeConfig:
     """The backend node's configuration: listeners, memory, first user."""
@@ -33,6 +41,8 @@ class BackendNodeConfig:
     admin_password: str
     memory_mb: int
     max_fds: int = BACKEND_MAX_FDS
+    #: the RabbitMQ release the node runs (conf_for_release)
+    broker_release: str = "4.0"
 
     @property
     def cluster_name(self) -> str:
@@ -45,7 +55,7 @@ class BackendNodeConfig:
     def rabbitmq_conf(self) -> str:
         """The node's rabbitmq.conf (without TLS listeners)."""
         p = self.ports
-        return Template((TEMPLATES / "rabbitmq.conf").read_text()).substitute(
+        conf = Template((TEMPLATES / "rabbitmq.conf").read_text()).substitute(
             cluster_name=self.cluster_name,
             host=self.host,
             amqp_port=p["amqp"],
@@ -55,6 +65,7 @@ class BackendNodeConfig:
             admin_user=self.admin_user,
             admin_password=self.admin_password,
         )
+        return conf_for_release(conf, self.broker_release)
 
     def ready(self, admin: RabbitAdmin) -> bool:
         """The virtual hosts are up."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.request
@@ -297,3 +298,29 @@ class RabbitAdmin:
 
     def queues(self) -> list[dict[str, Any]]:
         return self.get("queues")  # type: ignore[no-any-return]
+
+
+_QUEUE_MESSAGES = re.compile(
+    r'^rabbitmq_detailed_queue_messages\{vhost="([^"]*)",queue="((?:[^"\\]|\\.)*)"\} (\S+)$'
+)
+
+
+def prometheus_queue_messages(url: str, timeout: float = 5.0) -> dict[str, int]:
+    """Messages in each queue of a node, from its Prometheus endpoint (`url`: http://host:port).
+
+    Gateways do not collect management statistics (RabbitMQ 4.0 deprecates
+    that), so the management API gives their queues without message counts;
+    the Prometheus plugin reads the queues' own metrics.  Raises AdminError.
+    """
+    path = "/metrics/detailed?family=queue_coarse_metrics&vhost=" + quote(VHOST, safe="")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as resp:
+            body = resp.read().decode()
+    except (urllib.error.URLError, OSError) as e:
+        raise AdminError(f"GET {url}{path}: {e}", retriable=True) from e
+    out: dict[str, int] = {}
+    for line in body.splitlines():
+        m = _QUEUE_MESSAGES.match(line)
+        if m:
+            out[m.group(2).replace('\\"', '"').replace("\\\\", "\\")] = int(float(m.group(3)))
+    return out

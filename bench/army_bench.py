@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import quote
 
 from backend import contract as c
-from backend.rabbitmq_admin import AdminError
+from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
 from bench.baseline import Baseline, Mosquitto, mosquitto_target
 from bench.router_bench import cpu_seconds, kafka_produce, progress
 from fedgate import army
@@ -181,14 +181,17 @@ BACKLOG_FLOOR_S = 0.5
 
 
 class HopSampler(threading.Thread):
-    """Once a second during a step: the readings waiting at each hop of fedgate's uplink (the
-    management API's queue depths, which RabbitMQ refreshes every few seconds), and the CPU
-    each part of the machine used (two cores, shared by all of them)."""
+    """Once a second during a step: the readings waiting at each hop of fedgate's uplink (queue
+    depths, from each node's Prometheus endpoint), and the CPU each part of the machine used
+    (two cores, shared by all of them)."""
 
     def __init__(self, fed: LocalFederation):
         super().__init__(daemon=True, name="hop-sampler")
-        self.gateway = fed.gateways()[0].admin(timeout=3)
-        self.backend = fed.backend().admin(timeout=3)
+        # queue depths from the nodes' Prometheus endpoints (no node collects management statistics)
+        self.prometheus = {
+            hop: f"http://{n.host}:{n.spec.ports['prometheus']}"
+            for hop, n in {"gateway": fed.gateways()[0], "backend": fed.backend()}.items()
+        }
         self.shards = {c.uplink_shard_queue(i) for i in range(fed.settings.uplink_shards)}
         self.peak = {"gateway_federation": 0, "backend_shards": 0}
         # the nodes' processes stay the same through a step: looked up once
@@ -225,19 +228,19 @@ class HopSampler(threading.Thread):
             used[key[0]] += last - self.cpu_first[key]
         return {part: round(sec / elapsed, 2) for part, sec in used.items()}
 
-    def _depth(self, admin: Any, wanted: Any) -> int:
+    def _depth(self, hop: str, wanted: Callable[[str], bool]) -> int:
         try:
-            queues = admin.get("queues?columns=name,messages")
+            queues = prometheus_queue_messages(self.prometheus[hop], timeout=3)
         except AdminError:
             return 0  # the backend stopped for the raw reference: nothing to read
-        return sum(q.get("messages") or 0 for q in queues if wanted(q["name"]))
+        return sum(n for name, n in queues.items() if wanted(name))
 
     def run(self) -> None:
         self._sample_cpu()
         while not self.stop.wait(1.0):
             self._sample_cpu()
-            gw = self._depth(self.gateway, lambda n: n.startswith(FEDERATION_QUEUE_PREFIX))
-            shards = self._depth(self.backend, lambda n: n in self.shards)
+            gw = self._depth("gateway", lambda n: n.startswith(FEDERATION_QUEUE_PREFIX))
+            shards = self._depth("backend", lambda n: n in self.shards)
             self.peak["gateway_federation"] = max(self.peak["gateway_federation"], gw)
             self.peak["backend_shards"] = max(self.peak["backend_shards"], shards)
 

@@ -14,7 +14,12 @@ Shapes read (RabbitMQ 3.10 from Debian 12, and 4.0 from Debian 13):
   ``client_properties``, a list of ``{client_id,longstr,<<"dev-1">>}``
   tuples (protocol ``{'MQTT',{3,1,1}}``);
 - ``/api/connections`` lists ``client_properties.client_id`` (or
-  ``variable_map.client_id``) for MQTT connections;
+  ``variable_map.client_id``) for MQTT connections -- while the management
+  plugin collects statistics.  fedgate's 4.0 gateways do not (the collection
+  is deprecated in 4.0 and cost ~10 KB per device): the list is then
+  RabbitMQ's connection tracking, ``name``, ``user``, ``node`` and ``vhost``
+  only -- no protocol, client id or connection time -- but up to date at
+  once instead of with the next statistics round (~5 s);
 - a subscription is a binding of ``amq.topic`` to the session's queue
   ``mqtt-subscription-<client id>qos<0|1>``, with the MQTT filter as an AMQP
   topic key (``/`` <-> ``.``, ``+`` -> ``*``);
@@ -106,10 +111,26 @@ class ListedConnection:
     user: str
 
 
+def is_tracked_listing(conn: Mapping[str, Any]) -> bool:
+    """Whether a /api/connections entry is connection tracking's (statistics not collected)."""
+    return "protocol" not in conn and "client_properties" not in conn
+
+
 def mqtt_connections(connections: list[dict[str, Any]]) -> list[ListedConnection]:
-    """The MQTT connections of a gateway's /api/connections, with their client ids."""
+    """The device connections of a gateway's /api/connections, with their client ids.
+
+    A tracked listing names no protocol or client id: a connection there is a
+    device's if its user is not one of fedgate's own (every other user of a
+    gateway is a device, which logs in as itself), and its client id is taken
+    to be that user; connected_at is 0 (not said).
+    """
     out = []
     for conn in connections:
+        if is_tracked_listing(conn):
+            user = str(conn.get("user") or "")
+            if user and user != "none" and user not in c.SERVICE_USERS and conn.get("name"):
+                out.append(ListedConnection(user, str(conn.get("node") or ""), str(conn["name"]), 0, user))
+            continue
         if not is_mqtt(conn.get("protocol")):
             continue
         props = conn.get("client_properties") or {}

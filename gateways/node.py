@@ -15,6 +15,7 @@ from pathlib import Path
 from string import Template
 
 from backend.contract import gateway_cluster_name
+from backend.node import conf_for_release
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -35,6 +36,8 @@ class GatewayNodeConfig:
     mqtt_tcp_buffer: int
     #: file descriptor limit of the node: one per device connection
     max_fds: int
+    #: the RabbitMQ release the node runs (backend.node.conf_for_release)
+    broker_release: str = "4.0"
 
     @property
     def cluster_name(self) -> str:
@@ -47,7 +50,7 @@ class GatewayNodeConfig:
     def rabbitmq_conf(self) -> str:
         """The node's rabbitmq.conf (without TLS listeners)."""
         p = self.ports
-        return Template((TEMPLATES / "rabbitmq.conf").read_text()).substitute(
+        conf = Template((TEMPLATES / "rabbitmq.conf").read_text()).substitute(
             region=self.region,
             cluster_name=self.cluster_name,
             host=self.host,
@@ -60,6 +63,7 @@ class GatewayNodeConfig:
             admin_user=self.admin_user,
             admin_password=self.admin_password,
         )
+        return conf_for_release(conf, self.broker_release)
 
     def ready(self, admin: RabbitAdmin) -> bool:
         """The virtual hosts are up and devices can connect: a gateway opens its MQTT

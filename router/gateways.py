@@ -121,8 +121,8 @@ class Gateways:
     def close_soon(self, older: Session, presence: PresenceTable) -> None:
         """Close the older session of a client id at its gateway, in the background.
 
-        The gateway's management API learns of a new connection only with its
-        next statistics round (~5 s), so the close is retried until the
+        A gateway that collects statistics (3.10) lists a new connection only
+        with its next statistics round (~5 s), so the close is retried until the
         connection is known there or has gone by itself.
         """
         task = asyncio.create_task(self._close_when_known(older, presence))

@@ -135,10 +135,18 @@ def impersonation(client_id: str, user: str) -> str:
     return f"client id {client_id!r} used by user {user!r}: a device connects only as itself"
 
 
-def sessions_from_management(region: str, connections: list[dict[str, Any]]) -> list[Session]:
-    """Sessions from a gateway's /api/connections (rebuild at start); impostors left out."""
+def sessions_from_management(
+    region: str, connections: list[dict[str, Any]], listed_at_ms: int | None = None
+) -> list[Session]:
+    """Sessions from a gateway's /api/connections (rebuild at start); impostors left out.
+
+    A listing that does not say when a connection was made (connection
+    tracking's) dates it at the listing: it was live then, so it wins over a
+    saved session of the same device on another connection.
+    """
+    at = int(time.time() * 1000) if listed_at_ms is None else listed_at_ms
     return [
-        Session(conn.client_id, region, conn.node, conn.name, conn.connected_at)
+        Session(conn.client_id, region, conn.node, conn.name, conn.connected_at or at)
         for conn in mqtt_plugin.mqtt_connections(connections)
         if not impersonation(conn.client_id, conn.user)
     ]

@@ -79,8 +79,10 @@ class PresenceFeed:
         from now on arrive as events (kept in the durable queue).  The saved
         table (Kafka) holds what the previous run knew up to its stop; the
         gateways' lists add what it never saw and drop sessions that ended
-        unseen.  The lists lag new connections by seconds, so a saved session
-        younger than that is kept even when a list does not show it yet.
+        unseen.  A list made from the management plugin's statistics (3.10
+        gateways) lags new connections by seconds, so a saved session younger
+        than that is kept even when a list does not show it yet; 4.0 gateways
+        list from connection tracking, current at once.
         """
         saved = self.store.load() if self.store else []
         self.presence.replace_all(saved)

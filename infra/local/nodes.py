@@ -298,6 +298,7 @@ class RabbitNode(Node):
                 memory_mb=s.rabbitmq_memory_mb,
                 mqtt_tcp_buffer=s.mqtt_tcp_buffer,
                 max_fds=s.gateway_max_fds,
+                broker_release=s.rabbitmq_release,
             )
         return BackendNodeConfig(
             host=self.host,
@@ -305,6 +306,7 @@ class RabbitNode(Node):
             admin_user=ADMIN_USER,
             admin_password=self.secrets["admin"],
             memory_mb=s.rabbitmq_memory_mb,
+            broker_release=s.rabbitmq_release,
         )
 
     def admin(self, timeout: float = 10.0) -> RabbitAdmin:

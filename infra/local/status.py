@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
-from backend.rabbitmq_admin import AdminError
+from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
 from infra.local import processes
 from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROUTER_NODE
 from infra.local.nodes import Node, RabbitNode
@@ -61,6 +61,10 @@ def node_status(n: Node) -> NodeStatus:
             ov = n.admin(timeout=3).overview()
             st.connections = ov.get("object_totals", {}).get("connections")
             st.messages = ov.get("queue_totals", {}).get("messages")
+            if st.messages is None and "prometheus" in n.spec.ports:
+                # a gateway collects no management statistics: its queues' depths from Prometheus
+                url = f"http://{n.host}:{n.spec.ports['prometheus']}"
+                st.messages = sum(prometheus_queue_messages(url, timeout=3).values())
             st.version = ov.get("rabbitmq_version")
         except AdminError as e:
             st.state, st.detail = "unhealthy", str(e)

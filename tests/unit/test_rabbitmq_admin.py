@@ -18,3 +18,44 @@ def test_a_large_fleet_is_imported_a_few_hundred_users_per_request_with_their_pe
         assert {p["user"] for p in b["permissions"]} == names
         assert {p["user"] for p in b["topic_permissions"]} == names
     assert sorted(u["name"] for b in bodies for u in b["users"]) == sorted(hashes)
+
+
+def test_queue_depths_are_read_from_a_nodes_prometheus_endpoint():
+    import http.server
+    import threading
+
+    from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
+
+    body = (
+        b"# TYPE rabbitmq_detailed_queue_messages gauge\n"
+        b'rabbitmq_detailed_queue_messages_ready{vhost="/",queue="federation: amq.topic -> b:t"} 7\n'
+        b'rabbitmq_detailed_queue_messages{vhost="/",queue="federation: amq.topic -> b:t"} 9\n'
+        b'rabbitmq_detailed_queue_messages{vhost="/",queue="q \\"quoted\\""} 2\n'
+    )
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert prometheus_queue_messages(url) == {"federation: amq.topic -> b:t": 9, 'q "quoted"': 2}
+        assert asked[0].startswith("/metrics/detailed?family=queue_coarse_metrics")
+    finally:
+        server.shutdown()
+        server.server_close()
+    try:
+        prometheus_queue_messages(url, timeout=1)
+    except AdminError as e:
+        assert e.retriable
+    else:
+        raise AssertionError("a node that does not answer is an AdminError")

@@ -66,6 +66,25 @@ def test_connection_listing_keeps_mqtt_connections_with_a_client_id():
     ]
 
 
+def test_a_tracked_listing_gives_devices_by_their_user():
+    # as a 4.0.5 gateway that collects no management statistics lists its connections
+    listing = [
+        {"name": "127.0.0.1:32805 -> 127.0.0.1:21100", "vhost": "/", "user": "qd1", "node": "gw@h"},
+        {
+            "name": "127.0.0.1:46270 -> 127.0.0.1:21106",
+            "vhost": "/",
+            "user": "fedgate-backend",
+            "node": "gw@h",
+        },
+        {"name": "127.0.0.1:46271 -> 127.0.0.1:21101", "vhost": "/", "user": "fedgate-admin", "node": "gw@h"},
+        {"name": "<gw@h.1795464680.972.0>", "vhost": "/", "user": "none", "node": "gw@h"},
+    ]
+    conns = mqtt_connections(listing)
+    assert [(x.client_id, x.node, x.name, x.connected_at, x.user) for x in conns] == [
+        ("qd1", "gw@h", "127.0.0.1:32805 -> 127.0.0.1:21100", 0, "qd1")
+    ]
+
+
 def test_binding_created_events_are_subscriptions_only_from_the_mqtt_exchange():
     headers = {
         "source_name": "amq.topic",

@@ -137,3 +137,18 @@ def test_rebuild_skips_connections_posing_as_another_device():
         },
     ]
     assert [s.client_id for s in sessions_from_management("local-eu", listing)] == ["d1"]
+
+
+def test_rebuild_from_a_tracked_listing_dates_connections_at_the_listing():
+    # a 4.0 gateway without management statistics lists name, user and node only
+    listing = [
+        {"name": "p:1 -> g:1883", "vhost": "/", "user": "d1", "node": "n"},
+        {"name": "p:2 -> g:5672", "vhost": "/", "user": "fedgate-backend", "node": "n"},
+    ]
+    sessions = sessions_from_management("local-eu", listing, listed_at_ms=9_000)
+    assert sessions == [Session("d1", "local-eu", "n", "p:1 -> g:1883", 9_000)]
+    # a saved session of d1 on a connection made before the listing gives way to the listed one
+    t = PresenceTable()
+    t.replace_all([Session("d1", "local-us", "m", "old", 5_000)])
+    t.connected(sessions[0])
+    assert t.get("d1").region == "local-eu"
