@@ -117,10 +117,13 @@ class PresenceFeed:
             current = {s.client_id: s for s in self.presence.sessions()}
             for s in saved:
                 if current.get(s.client_id) != s:
-                    await self.store.delete(s.client_id)
+                    await self.store.offline(s.client_id)
             for s in current.values():
                 await self.store.save(s)
         self.known.update(s.client_id for s in self.presence.sessions())
+        if self.store is not None:
+            # devices offline now were seen before: their commands are parked, not broadcast
+            self.known.update(self.store.seen())
         log.info(
             "presence rebuilt: %d devices %s (%d saved, %d listed by the gateways)",
             len(self.presence),
@@ -135,13 +138,13 @@ class PresenceFeed:
             if s.region not in regions:
                 self._forget(s)
                 if self.store is not None:
-                    self.gateways.in_background(self.store.delete(s.client_id))
+                    self.gateways.in_background(self.store.offline(s.client_id))
 
     async def end(self, s: Session) -> None:
         """A session that ended unseen (its gateway died): forgotten, and saved before returning."""
         self._forget(s)
         if self.store is not None:
-            await self.store.delete(s.client_id)
+            await self.store.offline(s.client_id)
 
     def _forget(self, s: Session) -> None:
         self.presence.closed(s.node, s.connection)
@@ -200,7 +203,7 @@ class PresenceFeed:
         if key == "connection.created":
             return self.store.save_soon(change.session)
         if key == "connection.closed":
-            return self.store.delete_soon(change.session.client_id)
+            return self.store.offline_soon(change.session.client_id)
         return None
 
     async def _on_binding(self, headers: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -232,23 +233,43 @@ class DesiredState:
 
 
 class PresenceStore:
+    """The presence table, written through to a compacted topic, one record per device.
+
+    A device that goes offline keeps a record that says so, not a tombstone:
+    a restarted router must still know the device exists, or it would take it
+    for one never seen and broadcast its commands (which every gateway drops,
+    nobody being subscribed) instead of parking them until it comes back.
+    """
+
     def __init__(self, table: KafkaTable):
         self.table = table
 
     async def save(self, session: Session) -> None:
         await self.save_soon(session)
 
-    async def delete(self, client_id: str) -> None:
-        await self.delete_soon(client_id)
+    async def offline(self, client_id: str) -> None:
+        await self.offline_soon(client_id)
 
     def save_soon(self, session: Session) -> Awaitable[None]:
         """Produced now (see KafkaTable.put_soon); await for Kafka's confirmation."""
         return self.table.put_soon(session.client_id, json.dumps(dataclasses.asdict(session)).encode())
 
-    def delete_soon(self, client_id: str) -> Awaitable[None]:
-        return self.table.put_soon(client_id, None)
+    def offline_soon(self, client_id: str) -> Awaitable[None]:
+        return self.table.put_soon(client_id, json.dumps({OFFLINE: True}).encode())
+
+    def _records(self) -> dict[str, dict[str, Any]]:
+        with self.table._lock:
+            items = list(self.table.data.items())
+        return {k: json.loads(v) for k, v in items}
 
     def load(self) -> list[Session]:
-        with self.table._lock:
-            values = list(self.table.data.values())
-        return [Session(**json.loads(v)) for v in values]
+        """The sessions live when they were last written."""
+        return [Session(**r) for r in self._records().values() if not r.get(OFFLINE)]
+
+    def seen(self) -> set[str]:
+        """Every device ever seen connected, online or not."""
+        return set(self._records())
+
+
+#: A presence record of a device that went offline.
+OFFLINE = "offline"

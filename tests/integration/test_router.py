@@ -10,7 +10,15 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
-from tests.helpers import device, kafka_records, operator_client, router_metrics, wait_metric, wait_present
+from tests.helpers import (
+    device,
+    kafka_records,
+    operator_client,
+    record_counts,
+    router_metrics,
+    wait_metric,
+    wait_present,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -260,6 +268,47 @@ def test_parked_messages_and_desired_state_survive_a_router_restart(federation, 
             ("config", b"desired-v1"),
             ("reboot", b"parked-1"),
         ]
+    finally:
+        back.close()
+
+
+def test_a_device_offline_across_a_restart_of_every_router_gets_the_command_sent_after_it(
+    federation, endpoints, uid
+):
+    """The device connected once and left; every router restarts; a command is sent; the
+    device comes back at the other gateway.  Before, the restarted routers took it for a
+    device never seen and broadcast the command, which both gateways dropped: 0 of 1."""
+    from infra.local.layout import ROLE_ROUTER
+
+    dev_id = f"away-{uid}"
+    _park_for(endpoints, dev_id)
+    routers = [s.name for s in federation.specs() if s.role == ROLE_ROUTER]
+    for name in routers:
+        federation.stop_node(name)
+    for name in routers:
+        federation.start_node(name)
+    before = router_metrics(endpoints)
+    send(endpoints, dev_id, "reboot", "while-away")
+    wait_metric(endpoints, "fedgate_router_parked_total", before.get("fedgate_router_parked_total", 0) + 1)
+    after = router_metrics(endpoints)
+    broadcast = after.get("fedgate_router_broadcast_total", 0) - before.get(
+        "fedgate_router_broadcast_total", 0
+    )
+    back = device(endpoints, "local-us", dev_id)
+    try:
+        back.subscribe(c.device_command_topic(dev_id, "#"))
+        got = [r.payload for r in back.wait_for(1, timeout=15)]
+        time.sleep(1.0)
+        record_counts(
+            routers_restarted=len(routers),
+            sent=1,
+            parked=1,
+            broadcast=broadcast,
+            delivered=len(back.received),
+            lost=1 - len(back.received),
+        )
+        assert broadcast == 0, "a device seen before the restart is not one never seen"
+        assert got == [b"while-away"] and len(back.received) == 1
     finally:
         back.close()
 

@@ -153,3 +153,24 @@ def test_a_write_kafka_refuses_is_taken_back_from_the_view_and_raises():
         assert table.data["d1\x00k"] == b"old", "the input is requeued and handled again from here"
 
     asyncio.run(scenario())
+
+
+def test_a_device_that_went_offline_stays_known_to_the_next_router_run():
+    # the bug: an offline device's record was a tombstone, so a restarted router took it for a
+    # device never seen and broadcast its commands, which every gateway dropped
+    from router.presence import Session
+    from router.stores import PresenceStore
+
+    async def scenario():
+        producer = _Producer()
+        store = PresenceStore(_table(producer))
+        s1 = Session("d1", "local-eu", "n", "c1", 5)
+        writes = [store.save_soon(s1), store.save_soon(Session("d2", "local-us", "m", "c2", 6))]
+        writes.append(store.offline_soon("d1"))
+        for report in producer.reports:
+            report.set_result(None)
+        await asyncio.gather(*writes)
+        assert [s.client_id for s in store.load()] == ["d2"], "only live sessions are rebuilt"
+        assert store.seen() == {"d1", "d2"}, "the offline device is still one seen"
+
+    asyncio.run(scenario())
