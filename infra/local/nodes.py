@@ -350,7 +350,10 @@ class RabbitNode(Node):
                 "-kernel inet_dist_use_interface {127,0,0,1} " + ERL_SHARED_HOST_ARGS
             ),
         )
-        max_fds = self.node_config().max_fds
+        config = self.node_config()
+        if isinstance(config, GatewayNodeConfig):
+            env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] += " " + config.erl_args
+        max_fds = config.max_fds
         runtime = runtime_of(self.settings)
         # the state folder holds the node's config, data, logs, the shared cookie and TLS files
         argv = runtime.command(runtime.rabbitmq("rabbitmq-server"), [], shared=[self.settings.state_dir])

@@ -118,6 +118,13 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
         "].", ",rabbitmq_peer_discovery_aws].\n"
     )
     assert "cluster_formation.peer_discovery_backend = aws" in files["/etc/rabbitmq/rabbitmq.conf"]
+    # the same emulator flags and statistics setting as a local gateway node
+    local_erl_args = (PROJECT_ROOT / "gateways" / "templates" / "erl_args").read_text().strip()
+    assert files["/etc/rabbitmq/rabbitmq-env.conf"] == f'SERVER_ADDITIONAL_ERL_ARGS="{local_erl_args}"\n'
+    assert (
+        "deprecated_features.permit.management_metrics_collection = false"
+        in files["/etc/rabbitmq/rabbitmq.conf"]
+    )
     # the broker starts only as the 4.0 release, after the cluster's cookie and config are in place
     start = cloud_config["runcmd"][-1]
     assert start[:2] == ["sh", "-c"] and "4.0.*) systemctl start rabbitmq-server" in start[2]
@@ -192,3 +199,4 @@ def test_backend_example_plans_against_moto_with_debian_13_nodes_and_the_backend
         "].", ",rabbitmq_peer_discovery_aws].\n"
     )
     assert "cluster_name = fedgate-backend" in files["/etc/rabbitmq/rabbitmq.conf"]
+    assert "/etc/rabbitmq/rabbitmq-env.conf" not in files  # no emulator flags of its own

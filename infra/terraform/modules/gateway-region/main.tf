@@ -256,10 +256,12 @@ module "nodes" {
     cert_pem = var.node_tls.cert_pem
     key_pem  = var.node_tls_key_pem
   } : null
-  enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
-  erlang_cookie      = var.erlang_cookie
-  definitions        = var.rabbitmq_definitions
-  max_fds            = var.max_fds
+  enabled_plugins = file("${local.templates_dir}/enabled_plugins")
+  erlang_cookie   = var.erlang_cookie
+  definitions     = var.rabbitmq_definitions
+  max_fds         = var.max_fds
+  # the gateway's emulator flags, the same file as local gateways (gateways/node.py erl_args)
+  erl_args           = trimspace(file("${local.templates_dir}/erl_args"))
   ami_id             = var.ami_id
   ami_owners         = var.ami_owners
   ami_name_filter    = var.ami_name_filter

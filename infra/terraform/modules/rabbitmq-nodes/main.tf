@@ -76,6 +76,9 @@ locals {
         { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
         { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
       ],
+      var.erl_args == "" ? [] : [
+        { path = "/etc/rabbitmq/rabbitmq-env.conf", permissions = "0644", content = "SERVER_ADDITIONAL_ERL_ARGS=\"${var.erl_args}\"\n" },
+      ],
       var.max_fds == null ? [] : [
         {
           path        = "/etc/systemd/system/rabbitmq-server.service.d/fedgate.conf"

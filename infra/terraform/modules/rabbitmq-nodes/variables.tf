@@ -33,6 +33,12 @@ variable "definitions" {
   sensitive   = true
 }
 
+variable "erl_args" {
+  description = "Extra Erlang emulator flags of the nodes (SERVER_ADDITIONAL_ERL_ARGS in /etc/rabbitmq/rabbitmq-env.conf); empty: none."
+  type        = string
+  default     = ""
+}
+
 variable "max_fds" {
   description = "File descriptor limit of the RabbitMQ service (a systemd drop-in); null keeps the package's."
   type        = number
