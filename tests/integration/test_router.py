@@ -351,8 +351,10 @@ def test_a_restarted_router_routes_correctly_from_its_first_message(federation, 
         before = router_metrics(endpoints)
         topic = send(endpoints, dev_id, "first", "after-restart")
         assert [r.payload for r in d.wait_for(1)] == [b"after-restart"]
-        after = router_metrics(endpoints)
         key = 'fedgate_router_routed_total{region="local-us"}'
+        # counted once the backend confirmed the publish, which may be just after the device got it
+        wait_metric(endpoints, key, before.get(key, 0) + 1)
+        after = router_metrics(endpoints)
         assert after.get(key, 0) == before.get(key, 0) + 1, "routed to its region, not broadcast or parked"
         assert after.get("fedgate_router_broadcast_total", 0) == before.get(
             "fedgate_router_broadcast_total", 0
