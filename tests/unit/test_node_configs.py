@@ -6,17 +6,22 @@ from gateways.node import GatewayNodeConfig
 PORTS = {"amqp": 5672, "management": 15672, "prometheus": 15692, "mqtt": 1883}
 
 
+#: a gateway's settings as the local driver passes them
+GATEWAY = dict(
+    region="local-eu",
+    host="127.0.0.1",
+    ports=PORTS,
+    admin_user="fedgate-admin",
+    admin_password="pw",
+    memory_mb=512,
+    mqtt_tcp_buffer=32768,
+    max_fds=65536,
+)
+BACKEND = dict(host="127.0.0.1", ports=PORTS, admin_user="fedgate-admin", admin_password="pw", memory_mb=512)
+
+
 def test_a_gateway_conf_has_its_mqtt_listener_buffers_and_cluster_name():
-    gw = GatewayNodeConfig(
-        region="local-eu",
-        host="127.0.0.1",
-        ports=PORTS,
-        admin_user="fedgate-admin",
-        admin_password="pw",
-        memory_mb=512,
-        mqtt_tcp_buffer=32768,
-        max_fds=65536,
-    )
+    gw = GatewayNodeConfig(**GATEWAY)
     conf = gw.rabbitmq_conf()
     assert "mqtt.listeners.tcp.1 = 127.0.0.1:1883" in conf
     assert "mqtt.tcp_listen_options.sndbuf = 32768" in conf
@@ -26,29 +31,16 @@ def test_a_gateway_conf_has_its_mqtt_listener_buffers_and_cluster_name():
 
 
 def test_40_nodes_deny_the_deprecated_statistics_collection_and_310_knows_no_such_line():
-    kw = dict(
-        region="local-eu",
-        host="127.0.0.1",
-        ports=PORTS,
-        admin_user="fedgate-admin",
-        admin_password="pw",
-        memory_mb=512,
-        mqtt_tcp_buffer=32768,
-        max_fds=65536,
-    )
     line = "deprecated_features.permit.management_metrics_collection = false"
-    assert line in GatewayNodeConfig(**kw).rabbitmq_conf().splitlines()
-    old = GatewayNodeConfig(**kw, broker_release="3.10").rabbitmq_conf()
+    assert line in GatewayNodeConfig(**GATEWAY).rabbitmq_conf().splitlines()
+    old = GatewayNodeConfig(**GATEWAY, broker_release="3.10").rabbitmq_conf()
     assert "deprecated_features" not in old and "mqtt.listeners.tcp.1 = 127.0.0.1:1883" in old
-    be = dict(host="127.0.0.1", ports=PORTS, admin_user="fedgate-admin", admin_password="pw", memory_mb=512)
-    assert line in BackendNodeConfig(**be).rabbitmq_conf().splitlines()
-    assert "deprecated_features" not in BackendNodeConfig(**be, broker_release="3.10").rabbitmq_conf()
+    assert line in BackendNodeConfig(**BACKEND).rabbitmq_conf().splitlines()
+    assert "deprecated_features" not in BackendNodeConfig(**BACKEND, broker_release="3.10").rabbitmq_conf()
 
 
 def test_the_backend_conf_has_no_device_listener():
-    be = BackendNodeConfig(
-        host="127.0.0.1", ports=PORTS, admin_user="fedgate-admin", admin_password="pw", memory_mb=512
-    )
+    be = BackendNodeConfig(**BACKEND)
     conf = be.rabbitmq_conf()
     assert "cluster_name = fedgate-backend" in conf
     assert "mqtt." not in conf
