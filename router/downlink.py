@@ -15,7 +15,8 @@ dead-letter it -- and does it:
 
 Where things live: the decision in routing.py, presence events and the
 rebuild in presence_feed.py, subscriptions per connection in
-subscriptions.py, the gateways' management APIs in gateways.py.
+subscriptions.py, the gateways' management APIs in gateways.py, and what
+waits for a device (parked, desired, not yet sendable, expiring) in waiting.py.
 
 Every step that moves a message is confirmed before the input is acked.
 """
@@ -33,31 +34,25 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
-from router.acks import CommandAcks
 from router.commands import BadCommand, downlink_message, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
-from router.parking import Parked, ParkingLot
+from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
-from router.routing import Action, Command, Decision, View, decide, must_ask_gateway, topic_matches
+from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.settings import RouterSettings
 from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
+from router.waiting import RegionMissing, RegionUnreachable, Waiting
 
 log = logging.getLogger(__name__)
 
 #: How long a shutdown waits on one AMQP call: what is not cancelled or acked in that time
 #: RabbitMQ redelivers once the connection closes.
 SHUTDOWN_CALL_TIMEOUT_S = 2.0
-#: How often parked messages past their TTL are dead-lettered.
-SWEEP_EVERY_S = 5.0
-
-
-class RegionMissing(Exception):
-    """A region this router was told about has no downlink exchange (it was removed)."""
 
 
 class Downlink(Lifecycle):
@@ -84,6 +79,17 @@ class Downlink(Lifecycle):
         self.known: set[str] = set()
         self.subscriptions = Subscriptions()
         self._lock = asyncio.Lock()
+        self.waiting = Waiting(
+            parking,
+            desired,
+            presence,
+            self.subscriptions,
+            metrics,
+            ack_timeout_s=settings.ack_timeout_s,
+            send=self._send,
+            deadletter=self._deadletter,
+        )
+        self.acks = self.waiting.acks
         self.feed = PresenceFeed(
             presence,
             presence_store,
@@ -92,17 +98,14 @@ class Downlink(Lifecycle):
             self.known,
             self._lock,
             metrics,
-            deliver=self._deliver_pending,
-            has_pending=lambda d: bool(self.parking.for_device(d) or self.desired.for_device(d)),
+            deliver=self.waiting.deliver,
+            has_pending=self.waiting.has_pending,
         )
         self._checks: set[asyncio.Task[None]] = set()
         self._exchanges: dict[str, AbstractExchange] = {}
         self._channel: AbstractRobustChannel | None = None
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
-        self.acks = CommandAcks(
-            parking, presence, self.subscriptions, metrics, settings.ack_timeout_s, self._send_parked
-        )
 
     def set_gateways(self, settings: RouterSettings) -> None:
         """A region was added or removed: route, broadcast and rebuild with the new set."""
@@ -138,7 +141,7 @@ class Downlink(Lifecycle):
         self._consumers.append((commands, await commands.consume(self.on_command)))
         acks = await channel.get_queue(c.ACKS_QUEUE, ensure=True)
         self._consumers.append((acks, await acks.consume(self.on_ack)))
-        self._sweeper = asyncio.create_task(self._sweep_expired())
+        self._sweeper = asyncio.create_task(self.waiting.run_sweeper(self._lock))
 
     async def _stop(self) -> None:
         """Stop intake: what is not acked by now RabbitMQ redelivers to the next router."""
@@ -190,7 +193,20 @@ class Downlink(Lifecycle):
             self.metrics.inc("fedgate_router_region_missing_total", region=region)
             raise RegionMissing(region) from e
         message = downlink_message(cmd, payload, broadcast=broadcast)
-        await ex.publish(message, routing_key=c.mqtt_topic_to_routing_key(cmd.topic), mandatory=True)
+        try:
+            # mandatory, on a channel that raises on returns: a confirm alone would also
+            # come for a command that no link carries on and the backend dropped
+            await ex.publish(message, routing_key=c.mqtt_topic_to_routing_key(cmd.topic), mandatory=True)
+        except aiormq.exceptions.PublishError as e:
+            self.metrics.inc("fedgate_router_unroutable_total", region=region)
+            log.log(
+                logging.INFO if broadcast else logging.WARNING,
+                "region %s: the backend returned a command for %s (%s): no link to its gateway is up",
+                region,
+                cmd.device,
+                getattr(e.frame, "reply_text", e),
+            )
+            raise RegionUnreachable(region) from e
 
     async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
         await self.producer.send(
@@ -240,11 +256,14 @@ class Downlink(Lifecycle):
         decision = decide(cmd, await self._view(cmd))
         try:
             return await self._carry_out(cmd, decision, payload)
-        except RegionMissing:
-            # its region is gone: as if the device were offline
+        except RegionMissing as e:
+            # its region is gone or cannot take it now: as if the device were offline
             view = View(None, known=cmd.device in self.known, unknown_device=self.settings.unknown_device)
             again = dataclasses.replace(decide(cmd, view), store_desired=False, end_session=None)
-            return await self._carry_out(cmd, again, payload)
+            outcome = await self._carry_out(cmd, again, payload)
+            if isinstance(e, RegionUnreachable) and self.presence.get(cmd.device) is not None:
+                self.waiting.retry_later(cmd.device)  # parked; sent once the link is back
+            return outcome
 
     async def _view(self, cmd: Command) -> View:
         session = self.presence.get(cmd.device)
@@ -319,66 +338,12 @@ class Downlink(Lifecycle):
                     return  # the session ended meanwhile; its commands stay parked
                 if not await self.feed.use_filters(session, filters):
                     # the held commands go out as they did before subscriptions were tracked
-                    await self._deliver_pending(session, ["#"])
+                    await self.waiting.deliver(session, ["#"])
 
         task = asyncio.create_task(ask())
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
         task.add_done_callback(_log_check_error)
-
-    async def _deliver_pending(self, session: Session, filters: list[str]) -> None:
-        """Send what waited for this session and matches `filters`: parked commands in
-        order, then desired state not yet replayed to this connection."""
-        if not filters:
-            return
-        device = session.client_id
-        now = time.time()
-        parked: list[Parked] = [
-            p for p in self.parking.for_device(device) if any(topic_matches(f, p.topic) for f in filters)
-        ]
-        for p in parked:  # sorted by parking order
-            if p.expires_at < now:
-                await self._expire(p)
-                continue
-            if p.sent_to == session.connection:
-                continue  # sent to this very connection: waits for its acknowledgement
-            await self._send_parked(session, p)
-            self.metrics.inc("fedgate_router_unparked_total", region=session.region)
-        for topic, payload in self.desired.for_device(device):
-            if self.subscriptions.replayed(session.connection, topic):
-                continue
-            if any(topic_matches(f, topic) for f in filters):
-                await self._send(session.region, Command(device, topic, retain=True), payload)
-                self.subscriptions.mark_replayed(session.connection, topic)
-                self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
-
-    async def _send_parked(self, session: Session, p: Parked) -> None:
-        """Send a parked command; it stays until acknowledged if the device acks (router/acks.py)."""
-        await self._send(session.region, p.command(), p.payload)
-        if self.acks.tracks(session, p.topic):
-            await self.parking.mark_sent(p, session.connection)
-        else:
-            await self.parking.remove(p)
-
-    async def _expire(self, p: Parked) -> None:
-        await self._deadletter(p.expired_reason(self.parking.ttl_s), p.device, p.topic, p.payload)
-        await self.parking.remove(p)
-        self.metrics.inc("fedgate_router_expired_total")
-
-    async def _sweep_expired(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
-            try:
-                async with self._lock:
-                    now = time.time()
-                    for device in self.parking.all_devices():
-                        for p in self.parking.for_device(device):
-                            if p.expires_at < now:
-                                await self._expire(p)
-                            else:
-                                await self.acks.resend_if_due(p, now)
-            except Exception as e:  # keep sweeping; the next round retries
-                log.error("expiring parked messages failed: %s", e)
 
 
 def _log_check_error(task: asyncio.Task[None]) -> None:

@@ -28,6 +28,9 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 HELP = {
     "fedgate_router_routed_total": "Commands routed to the gateway of the device's region.",
+    "fedgate_router_unroutable_total": (
+        "Commands the backend returned, no link to the region's gateway being up: they wait and go again."
+    ),
     "fedgate_router_broadcast_total": "Commands for unknown devices sent to every region.",
     "fedgate_router_parked_total": "Commands parked for an offline or unknown device.",
     "fedgate_router_unparked_total": "Parked commands delivered after the device connected.",

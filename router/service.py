@@ -134,7 +134,8 @@ class Router(Lifecycle):
             )
             await self.http.start()
         if s.downlink:
-            downlink = await self.connection.channel(publisher_confirms=True)
+            # returns raise (downlink.RegionUnreachable) instead of being confirmed and dropped
+            downlink = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
             assert isinstance(downlink, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
             await self.downlink.start(downlink)
         if s.uplink:

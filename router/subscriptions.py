@@ -49,6 +49,11 @@ class Subscriptions:
         filters = self._filters.get(connection)
         return filters is None or any(topic_matches(f, topic) for f in filters)
 
+    def filters(self, connection: str) -> list[str] | None:
+        """The filters seen subscribed; None when unknown (counted as subscribed to everything)."""
+        filters = self._filters.get(connection)
+        return None if filters is None else list(filters)
+
     def only_qos0(self, connection: str, topic: str) -> bool:
         """Whether a message on `topic` reaches the connection through QoS 0 subscriptions only:
         MQTT then delivers it at most once, and only the device's acknowledgement says it arrived."""

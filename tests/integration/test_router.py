@@ -385,3 +385,69 @@ def test_a_command_for_a_device_never_seen_is_broadcast_to_every_region(endpoint
     finally:
         for s in spies:
             s.close()
+
+
+def test_a_command_to_a_gateway_whose_downlink_link_is_down_waits_and_is_delivered_when_it_is_back(
+    federation, endpoints, uid
+):
+    """The gateway's downlink link is stopped (its federation policy cleared: nothing is bound
+    to the region's downlink exchange on the backend, as for a gateway that never linked)
+    while its events still reach the backend.  The backend returns a command sent then.
+    Before, the router published on a channel that ignored returns and acked it: 0 of 1."""
+    dev_id = f"unlinked-{uid}"
+    gateway = next(g for g in federation.gateways() if g.spec.region == "local-us").admin()
+    backend = federation.backend().admin()
+    policy_path = "policies/%2F/fedgate-downlink"
+    policy = gateway.get(policy_path)
+    bindings = f"exchanges/%2F/{c.downlink_exchange('local-us')}/bindings/source"
+    restored = True
+
+    def restore_link():
+        nonlocal restored
+        body = {k: policy[k] for k in ("pattern", "definition", "apply-to", "priority")}
+        gateway.request("PUT", policy_path, body)
+        restored = True
+
+    d = device(endpoints, "local-us", dev_id)
+    try:
+        d.subscribe(c.device_command_topic(dev_id, "#"))
+        wait_present(endpoints, dev_id, "local-us")
+        restored = False
+        gateway.delete(policy_path)
+        deadline = time.monotonic() + 15
+        while backend.get(bindings):
+            assert time.monotonic() < deadline, "the downlink link never stopped"
+            time.sleep(0.2)
+        key = 'fedgate_router_unroutable_total{region="local-us"}'
+        before = router_metrics(endpoints)
+        topic = send(endpoints, dev_id, "reboot", "while-unlinked")
+        handled = ("fedgate_router_routed_total", "fedgate_router_parked_total")
+
+        def taken() -> float:  # routed (the old code: returned, acked, dropped) or parked
+            now = router_metrics(endpoints)
+            return sum(now.get(f'{m}{{region="local-us"}}', 0) + now.get(m, 0) for m in handled)
+
+        first = taken()
+        deadline = time.monotonic() + 10
+        while taken() == first:
+            assert time.monotonic() < deadline, "the router never took the command"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        while_down = len(d.received)
+        restore_link()
+        got = [(r.topic, r.payload) for r in d.wait_for(1, timeout=30)]
+        time.sleep(1.0)
+        record_counts(
+            sent=1,
+            returned=router_metrics(endpoints).get(key, 0) - before.get(key, 0),
+            delivered_while_down=while_down,
+            delivered=len(d.received),
+            lost=1 - len(d.received),
+        )
+        assert while_down == 0
+        assert got == [(topic, b"while-unlinked")] and len(d.received) == 1
+    finally:
+        d.close()
+        if not restored:
+            restore_link()
+        federation.wait_for_links()

@@ -1,0 +1,171 @@
+"""What waits for a device, and getting it there: parked commands, desired state,
+commands that could not be sent, and expiry.
+
+The downlink (router/downlink.py) decides what to do with each new command;
+what it cannot hand to the device's gateway at once waits here:
+
+- parked commands (Kafka, with a TTL) and desired state go out when the
+  device has a session *and subscribes* to a matching topic (`deliver`,
+  called by the presence feed);
+- a send that fails because the region cannot take it -- its downlink
+  exchange is gone (RegionMissing) or the backend returned the command
+  because no link to the gateway is bound (RegionUnreachable: the gateway
+  never linked, or its link is down while its events still arrive) -- leaves
+  the command parked, and the sweep tries the device again every
+  SWEEP_EVERY_S while it is connected;
+- commands sent to QoS 0 subscriptions wait for the device's acknowledgement
+  (router/acks.py) and are sent again when it does not come;
+- what outlives its expiry or parking's TTL is dead-lettered with the reason.
+
+One record's failure never stops the others: the sweep goes on to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from router.acks import CommandAcks
+from router.metrics import Metrics
+from router.parking import Parked, ParkingLot
+from router.presence import PresenceTable, Session
+from router.routing import Command, topic_matches
+from router.stores import DesiredState
+from router.subscriptions import Subscriptions
+
+log = logging.getLogger(__name__)
+
+#: How often expired records are dead-lettered, due resends made and failed sends tried again.
+SWEEP_EVERY_S = 5.0
+
+Send = Callable[[str, Command, bytes], Awaitable[None]]
+DeadLetter = Callable[[str, str, str, bytes], Awaitable[None]]
+
+
+class RegionMissing(Exception):
+    """A region this router was told about has no downlink exchange (it was removed)."""
+
+
+class RegionUnreachable(RegionMissing):
+    """The backend returned a command (mandatory publish): nothing is bound to the region's
+    downlink exchange, so no federation link would carry it to the gateway."""
+
+
+class Waiting:
+    def __init__(
+        self,
+        parking: ParkingLot,
+        desired: DesiredState,
+        presence: PresenceTable,
+        subscriptions: Subscriptions,
+        metrics: Metrics,
+        *,
+        ack_timeout_s: float,
+        send: Send,
+        deadletter: DeadLetter,
+    ):
+        self.parking = parking
+        self.desired = desired
+        self.presence = presence
+        self.subscriptions = subscriptions
+        self.metrics = metrics
+        self._send = send
+        self._deadletter = deadletter
+        self.acks = CommandAcks(parking, presence, subscriptions, metrics, ack_timeout_s, self.send_parked)
+        #: devices with something a region could not take: tried again at each sweep
+        self._retry: set[str] = set()
+
+    def has_pending(self, device: str) -> bool:
+        return bool(self.parking.for_device(device) or self.desired.for_device(device))
+
+    def retry_later(self, device: str) -> None:
+        self._retry.add(device)
+
+    async def deliver(self, session: Session, filters: list[str]) -> None:
+        """Send what waited for this session and matches `filters`: parked commands in
+        order, then desired state not yet replayed to this connection.  The caller holds
+        the downlink's lock."""
+        if not filters:
+            return
+        device = session.client_id
+        now = time.time()
+        parked = [
+            p for p in self.parking.for_device(device) if any(topic_matches(f, p.topic) for f in filters)
+        ]
+        for p in parked:  # sorted by parking order
+            if p.expires_at < now:
+                await self.expire(p)
+                continue
+            if p.sent_to == session.connection:
+                continue  # sent to this very connection: waits for its acknowledgement
+            if not await self._try(device, self.send_parked(session, p)):
+                return  # in order: what was parked after it must not overtake it
+            self.metrics.inc("fedgate_router_unparked_total", region=session.region)
+        for topic, payload in self.desired.for_device(device):
+            if self.subscriptions.replayed(session.connection, topic):
+                continue
+            if any(topic_matches(f, topic) for f in filters):
+                if not await self._try(
+                    device, self._send(session.region, Command(device, topic, retain=True), payload)
+                ):
+                    return
+                self.subscriptions.mark_replayed(session.connection, topic)
+                self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
+
+    async def send_parked(self, session: Session, p: Parked) -> None:
+        """Send a parked command; it stays until acknowledged if the device acks (router/acks.py)."""
+        await self._send(session.region, p.command(), p.payload)
+        if self.acks.tracks(session, p.topic):
+            await self.parking.mark_sent(p, session.connection)
+        else:
+            await self.parking.remove(p)
+
+    async def expire(self, p: Parked) -> None:
+        await self._deadletter(p.expired_reason(self.parking.ttl_s), p.device, p.topic, p.payload)
+        await self.parking.remove(p)
+        self.metrics.inc("fedgate_router_expired_total")
+
+    async def _try(self, device: str, sending: Awaitable[None]) -> bool:
+        """Await one send; a region that cannot take it leaves the record waiting, retried later."""
+        try:
+            await sending
+        except RegionMissing as e:
+            log.warning(
+                "%s: %s could not take a waiting message; trying again in %.0f s", device, e, SWEEP_EVERY_S
+            )
+            self.retry_later(device)
+            return False
+        return True
+
+    async def sweep(self, now: float) -> None:
+        """One round: dead-letter what expired, send again what waits too long for its
+        acknowledgement, and try again what a region could not take.  The caller holds
+        the downlink's lock."""
+        for device in self.parking.all_devices():
+            for p in self.parking.for_device(device):
+                try:
+                    if p.expires_at < now:
+                        await self.expire(p)
+                    else:
+                        await self._try(device, self.acks.resend_if_due(p, now))
+                except Exception as e:  # one record's trouble (Kafka) must not stop the others
+                    log.error("%s: a parked message could not be swept: %r", device, e)
+        for device in sorted(self._retry):
+            self._retry.discard(device)
+            session = self.presence.get(device)
+            if session is None:
+                continue  # its next session gets what waits, as for any device away
+            filters = self.subscriptions.filters(session.connection)
+            # unknown filters (a session found by the rebuild) count as everything, as in routing
+            await self.deliver(session, ["#"] if filters is None else filters)
+
+    async def run_sweeper(self, lock: asyncio.Lock) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            try:
+                async with lock:
+                    await self.sweep(time.time())
+            except Exception as e:  # keep sweeping; the next round retries
+                log.error("sweeping parked messages failed: %r", e)

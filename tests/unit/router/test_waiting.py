@@ -1,0 +1,132 @@
+"""What waits for a device (router/waiting.py): a region that cannot take a message leaves it
+waiting and tried again, in order, and one record's trouble never stops the sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from router.metrics import Metrics
+from router.parking import ParkingLot
+from router.presence import PresenceTable, Session
+from router.routing import Command
+from router.stores import DesiredState, KafkaTable
+from router.subscriptions import Subscriptions
+from router.waiting import RegionUnreachable, Waiting
+
+
+class _StoredAtOnce:
+    """A producer whose every write Kafka has confirmed."""
+
+    def send_soon(self, topic, value, key):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+def _table(name: str) -> KafkaTable:
+    return KafkaTable("127.0.0.1:1", name, _StoredAtOnce(), "unit")  # never started: no broker is asked
+
+
+class _Region:
+    """The send path: records what went out, or raises while the region's link is down."""
+
+    def __init__(self):
+        self.link_up = False
+        self.sent: list[tuple[str, str, bytes]] = []
+        self.deadlettered: list[tuple[str, str]] = []
+
+    async def send(self, region: str, cmd: Command, payload: bytes) -> None:
+        if not self.link_up:
+            raise RegionUnreachable(region)
+        self.sent.append((region, cmd.topic, payload))
+
+    async def deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
+        self.deadlettered.append((device, reason))
+
+
+def _waiting(region: _Region, presence: PresenceTable, subs: Subscriptions) -> Waiting:
+    return Waiting(
+        ParkingLot(_table("parked"), ttl_s=60),
+        DesiredState(_table("desired")),
+        presence,
+        subs,
+        Metrics(),
+        ack_timeout_s=30,
+        send=region.send,
+        deadletter=region.deadletter,
+    )
+
+
+def test_commands_a_region_could_not_take_wait_and_go_out_in_order_once_it_can():
+    async def scenario():
+        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
+        w = _waiting(region, presence, subs)
+        session = Session("d1", "local-us", "rabbit@us", "conn-1", time.time())
+        presence.connected(session)
+        subs.opened(session.connection)
+        subs.add(session.connection, ["devices/d1/commands/#"], qos=1)
+        for n in (1, 2, 3):
+            await w.parking.park_command(Command("d1", f"devices/d1/commands/c{n}"), b"%d" % n)
+
+        await w.deliver(session, ["devices/d1/commands/#"])
+        assert region.sent == [] and len(w.parking.for_device("d1")) == 3, "nothing lost while it cannot"
+        await w.sweep(time.time())
+        assert region.sent == [] and len(w.parking.for_device("d1")) == 3
+
+        region.link_up = True
+        await w.sweep(time.time())
+        assert [p for _, _, p in region.sent] == [b"1", b"2", b"3"], "in parking order"
+        assert w.parking.for_device("d1") == [], "sent to a QoS 1 subscription: done"
+        await w.sweep(time.time())
+        assert len(region.sent) == 3, "sent once"
+
+    asyncio.run(scenario())
+
+
+def test_a_device_that_left_is_not_tried_again_its_next_session_gets_what_waits():
+    async def scenario():
+        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
+        w = _waiting(region, presence, subs)
+        session = Session("d1", "local-us", "rabbit@us", "conn-1", time.time())
+        await w.parking.park_command(Command("d1", "devices/d1/commands/c"), b"x")
+        await w.deliver(session, ["#"])
+        region.link_up = True
+        await w.sweep(time.time())  # d1 has no session in the presence table
+        assert region.sent == [] and len(w.parking.for_device("d1")) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_not_subscribed_yet_is_not_sent_what_waits():
+    async def scenario():
+        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
+        w = _waiting(region, presence, subs)
+        session = Session("d1", "local-us", "rabbit@us", "conn-1", time.time())
+        presence.connected(session)
+        subs.opened(session.connection)  # seen open, no subscription yet
+        await w.parking.park_command(Command("d1", "devices/d1/commands/c"), b"x")
+        w.retry_later("d1")
+        region.link_up = True
+        await w.sweep(time.time())
+        assert region.sent == [], "MQTT would drop it: it waits for the subscription"
+
+    asyncio.run(scenario())
+
+
+def test_an_expired_record_is_dead_lettered_even_when_a_region_cannot_take_the_others():
+    async def scenario():
+        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
+        w = _waiting(region, presence, subs)
+        await w.parking.park(
+            "d1", "devices/d1/commands/old", b"o", command_expires_at=time.time() - 1
+        )
+        session = Session("d2", "local-us", "rabbit@us", "conn-2", time.time())
+        presence.connected(session)
+        await w.parking.park_command(Command("d2", "devices/d2/commands/c"), b"x")
+        w.retry_later("d2")
+        await w.sweep(time.time())
+        assert [d for d, _ in region.deadlettered] == ["d1"]
+        assert len(w.parking.for_device("d2")) == 1
+
+    asyncio.run(scenario())
