@@ -11,6 +11,8 @@ secret.  A device may
 which RabbitMQ's topic authorisation enforces on the MQTT exchange, with
 {username} expanded per connection.  A refused publish or subscribe closes
 the device's connection and is logged by the gateway ("access refused").
+Its session queues are its own alone, and the gateway's authentication
+refuses a CONNECT with another device's client id (gateways/mqtt_auth_plugin).
 
 The registry of a fleet's devices (a file) is infra/device_registry.py.
 """
@@ -69,21 +71,26 @@ def verify(secret: str, stored_hash: str) -> bool:
     return secrets.compare_digest(password_hash(secret, raw[:4]), stored_hash)
 
 
+def session_queues_pattern(device: str) -> str:
+    """A regex (unanchored) of the queues RabbitMQ's MQTT plugin keeps for a device's session."""
+    own = re.escape(device)
+    return f"mqtt-(subscription-{own}qos[01]|will-{own})"
+
+
 def device_users(hashes: Mapping[str, str], cluster_name: str = "") -> NodeDefinitions:
     """The users, permissions and topic permissions of these devices, for any gateway."""
     d = NodeDefinitions(cluster_name=cluster_name)
     mqtt_x = re.escape(c.MQTT_EXCHANGE)
     for device, h in sorted(hashes.items()):
         d.users.append(User(device, "", password_hash=h))
-        # The MQTT plugin declares mqtt-subscription-<client id>qos<n> queues
-        # and publishes to amq.topic; the topic permissions narrow both.
+        # The MQTT plugin declares the session queues mqtt-subscription-<client id>qos<0|1>
+        # (and an MQTT 5 will's mqtt-will-<client id>) and publishes to amq.topic; the
+        # topic permissions narrow the latter.  A device's own queues only: another's
+        # session could otherwise be resumed (read) or deleted (configure) by a device
+        # that claims its client id (which the gateway's authentication refuses first).
+        own = session_queues_pattern(device)
         d.permissions.append(
-            Permission(
-                device,
-                configure="^mqtt-subscription-.*$",
-                write=f"^({mqtt_x}|mqtt-subscription-.*)$",
-                read=f"^({mqtt_x}|mqtt-subscription-.*)$",
-            )
+            Permission(device, configure=f"^{own}$", write=f"^({mqtt_x}|{own})$", read=f"^({mqtt_x}|{own})$")
         )
         d.topic_permissions.append(
             TopicPermission(device, c.MQTT_EXCHANGE, write=PUBLISH_PATTERN, read=SUBSCRIBE_PATTERN)

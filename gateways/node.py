@@ -19,6 +19,8 @@ from backend.node import conf_for_release
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: fedgate's authentication backend of gateways (an Erlang plugin, built by whoever runs the node)
+MQTT_AUTH_PLUGIN = Path(__file__).resolve().parent / "mqtt_auth_plugin"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,16 @@ class GatewayNodeConfig:
     @property
     def enabled_plugins(self) -> Path:
         return TEMPLATES / "enabled_plugins"
+
+    @property
+    def plugin_sources(self) -> list[Path]:
+        """fedgate's own plugins the node loads (enabled in enabled_plugins): each a folder
+        with <app>.app and src/*.erl, compiled by the Erlang that runs the node.
+
+        mqtt_auth_plugin: the gateway's authentication backend, RabbitMQ's internal
+        users with one more check: a device connects with its own MQTT client id only
+        (rabbitmq.conf's auth_backends; docs/security.md)."""
+        return [MQTT_AUTH_PLUGIN]
 
     def rabbitmq_conf(self) -> str:
         """The node's rabbitmq.conf (without TLS listeners)."""

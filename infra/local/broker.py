@@ -27,7 +27,9 @@ nodes run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ RELEASES = ("4.0", "3.10")
 #: Where a Debian root keeps RabbitMQ's scripts and Erlang's port mapper.
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 EPMD = Path("/usr/bin/epmd")
+ERLC = Path("/usr/bin/erlc")
 #: The benchmarks' baseline broker, from the same Debian 13 release (rabbitmq4.sh puts it in the root).
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 
@@ -142,6 +145,39 @@ class BrokerRuntime:
             *folders,
             *argv,
         ]
+
+    def package_plugins_dir(self) -> Path:
+        """The package's own plugins folder, as the node sees it."""
+        version = self.installed_version()
+        return self.bin_dir.parent / "lib" / f"rabbitmq_server-{version}" / "plugins"
+
+    def build_plugin(self, source: Path, dest: Path) -> Path:
+        """Compile an Erlang plugin of fedgate's (`source`/<app>.app and `source`/src/*.erl)
+        with this release's own compiler and headers into `dest`/<app>-<vsn>/ebin, a folder
+        RabbitMQ loads plugins from.  A plugin must be built by the Erlang that runs it; a
+        build newer than its sources is kept.  Returns the plugin's folder."""
+        (app_file,) = source.glob("*.app")
+        vsn = re.search(r'\{vsn,\s*"([^"]+)"\}', app_file.read_text())
+        if vsn is None:
+            raise BrokerRuntimeError(f"{app_file}: no {{vsn, ...}}")
+        folder = dest / f"{app_file.stem}-{vsn.group(1)}"
+        ebin = folder / "ebin"
+        sources = [app_file, *sorted((source / "src").glob("*.erl"))]
+        built = [ebin / app_file.name, *(ebin / f"{s.stem}.beam" for s in sources[1:])]
+        newest = max(s.stat().st_mtime for s in sources)
+        if all(b.exists() and b.stat().st_mtime >= newest for b in built):
+            return folder
+        ebin.mkdir(parents=True, exist_ok=True)
+        erlc = ERLC if self.root is not None else Path(shutil.which("erlc") or ERLC)
+        argv = self.command(
+            erlc, ["-o", str(ebin.resolve()), *(str(s.resolve()) for s in sources[1:])], [source, dest]
+        )
+        env = {**os.environ, "ERL_LIBS": str(self.package_plugins_dir())}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise BrokerRuntimeError(f"compiling {source.name}: {(done.stderr or done.stdout).strip()}")
+        shutil.copyfile(app_file, ebin / app_file.name)
+        return folder
 
     def rabbitmq(self, name: str) -> Path:
         return self.bin_dir / name

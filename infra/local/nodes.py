@@ -328,6 +328,9 @@ class RabbitNode(Node):
                 conf.write(tls_listeners_conf(self.host, cert, p["amqps"], p.get("mqtts")))
         (self.dir / "rabbitmq.conf").chmod(0o600)
         shutil.copyfile(config.enabled_plugins, self.dir / "enabled_plugins")
+        if isinstance(config, GatewayNodeConfig):
+            for source in config.plugin_sources:
+                runtime_of(self.settings).build_plugin(source, self.dir / "plugins")
 
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
         env = self.base_env()
@@ -351,10 +354,12 @@ class RabbitNode(Node):
             ),
         )
         config = self.node_config()
+        runtime = runtime_of(self.settings)
         if isinstance(config, GatewayNodeConfig):
             env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] += " " + config.erl_args
+            # fedgate's plugins (built in prepare()) first, then the package's own
+            env["RABBITMQ_PLUGINS_DIR"] = f"{self.dir / 'plugins'}:{runtime.package_plugins_dir()}"
         max_fds = config.max_fds
-        runtime = runtime_of(self.settings)
         # the state folder holds the node's config, data, logs, the shared cookie and TLS files
         argv = runtime.command(runtime.rabbitmq("rabbitmq-server"), [], shared=[self.settings.state_dir])
         return argv, env, max_fds

@@ -420,7 +420,6 @@ def test_a_command_to_a_gateway_whose_downlink_link_is_down_waits_and_is_deliver
             time.sleep(0.2)
         key = 'fedgate_router_unroutable_total{region="local-us"}'
         before = router_metrics(endpoints)
-        topic = send(endpoints, dev_id, "reboot", "while-unlinked")
         handled = ("fedgate_router_routed_total", "fedgate_router_parked_total")
 
         def taken() -> float:  # routed (the old code: returned, acked, dropped) or parked
@@ -428,6 +427,7 @@ def test_a_command_to_a_gateway_whose_downlink_link_is_down_waits_and_is_deliver
             return sum(now.get(f'{m}{{region="local-us"}}', 0) + now.get(m, 0) for m in handled)
 
         first = taken()
+        topic = send(endpoints, dev_id, "reboot", "while-unlinked")
         deadline = time.monotonic() + 10
         while taken() == first:
             assert time.monotonic() < deadline, "the router never took the command"

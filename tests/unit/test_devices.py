@@ -87,6 +87,30 @@ def test_each_device_may_publish_under_its_own_prefix_and_subscribe_to_its_own_c
     assert not allowed(SUBSCRIBE_PATTERN, "#")
 
 
+def test_a_device_may_declare_read_and_delete_its_own_session_queues_only():
+    # before: ^mqtt-subscription-.*$ for every device, so one that claimed another's client id
+    # could resume (read) or wipe (configure) that device's session queue and its commands
+    d = device_users({"pump-1": password_hash("x"), "pump-10": password_hash("y")})
+    perms = {p.user: p for p in d.permissions}
+    p = perms["pump-1"]
+
+    def may(pattern: str, resource: str) -> bool:
+        return re.search(pattern, resource) is not None
+
+    for own in ("mqtt-subscription-pump-1qos0", "mqtt-subscription-pump-1qos1", "mqtt-will-pump-1"):
+        assert may(p.configure, own) and may(p.read, own) and may(p.write, own), own
+    assert may(p.read, c.MQTT_EXCHANGE) and may(p.write, c.MQTT_EXCHANGE)
+    for other in (
+        "mqtt-subscription-pump-10qos1",  # an id that starts with its own
+        "mqtt-subscription-pump-2qos1",
+        "mqtt-will-pump-10",
+        "mqtt-subscription-pump-1qos1x",
+        c.COMMANDS_QUEUE,
+    ):
+        assert not (may(p.configure, other) or may(p.read, other) or may(p.write, other)), other
+    assert may(perms["pump-10"].read, "mqtt-subscription-pump-10qos1")
+
+
 def test_the_definitions_file_carries_hashes_and_topic_permissions_not_secrets():
     body = definitions_file(device_users({"pump-1": password_hash("top-secret")}))
     (user,) = body["users"]

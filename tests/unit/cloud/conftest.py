@@ -82,10 +82,10 @@ def toolchain() -> Toolchain:
 
 @pytest.fixture(scope="session")
 def terraform_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the repository parts the modules read (their templates), so init leaves the tree clean."""
+    """A copy of what the modules read (templates, the gateway plugin), so init leaves the tree clean."""
     root = tmp_path_factory.mktemp("tf")
     shutil.copytree(TERRAFORM_DIR, root / "infra" / "terraform", ignore=shutil.ignore_patterns(".terraform*"))
-    for part in ("gateways/templates", "backend/templates"):
+    for part in ("gateways/templates", "gateways/mqtt_auth_plugin", "backend/templates"):
         shutil.copytree(PROJECT_ROOT / part, root / part)
     return root
 

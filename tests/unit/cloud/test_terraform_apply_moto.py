@@ -120,7 +120,21 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     assert "cluster_formation.peer_discovery_backend = aws" in files["/etc/rabbitmq/rabbitmq.conf"]
     # the same emulator flags and statistics setting as a local gateway node
     local_erl_args = (PROJECT_ROOT / "gateways" / "templates" / "erl_args").read_text().strip()
-    assert files["/etc/rabbitmq/rabbitmq-env.conf"] == f'SERVER_ADDITIONAL_ERL_ARGS="{local_erl_args}"\n'
+    env = files["/etc/rabbitmq/rabbitmq-env.conf"].splitlines()
+    assert env[0] == f'SERVER_ADDITIONAL_ERL_ARGS="{local_erl_args}"'
+    # the gateway's authentication backend: its source on the node, compiled there before
+    # the broker starts, into a folder first in the plugins path (gateways/node.py plugin_sources)
+    plugin = PROJECT_ROOT / "gateways" / "mqtt_auth_plugin"
+    assert env[1].startswith('PLUGINS_DIR="/usr/local/lib/fedgate/rabbitmq-plugins:')
+    assert (
+        files["/usr/local/src/fedgate/fedgate_mqtt_auth/fedgate_mqtt_auth.erl"]
+        == (plugin / "src" / "fedgate_mqtt_auth.erl").read_text()
+    )
+    app = "/usr/local/lib/fedgate/rabbitmq-plugins/fedgate_mqtt_auth-1.0.0/ebin/fedgate_mqtt_auth.app"
+    assert files[app] == (plugin / "fedgate_mqtt_auth.app").read_text()
+    compile_at = next(i for i, cmd in enumerate(cloud_config["runcmd"]) if "erlc" in " ".join(cmd))
+    assert compile_at < len(cloud_config["runcmd"]) - 1, "compiled before the broker starts"
+    assert "auth_backends.1.authn = fedgate_mqtt_auth" in files["/etc/rabbitmq/rabbitmq.conf"]
     assert (
         "deprecated_features.permit.management_metrics_collection = false"
         in files["/etc/rabbitmq/rabbitmq.conf"]

@@ -13,7 +13,9 @@ locals {
   name          = "${var.name_prefix}-${var.region}"
   azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
   templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../gateways/templates")
-  tags          = merge({ "fedgate:region" = var.region, "fedgate:role" = "gateway" }, var.tags)
+  # the gateway's authentication backend, an Erlang plugin (gateways/node.py plugin_sources)
+  mqtt_auth_plugin = "${path.module}/../../../../gateways/mqtt_auth_plugin"
+  tags             = merge({ "fedgate:region" = var.region, "fedgate:role" = "gateway" }, var.tags)
 
   # Ports of a cloud node: the standard ones (each node has its own host).
   mqtt_port       = 1883
@@ -261,7 +263,15 @@ module "nodes" {
   definitions     = var.rabbitmq_definitions
   max_fds         = var.max_fds
   # the gateway's emulator flags, the same file as local gateways (gateways/node.py erl_args)
-  erl_args           = trimspace(file("${local.templates_dir}/erl_args"))
+  erl_args = trimspace(file("${local.templates_dir}/erl_args"))
+  # the gateway's authentication backend (gateways/node.py plugin_sources), built on each node
+  erlang_plugins = {
+    fedgate_mqtt_auth = {
+      vsn     = regex("\\{vsn,\\s*\"([^\"]+)\"\\}", file("${local.mqtt_auth_plugin}/fedgate_mqtt_auth.app"))[0]
+      app     = file("${local.mqtt_auth_plugin}/fedgate_mqtt_auth.app")
+      sources = { for f in fileset("${local.mqtt_auth_plugin}/src", "*.erl") : f => file("${local.mqtt_auth_plugin}/src/${f}") }
+    }
+  }
   ami_id             = var.ami_id
   ami_owners         = var.ami_owners
   ami_name_filter    = var.ami_name_filter

@@ -63,6 +63,29 @@ locals {
   ])
   enabled_plugins = replace(trimspace(var.enabled_plugins), "].", ",rabbitmq_peer_discovery_aws].")
 
+  # fedgate's own Erlang plugins: sources on the node, compiled there by the
+  # Erlang that runs it (a plugin must be), into a folder that comes first in
+  # the node's plugins path, before the package's own.
+  plugins_root    = "/usr/local/lib/fedgate/rabbitmq-plugins"
+  package_plugins = "$(ls -d /usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins | tail -n 1)"
+  plugin_files = flatten([
+    for name, p in var.erlang_plugins : concat(
+      [{ path = "${local.plugins_root}/${name}-${p.vsn}/ebin/${name}.app", permissions = "0644", content = p.app }],
+      [for file, content in p.sources : { path = "/usr/local/src/fedgate/${name}/${file}", permissions = "0644", content = content }],
+    )
+  ])
+  compile_plugins = [
+    for name, p in var.erlang_plugins : [
+      "sh", "-c",
+      "ERL_LIBS=${local.package_plugins} erlc -o ${local.plugins_root}/${name}-${p.vsn}/ebin /usr/local/src/fedgate/${name}/*.erl",
+    ]
+  ]
+  # rabbitmq-env.conf is sourced by RabbitMQ's scripts (sh): the package's folder is found at boot
+  rabbitmq_env = join("", concat(
+    var.erl_args == "" ? [] : ["SERVER_ADDITIONAL_ERL_ARGS=\"${var.erl_args}\"\n"],
+    length(var.erlang_plugins) == 0 ? [] : ["PLUGINS_DIR=\"${local.plugins_root}:${local.package_plugins}\"\n"],
+  ))
+
   user_data = join("\n", ["#cloud-config", yamlencode({
     package_update = true
     # ca-certificates: RabbitMQ 4.0's Erlang (27) loads the system's CA store
@@ -76,9 +99,10 @@ locals {
         { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
         { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
       ],
-      var.erl_args == "" ? [] : [
-        { path = "/etc/rabbitmq/rabbitmq-env.conf", permissions = "0644", content = "SERVER_ADDITIONAL_ERL_ARGS=\"${var.erl_args}\"\n" },
+      local.rabbitmq_env == "" ? [] : [
+        { path = "/etc/rabbitmq/rabbitmq-env.conf", permissions = "0644", content = local.rabbitmq_env },
       ],
+      local.plugin_files,
       var.max_fds == null ? [] : [
         {
           path        = "/etc/systemd/system/rabbitmq-server.service.d/fedgate.conf"
@@ -99,14 +123,15 @@ locals {
     # The package starts the broker with its defaults; restart it with the
     # cluster's cookie and fedgate's config -- only if the package is the
     # release fedgate runs everywhere (another AMI could bring another one).
-    runcmd = [
+    runcmd = concat([
       ["systemctl", "stop", "rabbitmq-server"],
+      ], local.compile_plugins, [
       ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
       ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
       ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
       ["systemctl", "daemon-reload"],
       ["sh", "-c", local.start_if_release],
-    ]
+    ])
   })])
 }
 

@@ -104,3 +104,13 @@ variable "tls_files" {
   default   = null
   sensitive = true
 }
+
+variable "erlang_plugins" {
+  description = "fedgate's own Erlang plugins, compiled on each node by its erlc into /usr/local/lib/fedgate/rabbitmq-plugins (first in the node's PLUGINS_DIR): app name => { vsn, app (the .app file), sources (file name => .erl text) }. Enable them in enabled_plugins."
+  type = map(object({
+    vsn     = string
+    app     = string
+    sources = map(string)
+  }))
+  default = {}
+}
