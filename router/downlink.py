@@ -292,6 +292,7 @@ class Downlink(Lifecycle):
         if d.store_desired:
             await self.desired.set(cmd.device, cmd.topic, payload)
             self.known.add(cmd.device)
+            self.metrics.inc("fedgate_router_desired_stored_total")
         if d.action is Action.DEADLETTER:
             log.warning("dead-lettering a command for %r: %s", cmd.device, d.reason)
             await self._deadletter(d.reason, cmd.device, cmd.topic, payload)

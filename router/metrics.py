@@ -35,6 +35,7 @@ HELP = {
     "fedgate_router_parked_total": "Commands parked for an offline or unknown device.",
     "fedgate_router_unparked_total": "Parked commands delivered after the device connected.",
     "fedgate_router_expired_total": "Parked commands that expired and were dead-lettered.",
+    "fedgate_router_desired_stored_total": "Retained commands kept as their device's desired state.",
     "fedgate_router_desired_replayed_total": "Desired-state messages replayed to a connecting device.",
     "fedgate_router_sessions_closed_total": "Older sessions closed because the device connected elsewhere.",
     "fedgate_router_bridged_total": "Device messages stored in Kafka, per topic.",

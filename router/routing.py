@@ -20,7 +20,8 @@ The policy, in the order it is applied:
    that is offline; a returned broadcast copy is not sent round again;
 3. a device connected and subscribed to the topic: sent to its region only;
    connected but not subscribed yet: held (parked) until it subscribes,
-   since MQTT would drop it;
+   since MQTT would drop it -- a retained command is kept as desired state
+   only, replayed to that connection when it subscribes;
 4. a retained command (desired state) for a device not connected: nothing
    more -- the desired state is replayed when it subscribes anywhere;
 5. a device seen before, or any device when unknown devices are parked:
@@ -155,7 +156,11 @@ def decide(cmd: Command, view: View) -> Decision:
         return _decide_returned(cmd, view)
     session = view.session
     store = cmd.retain
-    if session is not None and not cmd.retain and not view.subscribed:
+    if session is not None and not view.subscribed:
+        if cmd.retain:
+            # MQTT would drop it now; the desired state is replayed to this very connection
+            # when it subscribes (sending it now would mark it replayed, and it never came)
+            return Decision(Action.DESIRED, store_desired=True)
         return Decision(Action.HOLD, region=session.region)
     if session is not None:
         return Decision(Action.SEND, region=session.region, store_desired=store)

@@ -92,6 +92,36 @@ def test_commands_sent_between_connect_and_subscribe_wait_for_the_subscription(e
         d.close()
 
 
+def test_desired_state_sent_between_connect_and_subscribe_reaches_that_connection_once(endpoints, uid):
+    """A retained command (`fedgate send --retain`) for a device that has connected but not
+    subscribed yet.  Before, the router sent it at once (MQTT dropped it: nothing subscribed)
+    and marked it replayed to that connection, so the subscription that followed never got
+    it: 0 of 1 until the device's next connection."""
+    dev_id = f"early-desired-{uid}"
+    d = device(endpoints, "local-eu", dev_id)
+    try:
+        wait_present(endpoints, dev_id, "local-eu")
+        keys = ('fedgate_router_routed_total{region="local-eu"}', "fedgate_router_desired_stored_total")
+
+        def taken() -> float:  # routed (the old code) or kept as desired state
+            now = router_metrics(endpoints)
+            return sum(now.get(k, 0) for k in keys)
+
+        first = taken()
+        topic = send(endpoints, dev_id, "config", "v1", retain=True)
+        deadline = time.monotonic() + 10
+        while taken() == first:
+            assert time.monotonic() < deadline, "the router never took the command"
+            time.sleep(0.1)
+        d.subscribe(c.device_command_topic(dev_id, "#"))
+        got = d.wait_for(1, timeout=10)
+        time.sleep(1.0)
+        record_counts(sent=1, delivered=len(d.received), lost=1 - min(len(d.received), 1))
+        assert [(r.topic, r.payload) for r in got] == [(topic, b"v1")] and len(d.received) == 1
+    finally:
+        d.close()
+
+
 def test_commands_for_an_offline_device_are_parked_and_delivered_in_order_on_reconnect(endpoints, uid):
     dev_id = f"sleeper-{uid}"
     d = device(endpoints, "local-eu", dev_id)
