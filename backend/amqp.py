@@ -18,6 +18,7 @@ import pika
 import pika.exceptions
 
 from backend import contract as c
+from backend.errors import FedgateError
 
 
 @dataclass(frozen=True)
@@ -232,11 +233,22 @@ def send_command(
     dead-lettered with the reason).  An MQTT 5 device gets `response_topic`,
     `correlation_id` and `content_type` as the command's properties.
     """
+    check_command_size(payload)
     headers = command_headers(
         device, topic, retain=retain, expires_in_s=expires_in_s, response_topic=response_topic
     )
     props = {k: v for k, v in (("correlation_id", correlation_id), ("content_type", content_type)) if v}
     publish_confirmed(url, c.COMMANDS_EXCHANGE, device, payload, headers, **props)
+
+
+def check_command_size(payload: bytes | str) -> None:
+    """Refuse a command larger than fedgate carries (the router would dead-letter it)."""
+    size = len(payload.encode() if isinstance(payload, str) else payload)
+    if size > c.MAX_COMMAND_BYTES:
+        raise FedgateError(
+            f"command of {size} bytes is over the limit of {c.MAX_COMMAND_BYTES}: "
+            "send a reference to the data (a URL) instead"
+        )
 
 
 @dataclass(frozen=True)
@@ -267,6 +279,7 @@ def send_and_wait(
     queue that waits for it is bound before the command leaves, so an answer
     cannot overtake the wait.
     """
+    check_command_size(payload)
     command_id = uuid.uuid4().hex
     reply_topic = c.device_reply_topic(device)
     with Tap(url, c.TELEMETRY_EXCHANGE, [c.mqtt_topic_to_routing_key(reply_topic)]) as answers:

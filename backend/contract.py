@@ -208,6 +208,10 @@ COMMANDS_EXCHANGE = "fedgate.commands"
 #: consumer: several routers may stand by, one routes at a time, so commands
 #: to a device keep their order.
 COMMANDS_QUEUE = "fedgate.router.commands"
+#: The largest command payload fedgate carries: `fedgate send` refuses a larger one, and the
+#: router dead-letters one that arrives on COMMANDS_EXCHANGE (with its first bytes only): a
+#: command is parked in Kafka, whose records are 1 MB at most, and devices are small.
+MAX_COMMAND_BYTES = 256 * 1024
 
 #: Headers of a message on COMMANDS_EXCHANGE.
 DEVICE_HEADER = "x-fedgate-device"

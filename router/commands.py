@@ -46,6 +46,13 @@ class BadCommand(ValueError):
         self.device, self.topic = device, topic
 
 
+def check_size(cmd: Command, payload: bytes) -> None:
+    """Raise BadCommand for a payload over contract.MAX_COMMAND_BYTES (it could not be parked)."""
+    if len(payload) > c.MAX_COMMAND_BYTES:
+        why = f"command of {len(payload)} bytes is over the limit of {c.MAX_COMMAND_BYTES}"
+        raise BadCommand(why, cmd.device, cmd.topic)
+
+
 def parse_command(
     headers: Mapping[str, Any] | None, content_type: str | None, correlation_id: Any
 ) -> Command:

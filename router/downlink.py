@@ -34,7 +34,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
-from router.commands import BadCommand, downlink_message, parse_command
+from router.commands import BadCommand, check_size, downlink_message, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
@@ -232,8 +232,10 @@ class Downlink(Lifecycle):
             async with confirm_later() as pending, self._lock:
                 try:
                     cmd = parse_command(message.headers, message.content_type, message.correlation_id)
+                    check_size(cmd, message.body)
                 except BadCommand as e:
-                    await self._deadletter(str(e), e.device, e.topic, message.body)
+                    # an oversized one keeps its first bytes: Kafka would refuse the whole
+                    await self._deadletter(str(e), e.device, e.topic, message.body[: c.MAX_COMMAND_BYTES])
                     return
                 await self.handle(cmd, message.body)
             await all_confirmed(pending)

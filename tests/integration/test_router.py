@@ -9,7 +9,8 @@ import time
 import pytest
 
 from backend import contract as c
-from backend.amqp import send_command
+from backend.amqp import command_headers, publish_confirmed, send_command
+from backend.errors import FedgateError
 from tests.helpers import (
     device,
     kafka_records,
@@ -234,6 +235,28 @@ def test_a_command_without_a_device_is_dead_lettered(endpoints, uid):
         expect=1,
     )
     assert "without the x-fedgate-device header" in dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
+
+
+def test_a_command_too_large_to_park_is_refused_at_send_and_dead_lettered_when_it_arrives(endpoints, uid):
+    """1.5 MB for a device that is away: Kafka takes records of 1 MB at most, so parking it
+    failed and the command went back to the queue, again and again (RabbitMQ 4.0 drops a
+    quorum queue's message after 20 such returns).  Now `fedgate send` refuses it, and one
+    that arrives by AMQP all the same is dead-lettered with the reason and its first bytes."""
+    dev_id = f"big-{uid}"
+    topic = c.device_command_topic(dev_id, "firmware")
+    big = b"x" * 1_500_000
+    with pytest.raises(FedgateError, match="over the limit"):
+        send_command(endpoints["backend"]["url"], dev_id, topic, big)
+    publish_confirmed(
+        endpoints["backend"]["url"], c.COMMANDS_EXCHANGE, dev_id, big, command_headers(dev_id, topic)
+    )
+    dead = kafka_records(
+        endpoints, c.KAFKA_DEADLETTER_TOPIC, lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == topic, expect=1
+    )
+    record_counts(sent=1, deadlettered=len(dead), lost=1 - len(dead))
+    reason = dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
+    assert reason == f"command of 1500000 bytes is over the limit of {c.MAX_COMMAND_BYTES}"
+    assert dead[0][1][c.KAFKA_DEVICE_HEADER] == dev_id and len(dead[0][0].value()) == c.MAX_COMMAND_BYTES
 
 
 def test_fedgate_presence_shows_where_a_device_is_and_counts_per_region(federation, endpoints, uid):

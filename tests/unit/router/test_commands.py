@@ -174,3 +174,18 @@ def test_a_device_that_went_offline_stays_known_to_the_next_router_run():
         assert store.seen() == {"d1", "d2"}, "the offline device is still one seen"
 
     asyncio.run(scenario())
+
+
+def test_a_command_over_the_size_limit_is_refused_by_the_sender_and_the_router_with_the_reason():
+    from backend.amqp import check_command_size
+    from backend.errors import FedgateError
+    from router.commands import check_size
+
+    cmd = Command("d1", "devices/d1/commands/firmware")
+    check_size(cmd, b"x" * c.MAX_COMMAND_BYTES)
+    check_command_size("x" * c.MAX_COMMAND_BYTES)
+    with pytest.raises(BadCommand, match=f"of {c.MAX_COMMAND_BYTES + 1} bytes is over the limit") as e:
+        check_size(cmd, b"x" * (c.MAX_COMMAND_BYTES + 1))
+    assert (e.value.device, e.value.topic) == ("d1", "devices/d1/commands/firmware")
+    with pytest.raises(FedgateError, match="over the limit"):
+        check_command_size(b"x" * (c.MAX_COMMAND_BYTES + 1))
