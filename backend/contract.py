@@ -240,6 +240,15 @@ COMMAND_ID_HEADER = "x-fedgate-command-id"
 #: (device_ack_topic), read by the router that routes commands.
 ACKS_QUEUE = "fedgate.router.acks"
 
+#: Where a message of the router's queues (commands, acknowledgements, uplink shards) goes
+#: after POISON_DELIVERY_LIMIT deliveries that ended without an ack (a router that failed on
+#: it, or crashed, each time): RabbitMQ 4.0 drops such a message from a quorum queue unless
+#: it is dead-lettered.  A fanout exchange and a durable quorum queue of the same name on the
+#: backend, read by operators (docs/operations.md); x-first-death-queue names the source.
+POISON_EXCHANGE = "fedgate.poison"
+POISON_QUEUE = "fedgate.poison"
+POISON_DELIVERY_LIMIT = 20
+
 
 def device_ack_topic(device: str) -> str:
     """Where a device acknowledges the commands it received at QoS 0: a JSON object

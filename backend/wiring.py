@@ -39,6 +39,7 @@ UPLINK_POLICY = "fedgate-uplink"
 PRESENCE_POLICY = "fedgate-presence"
 #: The policy that returns commands a dead gateway's link does not take (see contract).
 DOWNLINK_RETURN_POLICY = "fedgate-downlink-return"
+POISON_POLICY = "fedgate-poison"
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,28 @@ def backend_definitions(
             f"^{re.escape(c.DOWNLINK_LINK_QUEUE_PREFIX)}",
             "queues",
             {"message-ttl": downlink_return_after_ms, "dead-letter-exchange": c.COMMANDS_EXCHANGE},
+        )
+    )
+
+    # Poison: what the routers fail on again and again is set aside, never dropped.
+    # RabbitMQ 4.0 gives quorum queues a delivery limit of 20 and drops what passes it;
+    # here it is dead-lettered at least once (the source keeps it until the poison queue
+    # confirmed, which needs reject-publish overflow; the queues have no length limit).
+    d.exchanges.append(Exchange(c.POISON_EXCHANGE, type="fanout"))
+    d.queues.append(Queue(c.POISON_QUEUE, arguments={"x-queue-type": "quorum"}))
+    d.bindings.append(Binding(c.POISON_EXCHANGE, c.POISON_QUEUE, "queue", ""))
+    inputs = [c.COMMANDS_QUEUE, c.ACKS_QUEUE] + [c.uplink_shard_queue(s) for s in range(uplink_shards)]
+    d.policies.append(
+        Policy(
+            POISON_POLICY,
+            "^(" + "|".join(re.escape(q) for q in inputs) + ")$",
+            "quorum_queues",
+            {
+                "delivery-limit": c.POISON_DELIVERY_LIMIT,
+                "dead-letter-exchange": c.POISON_EXCHANGE,
+                "dead-letter-strategy": "at-least-once",
+                "overflow": "reject-publish",
+            },
         )
     )
 

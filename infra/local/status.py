@@ -61,10 +61,13 @@ def node_status(n: Node) -> NodeStatus:
             ov = n.admin(timeout=3).overview()
             st.connections = ov.get("object_totals", {}).get("connections")
             st.messages = ov.get("queue_totals", {}).get("messages")
-            if st.messages is None and "prometheus" in n.spec.ports:
-                # a gateway collects no management statistics: its queues' depths from Prometheus
+            if "prometheus" in n.spec.ports and (st.messages is None or n.spec.role == ROLE_BACKEND):
+                # no management statistics are collected: queue depths come from Prometheus
                 url = f"http://{n.host}:{n.spec.ports['prometheus']}"
-                st.messages = sum(prometheus_queue_messages(url, timeout=3).values())
+                depths = prometheus_queue_messages(url, timeout=3)
+                st.messages = sum(depths.values()) if st.messages is None else st.messages
+                if poison := depths.get(c.POISON_QUEUE, 0):
+                    st.detail = f"{poison} message(s) set aside in {c.POISON_QUEUE} (docs/operations.md)"
             st.version = ov.get("rabbitmq_version")
         except AdminError as e:
             st.state, st.detail = "unhealthy", str(e)

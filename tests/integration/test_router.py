@@ -259,6 +259,61 @@ def test_a_command_too_large_to_park_is_refused_at_send_and_dead_lettered_when_i
     assert dead[0][1][c.KAFKA_DEVICE_HEADER] == dev_id and len(dead[0][0].value()) == c.MAX_COMMAND_BYTES
 
 
+def test_a_command_every_router_fails_on_is_set_aside_in_the_poison_queue_not_dropped(
+    federation, endpoints, uid
+):
+    """A command returned to its queue again and again (here by a consumer that nacks it with
+    requeue, as a router does when it fails on it).  RabbitMQ 4.0 drops a quorum queue's
+    message after 20 deliveries unless it is dead-lettered: before, it was gone without a
+    trace.  Now it is in fedgate.poison, naming the queue it came from."""
+    from backend.amqp import connect
+    from infra.local.layout import ROLE_ROUTER
+
+    dev_id = f"poison-{uid}"
+    topic = c.device_command_topic(dev_id, "x")
+    routers = [s.name for s in federation.specs() if s.role == ROLE_ROUTER]
+    for name in routers:
+        federation.stop_node(name)  # the test is the commands queue's only reader meanwhile
+    conn = connect(endpoints["backend"]["url"])
+    try:
+        ch = conn.channel()
+        send(endpoints, dev_id, "x", "poison")
+        deliveries = 0
+        while deliveries < 40:
+            method, props, body = ch.basic_get(c.COMMANDS_QUEUE)
+            if method is None:
+                break
+            deliveries += (props.headers or {}).get(c.DEVICE_HEADER) == dev_id
+            ch.basic_nack(method.delivery_tag, requeue=True)  # a router failing on it
+        # an operator sees it in `fedgate status` (the backend's line)
+        deadline = time.monotonic() + 20
+        while not any(c.POISON_QUEUE in r.detail for r in federation.status() if r.role == "backend"):
+            assert time.monotonic() < deadline, "fedgate status never showed the poison queue's message"
+            time.sleep(1.0)
+        deadline = time.monotonic() + 10
+        found = None
+        while found is None and time.monotonic() < deadline:
+            method, props, body = ch.basic_get(c.POISON_QUEUE)
+            if method is None:
+                time.sleep(0.2)
+                continue
+            if (props.headers or {}).get(c.DEVICE_HEADER) == dev_id:
+                found = props.headers
+            ch.basic_ack(method.delivery_tag)  # a test's own leftover: taken out
+        record_counts(
+            sent=1, deliveries=deliveries, in_poison_queue=int(found is not None), lost=int(found is None)
+        )
+        assert found is not None, "the command was dropped"
+        assert deliveries == c.POISON_DELIVERY_LIMIT + 1 or deliveries == c.POISON_DELIVERY_LIMIT
+        assert found["x-first-death-reason"] == "delivery_limit"
+        assert found["x-first-death-queue"] == c.COMMANDS_QUEUE
+        assert found[c.TOPIC_HEADER] == topic
+    finally:
+        conn.close()
+        for name in routers:
+            federation.start_node(name)
+
+
 def test_fedgate_presence_shows_where_a_device_is_and_counts_per_region(federation, endpoints, uid):
     import os
     import subprocess

@@ -74,6 +74,24 @@ def test_a_command_a_gateway_does_not_take_in_time_returns_to_the_router():
     assert not re.match(policy.pattern, c.uplink_shard_queue(0))
 
 
+def test_what_the_routers_fail_on_twenty_times_is_dead_lettered_to_the_poison_queue_not_dropped():
+    d = _backend()
+    policy = next(p for p in d.policies if p.name == "fedgate-poison")
+    assert policy.apply_to == "quorum_queues"
+    assert policy.definition["delivery-limit"] == c.POISON_DELIVERY_LIMIT
+    assert policy.definition["dead-letter-exchange"] == c.POISON_EXCHANGE
+    # at least once: the source keeps the message until the poison queue has it
+    assert policy.definition["dead-letter-strategy"] == "at-least-once"
+    assert policy.definition["overflow"] == "reject-publish"
+    for q in (c.COMMANDS_QUEUE, c.ACKS_QUEUE, c.uplink_shard_queue(0), c.uplink_shard_queue(3)):
+        assert re.match(policy.pattern, q), q
+    for q in (c.POISON_QUEUE, "fedgate.router.presence.router-0", c.uplink_shard_queue(0) + "x"):
+        assert not re.match(policy.pattern, q), q
+    poison = next(q for q in d.queues if q.name == c.POISON_QUEUE)
+    assert poison.arguments == {"x-queue-type": "quorum"}
+    assert (c.POISON_EXCHANGE, c.POISON_QUEUE) in {(b.source, b.destination) for b in d.bindings}
+
+
 def test_router_user_may_publish_only_to_downlinks_and_read_only_its_inputs():
     links = [GatewayLink("local-eu", AmqpEndpoint("h", 1), "p")]
     d = backend_definitions(links, admin_password="a", backend_link_password="b", router_password="r")
