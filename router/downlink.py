@@ -44,7 +44,7 @@ from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.settings import RouterSettings
-from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later
+from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later, confirmed_later
 from router.subscriptions import Subscriptions
 from router.waiting import RegionMissing, RegionUnreachable, Waiting
 
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 #: How long a shutdown waits on one AMQP call: what is not cancelled or acked in that time
 #: RabbitMQ redelivers once the connection closes.
 SHUTDOWN_CALL_TIMEOUT_S = 2.0
+#: Presence events taken at once (each is acked within PRESENCE_CONFIRM_WAIT_S at most).
+PRESENCE_PREFETCH = 100
 
 
 class Downlink(Lifecycle):
@@ -121,7 +123,8 @@ class Downlink(Lifecycle):
 
     async def _start(self, channel: AbstractRobustChannel) -> None:  # type: ignore[override]
         self._channel = channel
-        await channel.set_qos(prefetch_count=100)
+        # per consumer (basic.qos applies to the consumers created after it)
+        await channel.set_qos(prefetch_count=PRESENCE_PREFETCH)
         # Presence first, and rebuilt from the gateways before any command is routed.
         # Durable, per router: events that happen while this router restarts
         # wait for it and are applied on top of the rebuilt snapshot (the
@@ -137,6 +140,7 @@ class Downlink(Lifecycle):
             await presence_q.bind(c.PRESENCE_EXCHANGE, routing_key=key)
         await self.feed.rebuild()
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
+        await channel.set_qos(prefetch_count=self.settings.command_prefetch)
         commands = await channel.get_queue(c.COMMANDS_QUEUE, ensure=True)
         self._consumers.append((commands, await commands.consume(self.on_command)))
         acks = await channel.get_queue(c.ACKS_QUEUE, ensure=True)
@@ -209,15 +213,19 @@ class Downlink(Lifecycle):
             raise RegionUnreachable(region) from e
 
     async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
-        await self.producer.send(
-            self.settings.deadletter_topic,
-            payload,
-            device or None,
-            [
-                (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
-                (c.KAFKA_DEVICE_HEADER, device.encode()),
-                (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
-            ],
+        # produced now (in order), confirmed after the caller's lock when it collects
+        # confirmations: Kafka being slow or away must not hold up routing
+        await confirmed_later(
+            self.producer.send_soon(
+                self.settings.deadletter_topic,
+                payload,
+                device or None,
+                [
+                    (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
+                    (c.KAFKA_DEVICE_HEADER, device.encode()),
+                    (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
+                ],
+            )
         )
         self.metrics.inc("fedgate_router_deadlettered_total", topic=self.settings.deadletter_topic)
 

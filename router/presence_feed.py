@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: How long the gateways' management API may take to list a new connection.
 LISTING_LAG_S = 10.0
+#: How long a presence event waits for Kafka to confirm its change before it is acked anyway.
+PRESENCE_CONFIRM_WAIT_S = 5.0
 PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
 
 Deliver = Callable[[Session, list[str]], Awaitable[None]]
@@ -156,11 +158,20 @@ class PresenceFeed:
         async with message.process(requeue=True):
             written = await self._apply(message)
             if written is not None:
-                # The event is acked only once Kafka has the change (a restarted router
-                # rebuilds from it), but that wait is outside the lock: the next events and
-                # the commands go on meanwhile.  A reconnect wave of thousands of devices
-                # used to hold every command behind one Kafka round trip per connect.
-                await written
+                # The event is acked once Kafka has the change (a restarted router starts
+                # from it), but that wait is outside the lock: the next events and the
+                # commands go on meanwhile.  A reconnect wave of thousands of devices used
+                # to hold every command behind one Kafka round trip per connect.  And it is
+                # bounded: with Kafka away, the write stays queued in the producer (sent
+                # once Kafka is back) and the event is acked all the same, so presence
+                # keeps following the devices; what a restart could then miss, its rebuild
+                # from the gateways' connection listings gives back.
+                confirming = asyncio.ensure_future(written)
+                try:
+                    await asyncio.wait_for(asyncio.shield(confirming), PRESENCE_CONFIRM_WAIT_S)
+                except TimeoutError:
+                    self.metrics.inc("fedgate_router_presence_unconfirmed_total")
+                    confirming.add_done_callback(_log_late_failure)
 
     async def _apply(self, message: AbstractIncomingMessage) -> Awaitable[None] | None:
         """Apply one event under the lock; returns its write to Kafka, already produced (so
@@ -226,3 +237,8 @@ class PresenceFeed:
         self.subscriptions.add(session.connection, filters)
         await self._deliver(session, filters)
         return True
+
+
+def _log_late_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a presence change acked unconfirmed was refused by Kafka: %r", task.exception())

@@ -87,6 +87,14 @@ class RouterSettings:
     max_payload_bytes: int = field(
         default=256 * 1024, metadata={"doc": "Uplink payloads above this are dead-lettered."}
     )
+    command_prefetch: int = field(
+        default=1000,
+        metadata={
+            "doc": "Commands (and acknowledgements) taken from the backend at once: commands that wait for "
+            "Kafka (parked, desired state, tracked for a QoS 0 device) hold one each until Kafka confirms, "
+            "so while Kafka is away, commands to connected devices flow until this many wait."
+        },
+    )
     max_inflight: int = field(
         default=2000, metadata={"doc": "Uplink messages on their way to Kafka at once (prefetch)."}
     )
@@ -167,6 +175,7 @@ class RouterSettings:
             "ack_timeout_s",
             "max_payload_bytes",
             "max_inflight",
+            "command_prefetch",
             "kafka_partitions",
             "kafka_replication",
         ):

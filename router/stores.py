@@ -62,6 +62,21 @@ async def confirm_later() -> AsyncIterator[list[Awaitable[None]]]:
         _CONFIRM_LATER.reset(token)
 
 
+async def confirmed_later(delivered: Awaitable[Any]) -> None:
+    """A write that is not a table's (a dead letter): its confirmation joins the collected
+    ones when the caller collects them (confirm_later), so no Kafka round trip is waited
+    for under the caller's lock; otherwise it is awaited here."""
+    pending = _CONFIRM_LATER.get()
+    if pending is None:
+        await delivered
+        return
+
+    async def confirmed() -> None:
+        await delivered
+
+    pending.append(confirmed())
+
+
 async def all_confirmed(pending: list[Awaitable[None]]) -> None:
     """Wait for every collected confirmation; a failure raises (the input is requeued)."""
     outcomes = await asyncio.gather(*pending, return_exceptions=True)

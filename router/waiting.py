@@ -32,13 +32,15 @@ from router.metrics import Metrics
 from router.parking import Parked, ParkingLot
 from router.presence import PresenceTable, Session
 from router.routing import Command, topic_matches
-from router.stores import DesiredState
+from router.stores import DesiredState, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
 
 #: How often expired records are dead-lettered, due resends made and failed sends tried again.
 SWEEP_EVERY_S = 5.0
+#: How long a sweep waits for Kafka to confirm its writes before the next round goes on.
+KAFKA_WAIT_S = 30.0
 
 Send = Callable[[str, Command, bytes], Awaitable[None]]
 DeadLetter = Callable[[str, str, str, bytes], Awaitable[None]]
@@ -164,8 +166,24 @@ class Waiting:
     async def run_sweeper(self, lock: asyncio.Lock) -> None:
         while True:
             await asyncio.sleep(SWEEP_EVERY_S)
+            confirming: asyncio.Future[None] | None = None
             try:
-                async with lock:
+                # Kafka's confirmations of the round's writes are awaited after the lock: with
+                # Kafka away, routing goes on, and the next round waits for this one's
+                async with confirm_later() as pending, lock:
                     await self.sweep(time.time())
+                confirming = asyncio.ensure_future(all_confirmed(pending))
+                # shielded: a write given up on would be taken back from the view while the
+                # producer still sends it; it stays queued there until Kafka is back
+                await asyncio.wait_for(asyncio.shield(confirming), KAFKA_WAIT_S)
+            except TimeoutError:
+                log.warning("Kafka has not confirmed a sweep's writes in %.0f s; sweeping on", KAFKA_WAIT_S)
+                if confirming is not None:
+                    confirming.add_done_callback(_log_late_failure)
             except Exception as e:  # keep sweeping; the next round retries
                 log.error("sweeping parked messages failed: %r", e)
+
+
+def _log_late_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a sweep's write was refused by Kafka: %r", task.exception())

@@ -146,6 +146,9 @@ def check(
         rows = spark_rows(spark_federation, device_prefix, expect=len(in_kafka))
         counts["telemetry_raw_rows"] = len(rows)
         counts["telemetry_raw_duplicated"] = len(rows) - len(set(rows))
+    if missing and spark_federation is not None:
+        # where the missing ones are, if anywhere: still in the backend's queues, or set aside
+        counts["backend_queues_not_empty"] = backend_queue_depths(spark_federation)
     record_counts(**counts)
     assert missing == 0, f"{missing} acknowledged messages never reached Kafka"
     assert duplicates <= max_duplicates
@@ -155,3 +158,15 @@ def check(
             f"telemetry_raw differs from Kafka: {len(in_kafka - set(rows))} missing, "
             f"{len(set(rows) - in_kafka)} extra"
         )
+
+
+def backend_queue_depths(federation: Any) -> dict[str, int]:
+    """The backend's queues that hold messages (uplink shards, commands, fedgate.poison)."""
+    from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
+
+    node = federation.backend()
+    try:
+        depths = prometheus_queue_messages(f"http://{node.host}:{node.spec.ports['prometheus']}", timeout=5)
+    except AdminError as e:
+        return {"unknown": 0, str(e): 0}
+    return {q: n for q, n in sorted(depths.items()) if n}

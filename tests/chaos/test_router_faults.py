@@ -108,3 +108,61 @@ def test_sigterm_drains_and_exits_cleanly(federation, endpoints, uid):
     assert "stopping: producer flushed" in log and "stopped" in log
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
     check(fleet, got, max_duplicates=0, spark_federation=federation, device_prefix=f"term-{uid}-")
+
+
+def test_with_kafka_away_commands_to_connected_devices_and_presence_keep_flowing(federation, endpoints, uid):
+    """Kafka stopped; 150 commands for a device that is away, each of which must be parked in
+    Kafka; then a command for a connected device, and one for a device that connects at the
+    other gateway meanwhile.  Before, a parked command held its AMQP message until Kafka
+    confirmed, and 100 of them (the prefetch) stopped every command behind them, to connected
+    devices too, until Kafka was back.  Once it is, the away device gets all 150 in order."""
+    from backend import contract as c
+    from backend.amqp import send_command
+    from tests.helpers import device, record_counts, wait_present
+
+    def send(dev_id: str, payload: str) -> None:
+        send_command(endpoints["backend"]["url"], dev_id, c.device_command_topic(dev_id, "k"), payload)
+
+    away, here, newcomer = f"kaway-{uid}", f"khere-{uid}", f"knew-{uid}"
+    gone = device(endpoints, "local-eu", away)
+    wait_present(endpoints, away, "local-eu")
+    gone.close()  # seen once: its commands are parked while it is away
+    h = device(endpoints, "local-eu", here)
+    n = back = None
+    try:
+        h.subscribe(c.device_command_topic(here, "#"))
+        wait_present(endpoints, here, "local-eu")
+        federation.stop_node("kafka")
+        try:
+            for i in range(150):
+                send(away, f"p{i}")
+            t0 = time.monotonic()
+            send(here, "while-kafka-away")
+            got_here = [r.payload for r in h.wait_for(1, timeout=15)]
+            here_s = time.monotonic() - t0
+            n = device(endpoints, "local-us", newcomer)
+            n.subscribe(c.device_command_topic(newcomer, "#"))
+            wait_present(endpoints, newcomer, "local-us", timeout=15)
+            send(newcomer, "hello")
+            got_new = [r.payload for r in n.wait_for(1, timeout=15)]
+        finally:
+            federation.start_node("kafka")
+        back = device(endpoints, "local-us", away)
+        back.subscribe(c.device_command_topic(away, "#"))
+        parked = [r.payload for r in back.wait_for(150, timeout=120)]
+        time.sleep(1.0)
+        record_counts(
+            parked_while_kafka_away=150,
+            delivered_after=len(back.received),
+            to_connected_while_away=len(got_here),
+            connected_device_got_it_after_s=round(here_s, 2),
+            to_newcomer_while_away=len(got_new),
+            lost=150 - len(back.received) + (1 - len(got_here)) + (1 - len(got_new)),
+        )
+        assert got_here == [b"while-kafka-away"], "a connected device's command waited for Kafka"
+        assert got_new == [b"hello"], "presence or routing stopped while Kafka was away"
+        assert parked == [f"p{i}".encode() for i in range(150)] and len(back.received) == 150
+    finally:
+        for d in (h, n, back):
+            if d is not None:
+                d.close()

@@ -279,12 +279,15 @@ def test_a_command_every_router_fails_on_is_set_aside_in_the_poison_queue_not_dr
         ch = conn.channel()
         send(endpoints, dev_id, "x", "poison")
         deliveries = 0
-        while deliveries < 40:
-            method, props, body = ch.basic_get(c.COMMANDS_QUEUE)
-            if method is None:
+        # a consumer (the queue has a single active one, which basic.get may not bypass)
+        # that nacks every delivery with requeue, as a router failing on it would
+        ch.basic_qos(prefetch_count=1)
+        for method, props, _ in ch.consume(c.COMMANDS_QUEUE, inactivity_timeout=3):
+            if method is None or deliveries >= 40:
                 break
             deliveries += (props.headers or {}).get(c.DEVICE_HEADER) == dev_id
-            ch.basic_nack(method.delivery_tag, requeue=True)  # a router failing on it
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        ch.cancel()
         # an operator sees it in `fedgate status` (the backend's line)
         deadline = time.monotonic() + 20
         while not any(c.POISON_QUEUE in r.detail for r in federation.status() if r.role == "backend"):
