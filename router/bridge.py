@@ -7,6 +7,9 @@ says it is stored.  Poison input -- a payload over the size limit, a
 matching topic without a device, data the rule cannot decode -- goes to the
 dead-letter topic with the reason, and is acked once that is stored.
 
+A record Kafka refuses for good (larger than its topic takes, invalid) goes
+to the dead-letter topic the same way, with Kafka's error as the reason.
+
 In-flight messages are bounded by the AMQP prefetch: when Kafka is down,
 reports stop, the prefetch fills up and RabbitMQ keeps the rest.
 """
@@ -167,16 +170,42 @@ class UplinkBridge(Lifecycle):
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.inflight -= 1
             if err is not None:
-                # Only fatal producer errors end up here (message.timeout.ms=0):
-                # give the message back to RabbitMQ rather than lose it.
                 log.error("Kafka refused a record for %s: %s", topic, err)
                 self.metrics.inc("fedgate_router_kafka_errors_total")
+                if refused_for_good(err) and topic != self.settings.deadletter_topic:
+                    self._deadletter_refused(tag, message, topic, err)
+                    return
+                # a fatal producer error (message.timeout.ms=0: nothing else ends here):
+                # back to RabbitMQ rather than lost (fedgate.poison after 20 times)
             else:
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
                 self.metrics.inc(counter, topic=topic)
             self._settled(tag, message, ok=err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
+
+    def _deadletter_refused(
+        self, tag: int, message: AbstractIncomingMessage, topic: str, err: KafkaError
+    ) -> None:
+        """A record Kafka refused for good (larger than the topic takes, invalid) goes to the
+        dead-letter topic with the reason, and the message is acked once that is stored;
+        before, it went back to RabbitMQ again and again."""
+        reason = f"Kafka refused the record for {topic}: {err.name()} ({err.str()})"
+        headers = [
+            (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
+            (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
+            (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.headers) or "").encode()),
+        ]
+        log.warning("dead-lettering a message on %s: %s", message.routing_key, reason)
+        self.inflight += 1
+
+        def stored(err: KafkaError | None, msg: Message) -> None:
+            self.inflight -= 1
+            if err is None:
+                self.metrics.inc(DEADLETTERED, topic=self.settings.deadletter_topic)
+            self._settled(tag, message, ok=err is None)
+
+        self.producer.produce(self.settings.deadletter_topic, message.body, None, headers, stored)
 
     # --- acks -------------------------------------------------------------------
     #
@@ -252,3 +281,17 @@ def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
 def _log_task_error(task: Any) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("ack/nack failed: %s", task.exception())
+
+
+def refused_for_good(err: KafkaError) -> bool:
+    """Kafka will never take this record as it is (the same produce would fail again)."""
+    return not err.fatal() and not err.retriable() and err.code() in REFUSED_FOR_GOOD
+
+
+#: Errors about the record itself, not about Kafka's state.
+REFUSED_FOR_GOOD = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_MSG_SIZE,
+}

@@ -226,6 +226,48 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_the_router_keeps_run
     assert [m.value() for m, _ in ok] == [b'{"after": "poison"}']
 
 
+def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(endpoints, uid):
+    """The catch-all topic takes records of 512 bytes at most (an operator's limit lower than
+    the router's); a line controller publishes 2 KB there.  Before, Kafka's refusal sent the
+    message back to RabbitMQ, again and again; now it is in the dead-letter topic with
+    Kafka's error as the reason, and the next small message is bridged as usual."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": endpoints["kafka"]["bootstrap"]})
+
+    def limit(op: AlterConfigOpType, value: str | None = None) -> None:
+        entry = ConfigEntry("max.message.bytes", value, incremental_operation=op)
+        res = ConfigResource(ConfigResource.Type.TOPIC, c.KAFKA_UNMATCHED_TOPIC, incremental_configs=[entry])
+        for fut in admin.incremental_alter_configs([res]).values():
+            fut.result(timeout=30)
+
+    limit(AlterConfigOpType.SET, "512")
+    try:
+        time.sleep(1.0)
+        with operator_client(endpoints, "local-us", f"big-line-{uid}") as line:
+            line.publish(f"factory/{uid}/big", b"y" * 2048)
+            line.publish(f"factory/{uid}/small", b"ok")
+        dead = kafka_records(
+            endpoints,
+            c.KAFKA_DEADLETTER_TOPIC,
+            lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"factory/{uid}/big",
+            expect=1,
+            timeout=30,
+        )
+        small = kafka_records(
+            endpoints,
+            c.KAFKA_UNMATCHED_TOPIC,
+            lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"factory/{uid}/small",
+            expect=1,
+        )
+    finally:
+        limit(AlterConfigOpType.DELETE)
+    record_counts(sent=2, deadlettered=len(dead), bridged=len(small), lost=2 - len(dead) - len(small))
+    assert len(dead) == 1 and len(dead[0][0].value()) == 2048
+    assert "MSG_SIZE_TOO_LARGE" in dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
+    assert len(small) == 1
+
+
 def test_a_command_without_a_device_is_dead_lettered(endpoints, uid):
     send_command(endpoints["backend"]["url"], "", f"devices/x/commands/{uid}", b"lost?")
     dead = kafka_records(
