@@ -4,6 +4,7 @@ desired state, and the Kafka bridge (paho-mqtt devices, a confluent-kafka consum
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -227,10 +228,11 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_the_router_keeps_run
 
 
 def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(endpoints, uid):
-    """The catch-all topic takes records of 512 bytes at most (an operator's limit lower than
-    the router's); a line controller publishes 2 KB there.  Before, Kafka's refusal sent the
-    message back to RabbitMQ, again and again; now it is in the dead-letter topic with
-    Kafka's error as the reason, and the next small message is bridged as usual."""
+    """The catch-all topic takes record batches of 512 bytes at most (an operator's limit lower
+    than the router's); a line controller publishes 2 KB of random text there.  Before,
+    Kafka's refusal sent the message back to RabbitMQ, again and again; now it is in the
+    dead-letter topic with Kafka's error as the reason, and the next small message is
+    bridged as usual."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
     admin = AdminClient({"bootstrap.servers": endpoints["kafka"]["bootstrap"]})
@@ -245,7 +247,8 @@ def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(end
     try:
         time.sleep(1.0)
         with operator_client(endpoints, "local-us", f"big-line-{uid}") as line:
-            line.publish(f"factory/{uid}/big", b"y" * 2048)
+            big = os.urandom(1024).hex().encode()  # 2 KB that compression cannot shrink under 512 bytes
+            line.publish(f"factory/{uid}/big", big)
             line.publish(f"factory/{uid}/small", b"ok")
         dead = kafka_records(
             endpoints,
@@ -263,7 +266,7 @@ def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(end
     finally:
         limit(AlterConfigOpType.DELETE)
     record_counts(sent=2, deadlettered=len(dead), bridged=len(small), lost=2 - len(dead) - len(small))
-    assert len(dead) == 1 and len(dead[0][0].value()) == 2048
+    assert len(dead) == 1 and dead[0][0].value() == big
     assert "MSG_SIZE_TOO_LARGE" in dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
     assert len(small) == 1
 
