@@ -9,6 +9,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from backend import contract as c
 from backend.kafka_read import Match, read_records
 from fedgate.devices import SimDevice
 from infra.local.driver import LocalFederation
@@ -82,6 +83,15 @@ def kafka_records(
 ) -> list[tuple[Message, dict[str, str]]]:
     """Records of `topic` (from the start) that `match`, until `expect` of them or `timeout`."""
     return read_records(endpoints["kafka"]["bootstrap"], topic, match, expect, timeout)
+
+
+def records_from(
+    endpoints: dict[str, Any], topic: str, mqtt_topic: str, expect: int, timeout: float = 20.0
+) -> list[tuple[Message, dict[str, str]]]:
+    """Records of Kafka `topic` that came from MQTT topic `mqtt_topic` (its header)."""
+    return kafka_records(
+        endpoints, topic, lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == mqtt_topic, expect, timeout
+    )
 
 
 #: (test, counts) of every fault scenario run in this session; the root conftest prints them at the end

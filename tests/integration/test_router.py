@@ -17,6 +17,7 @@ from tests.helpers import (
     kafka_records,
     operator_client,
     record_counts,
+    records_from,
     router_metrics,
     wait_metric,
     wait_present,
@@ -190,12 +191,7 @@ def test_unmatched_topics_go_to_the_catch_all_with_their_topic(endpoints, uid):
     # devices publish only under devices/<id>/...; a line controller with wider rights does not
     with operator_client(endpoints, "local-us", f"odd-{uid}") as d:
         d.publish(f"factory/{uid}/line-1", b"hello")
-    recs = kafka_records(
-        endpoints,
-        c.KAFKA_UNMATCHED_TOPIC,
-        lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"factory/{uid}/line-1",
-        expect=1,
-    )
+    recs = records_from(endpoints, c.KAFKA_UNMATCHED_TOPIC, f"factory/{uid}/line-1", expect=1)
     assert len(recs) == 1 and recs[0][0].value() == b"hello"
     assert recs[0][1][c.KAFKA_REGION_HEADER] == "local-us"
 
@@ -250,19 +246,8 @@ def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(end
             big = os.urandom(1024).hex().encode()  # 2 KB that compression cannot shrink under 512 bytes
             line.publish(f"factory/{uid}/big", big)
             line.publish(f"factory/{uid}/small", b"ok")
-        dead = kafka_records(
-            endpoints,
-            c.KAFKA_DEADLETTER_TOPIC,
-            lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"factory/{uid}/big",
-            expect=1,
-            timeout=30,
-        )
-        small = kafka_records(
-            endpoints,
-            c.KAFKA_UNMATCHED_TOPIC,
-            lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"factory/{uid}/small",
-            expect=1,
-        )
+        dead = records_from(endpoints, c.KAFKA_DEADLETTER_TOPIC, f"factory/{uid}/big", expect=1, timeout=30)
+        small = records_from(endpoints, c.KAFKA_UNMATCHED_TOPIC, f"factory/{uid}/small", expect=1)
     finally:
         limit(AlterConfigOpType.DELETE)
     record_counts(sent=2, deadlettered=len(dead), bridged=len(small), lost=2 - len(dead) - len(small))
@@ -273,12 +258,7 @@ def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(end
 
 def test_a_command_without_a_device_is_dead_lettered(endpoints, uid):
     send_command(endpoints["backend"]["url"], "", f"devices/x/commands/{uid}", b"lost?")
-    dead = kafka_records(
-        endpoints,
-        c.KAFKA_DEADLETTER_TOPIC,
-        lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == f"devices/x/commands/{uid}",
-        expect=1,
-    )
+    dead = records_from(endpoints, c.KAFKA_DEADLETTER_TOPIC, f"devices/x/commands/{uid}", expect=1)
     assert "without the x-fedgate-device header" in dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
 
 
@@ -295,9 +275,7 @@ def test_a_command_too_large_to_park_is_refused_at_send_and_dead_lettered_when_i
     publish_confirmed(
         endpoints["backend"]["url"], c.COMMANDS_EXCHANGE, dev_id, big, command_headers(dev_id, topic)
     )
-    dead = kafka_records(
-        endpoints, c.KAFKA_DEADLETTER_TOPIC, lambda m, h: h.get(c.KAFKA_MQTT_TOPIC_HEADER) == topic, expect=1
-    )
+    dead = records_from(endpoints, c.KAFKA_DEADLETTER_TOPIC, topic, expect=1)
     record_counts(sent=1, deadlettered=len(dead), lost=1 - len(dead))
     reason = dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
     assert reason == f"command of 1500000 bytes is over the limit of {c.MAX_COMMAND_BYTES}"

@@ -45,8 +45,10 @@ class _Region:
         self.deadlettered.append((device, reason))
 
 
-def _waiting(region: _Region, presence: PresenceTable, subs: Subscriptions) -> Waiting:
-    return Waiting(
+def _world() -> tuple[_Region, PresenceTable, Subscriptions, Waiting]:
+    """The region's send path, presence, subscriptions, and what waits, wired together."""
+    region, presence, subs = _Region(), PresenceTable(), Subscriptions()
+    w = Waiting(
         ParkingLot(_table("parked"), ttl_s=60),
         DesiredState(_table("desired")),
         presence,
@@ -56,12 +58,12 @@ def _waiting(region: _Region, presence: PresenceTable, subs: Subscriptions) -> W
         send=region.send,
         deadletter=region.deadletter,
     )
+    return region, presence, subs, w
 
 
 def test_commands_a_region_could_not_take_wait_and_go_out_in_order_once_it_can():
     async def scenario():
-        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
-        w = _waiting(region, presence, subs)
+        region, presence, subs, w = _world()
         session = Session("d1", "local-us", "rabbit@us", "conn-1", time.time())
         presence.connected(session)
         subs.opened(session.connection)
@@ -86,8 +88,7 @@ def test_commands_a_region_could_not_take_wait_and_go_out_in_order_once_it_can()
 
 def test_a_device_that_left_is_not_tried_again_its_next_session_gets_what_waits():
     async def scenario():
-        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
-        w = _waiting(region, presence, subs)
+        region, presence, subs, w = _world()
         session = Session("d1", "local-us", "rabbit@us", "conn-1", time.time())
         await w.parking.park_command(Command("d1", "devices/d1/commands/c"), b"x")
         await w.deliver(session, ["#"])
@@ -100,8 +101,7 @@ def test_a_device_that_left_is_not_tried_again_its_next_session_gets_what_waits(
 
 def test_a_connection_not_subscribed_yet_is_not_sent_what_waits():
     async def scenario():
-        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
-        w = _waiting(region, presence, subs)
+        region, presence, subs, w = _world()
         session = Session("d1", "local-us", "rabbit@us", "conn-1", time.time())
         presence.connected(session)
         subs.opened(session.connection)  # seen open, no subscription yet
@@ -116,8 +116,7 @@ def test_a_connection_not_subscribed_yet_is_not_sent_what_waits():
 
 def test_an_expired_record_is_dead_lettered_even_when_a_region_cannot_take_the_others():
     async def scenario():
-        region, presence, subs = _Region(), PresenceTable(), Subscriptions()
-        w = _waiting(region, presence, subs)
+        region, presence, subs, w = _world()
         await w.parking.park("d1", "devices/d1/commands/old", b"o", command_expires_at=time.time() - 1)
         session = Session("d2", "local-us", "rabbit@us", "conn-2", time.time())
         presence.connected(session)
