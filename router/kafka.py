@@ -53,9 +53,12 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
 
 
 class AsyncProducer(Lifecycle):
-    def __init__(self, config: dict[str, Any]):
+    def __init__(self, config: dict[str, Any], on_fatal: Callable[[KafkaError], None] | None = None):
         super().__init__()
-        self._producer = Producer(config)
+        #: a fatal error (the idempotent producer lost its guarantees): every later record fails
+        self.fatal_error: KafkaError | None = None
+        self._on_fatal = on_fatal
+        self._producer = Producer({**config, "error_cb": self._on_error})
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,6 +71,17 @@ class AsyncProducer(Lifecycle):
     async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (on the poll thread).  Most errors are Kafka being away,
+        which the producer rides out; a fatal one it cannot: the router must be restarted."""
+        if not err.fatal():
+            log.debug("Kafka producer: %s", err)
+            return
+        log.critical("Kafka producer failed for good: %s", err)
+        self.fatal_error = err
+        if self._on_fatal is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_fatal, err)
 
     def _poll_loop(self) -> None:
         loop = self._loop

@@ -44,6 +44,7 @@ HELP = {
     "fedgate_router_kafka_delivery_seconds": "Time from produce to Kafka's delivery report.",
     "fedgate_router_presence_devices": "Devices currently connected, per region.",
     "fedgate_router_inflight": "Uplink messages on their way to Kafka.",
+    "fedgate_router_fatal_errors_total": "Fatal Kafka producer errors (the router then exits).",
     "fedgate_router_presence_unconfirmed_total": (
         "Presence events acked before Kafka confirmed their change (Kafka slow or away)."
     ),

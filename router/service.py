@@ -10,6 +10,8 @@ backend or Kafka cannot be reached.
 SIGTERM (or SIGINT) shuts down in a fixed order: stop intake (cancel the
 consumers) -> drain in-flight messages (each acked once Kafka has it) ->
 flush the producer -> close the channels -> close the connection -> exit 0.
+A fatal Kafka producer error does the same after /health turned 503, and
+exits 1, for the supervisor to start a fresh router.
 """
 
 from __future__ import annotations
@@ -56,7 +58,12 @@ class Router(Lifecycle):
         self.settings = settings
         self.metrics = Metrics()
         self.presence = PresenceTable()
-        self.producer = AsyncProducer(producer_config(settings.kafka_bootstrap))
+        self.producer = AsyncProducer(
+            producer_config(settings.kafka_bootstrap), on_fatal=self._producer_failed
+        )
+        #: why the router cannot go on (a fatal Kafka producer error): /health fails, run() exits 1
+        self.failed: str | None = None
+        self.failed_event = asyncio.Event()
         self.bridge = UplinkBridge(settings, self.producer, self.metrics)
         self.desired_table = KafkaTable(
             settings.kafka_bootstrap, DESIRED_TOPIC, self.producer, settings.router_id
@@ -127,9 +134,7 @@ class Router(Lifecycle):
                 {
                     "/metrics": lambda q: (200, "text/plain; version=0.0.4", self.metrics.render()),
                     "/presence": self._presence_json,
-                    "/health": lambda q: (
-                        (200, "text/plain", "ok\n") if self.ready else (503, "text/plain", "starting\n")
-                    ),
+                    "/health": self.health,
                 },
             )
             await self.http.start()
@@ -184,6 +189,23 @@ class Router(Lifecycle):
             }
         )
 
+    def health(self, query: object = None) -> tuple[int, str, str]:
+        """/health: 200 once routing, 503 while starting, and 503 with the reason once failed."""
+        if self.failed:
+            return 503, "text/plain", f"failed: {self.failed}\n"
+        if self.ready:
+            return 200, "text/plain", "ok\n"
+        return 503, "text/plain", "starting\n"
+
+    def _producer_failed(self, err: object) -> None:
+        """A fatal producer error: nothing more reaches Kafka, so the router says so on /health
+        and exits for its supervisor to start it again (what it had not acked, RabbitMQ
+        redelivers to the next one)."""
+        self.failed = f"Kafka producer: {err}"
+        self.ready = False
+        self.metrics.inc("fedgate_router_fatal_errors_total")
+        self.failed_event.set()
+
     async def _stop(self) -> None:
         """Stop intake, drain, flush, close -- in that order (Lifecycle makes it safe twice)."""
         self.ready = False
@@ -236,8 +258,14 @@ async def run(settings: RouterSettings, config: Path | None = None) -> int:
         log.error("cannot start: %s", e)
         await router.stop()
         return 1
-    await stop.wait()
+    stopped, failed = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(router.failed_event.wait())
+    await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in (stopped, failed):
+        waiting.cancel()
     await router.stop()
+    if router.failed:
+        log.error("exiting: %s", router.failed)
+        return 1
     return 0
 
 
