@@ -149,13 +149,8 @@ class UplinkBridge(Lifecycle):
             counter = BRIDGED
         except Poison as e:
             topic, key = self.settings.deadletter_topic, None
-            headers = [
-                (c.KAFKA_DEADLETTER_REASON_HEADER, str(e).encode()),
-                (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
-                (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.headers) or "").encode()),
-            ]
+            headers = deadletter_headers(message, str(e))
             counter = DEADLETTERED
-            log.warning("dead-lettering a message on %s: %s", message.routing_key, e)
         started = time.monotonic()
         self.inflight += 1
 
@@ -190,13 +185,9 @@ class UplinkBridge(Lifecycle):
         """A record Kafka refused for good (larger than the topic takes, invalid) goes to the
         dead-letter topic with the reason, and the message is acked once that is stored;
         before, it went back to RabbitMQ again and again."""
-        reason = f"Kafka refused the record for {topic}: {err.name()} ({err.str()})"
-        headers = [
-            (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
-            (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
-            (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.headers) or "").encode()),
-        ]
-        log.warning("dead-lettering a message on %s: %s", message.routing_key, reason)
+        headers = deadletter_headers(
+            message, f"Kafka refused the record for {topic}: {err.name()} ({err.str()})"
+        )
         self.inflight += 1
 
         def stored(err: KafkaError | None, msg: Message) -> None:
@@ -281,6 +272,16 @@ def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
 def _log_task_error(task: Any) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("ack/nack failed: %s", task.exception())
+
+
+def deadletter_headers(message: AbstractIncomingMessage, reason: str) -> list[tuple[str, bytes]]:
+    """The dead-letter record's headers for a device message that cannot be bridged (logged)."""
+    log.warning("dead-lettering a message on %s: %s", message.routing_key, reason)
+    return [
+        (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
+        (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
+        (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.headers) or "").encode()),
+    ]
 
 
 def refused_for_good(err: KafkaError) -> bool:

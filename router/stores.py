@@ -69,12 +69,8 @@ async def confirmed_later(delivered: Awaitable[Any]) -> None:
     pending = _CONFIRM_LATER.get()
     if pending is None:
         await delivered
-        return
-
-    async def confirmed() -> None:
-        await delivered
-
-    pending.append(confirmed())
+    else:
+        pending.append(delivered)
 
 
 async def all_confirmed(pending: list[Awaitable[None]]) -> None:
