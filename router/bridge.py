@@ -8,7 +8,12 @@ matching topic without a device, data the rule cannot decode -- goes to the
 dead-letter topic with the reason, and is acked once that is stored.
 
 A record Kafka refuses for good (larger than its topic takes, invalid) goes
-to the dead-letter topic the same way, with Kafka's error as the reason.
+to the dead-letter topic the same way, with Kafka's error as the reason --
+but only once Kafka refused it alone: Kafka judges a whole record batch, so
+the small records that shared a batch with an oversized one are refused with
+it.  Each refused record is sent once more through a producer that puts one
+record in each batch; what Kafka takes then is bridged (possibly after later
+records of its key), what it refuses again is dead-lettered.
 
 In-flight messages are bounded by the AMQP prefetch: when Kafka is down,
 reports stop, the prefetch fills up and RabbitMQ keeps the rest.
@@ -51,10 +56,14 @@ class Poison(ValueError):
 
 
 class UplinkBridge(Lifecycle):
-    def __init__(self, settings: RouterSettings, producer: AsyncProducer, metrics: Metrics):
+    def __init__(
+        self, settings: RouterSettings, producer: AsyncProducer, metrics: Metrics, alone: AsyncProducer
+    ):
         super().__init__()
         self.settings = settings
         self.producer = producer
+        #: one record per batch: the second opinion on a record Kafka refused (see the module doc)
+        self.alone = alone
         self.metrics = metrics
         self.mapper = TopicMapper(settings.rules, settings.unmatched_topic)
         self.inflight = 0
@@ -168,7 +177,7 @@ class UplinkBridge(Lifecycle):
                 log.error("Kafka refused a record for %s: %s", topic, err)
                 self.metrics.inc("fedgate_router_kafka_errors_total")
                 if refused_for_good(err) and topic != self.settings.deadletter_topic:
-                    self._deadletter_refused(tag, message, topic, err)
+                    self._send_alone(tag, message, topic, key, headers, counter, started)
                     return
                 # a fatal producer error (message.timeout.ms=0: nothing else ends here):
                 # back to RabbitMQ rather than lost (fedgate.poison after 20 times)
@@ -179,10 +188,38 @@ class UplinkBridge(Lifecycle):
 
         self.producer.produce(topic, message.body, key, headers, delivered)
 
+    def _send_alone(
+        self,
+        tag: int,
+        message: AbstractIncomingMessage,
+        topic: str,
+        key: str | None,
+        headers: list[tuple[str, bytes]],
+        counter: str,
+        started: float,
+    ) -> None:
+        """Kafka refused the batch this record was in; ask again with the record alone."""
+        self.inflight += 1
+        self.metrics.inc("fedgate_router_kafka_sent_alone_total")
+
+        def answered(err: KafkaError | None, msg: Message) -> None:
+            self.inflight -= 1
+            if err is None:
+                self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
+                self.metrics.inc(counter, topic=topic)
+            elif refused_for_good(err):
+                self._deadletter_refused(tag, message, topic, err)
+                return
+            else:
+                log.error("Kafka refused a record sent alone for %s: %s", topic, err)
+            self._settled(tag, message, ok=err is None)
+
+        self.alone.produce(topic, message.body, key, headers, answered)
+
     def _deadletter_refused(
         self, tag: int, message: AbstractIncomingMessage, topic: str, err: KafkaError
     ) -> None:
-        """A record Kafka refused for good (larger than the topic takes, invalid) goes to the
+        """A record Kafka refused for good, alone (larger than the topic takes, invalid), goes to the
         dead-letter topic with the reason, and the message is acked once that is stored;
         before, it went back to RabbitMQ again and again."""
         headers = deadletter_headers(

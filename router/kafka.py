@@ -52,6 +52,12 @@ def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def one_record_per_batch(config: dict[str, Any]) -> dict[str, Any]:
+    """The same producer, but each record in a batch of its own: Kafka's verdict on a batch
+    (too large, invalid) is then a verdict on that record."""
+    return {**config, "batch.num.messages": 1, "linger.ms": 0}
+
+
 class AsyncProducer(Lifecycle):
     def __init__(self, config: dict[str, Any], on_fatal: Callable[[KafkaError], None] | None = None):
         super().__init__()

@@ -41,6 +41,9 @@ HELP = {
     "fedgate_router_bridged_total": "Device messages stored in Kafka, per topic.",
     "fedgate_router_deadlettered_total": "Device messages sent to the dead-letter topic.",
     "fedgate_router_kafka_errors_total": "Records Kafka refused (returned to RabbitMQ).",
+    "fedgate_router_kafka_sent_alone_total": (
+        "Records sent again in a batch of their own after Kafka refused the batch they were in."
+    ),
     "fedgate_router_kafka_delivery_seconds": "Time from produce to Kafka's delivery report.",
     "fedgate_router_presence_devices": "Devices currently connected, per region.",
     "fedgate_router_inflight": "Uplink messages on their way to Kafka.",

@@ -29,7 +29,7 @@ import aio_pika.exceptions
 from backend.errors import FedgateError
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
-from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, producer_config
+from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
 from router.lifecycle import Lifecycle
 from router.metrics import HttpEndpoint, Metrics, json_response
 from router.parking import ParkingLot
@@ -61,10 +61,13 @@ class Router(Lifecycle):
         self.producer = AsyncProducer(
             producer_config(settings.kafka_bootstrap), on_fatal=self._producer_failed
         )
+        self.producer_alone = AsyncProducer(
+            one_record_per_batch(producer_config(settings.kafka_bootstrap)), on_fatal=self._producer_failed
+        )
         #: why the router cannot go on (a fatal Kafka producer error): /health fails, run() exits 1
         self.failed: str | None = None
         self.failed_event = asyncio.Event()
-        self.bridge = UplinkBridge(settings, self.producer, self.metrics)
+        self.bridge = UplinkBridge(settings, self.producer, self.metrics, self.producer_alone)
         self.desired_table = KafkaTable(
             settings.kafka_bootstrap, DESIRED_TOPIC, self.producer, settings.router_id
         )
@@ -117,6 +120,7 @@ class Router(Lifecycle):
         except KafkaUnavailable as e:
             raise StartupError(str(e)) from e
         await self.producer.start()
+        await self.producer_alone.start()
         if s.downlink:
             try:
                 for table in (self.desired_table, self.parked_table, self.presence_table):
@@ -214,7 +218,7 @@ class Router(Lifecycle):
         await self.bridge.stop_intake()
         await self.downlink.stop()
         await self.bridge.stop()
-        left = await self.producer.flush(10)
+        left = await self.producer.flush(10) + await self.producer_alone.flush(1)
         log.info(
             "stopping: producer flushed (%d left), closing AMQP (%d held deliveries go back to their shards)",
             left,
@@ -222,7 +226,14 @@ class Router(Lifecycle):
         )
         if self.connection is not None:
             await self.connection.close()
-        for part in (self.producer, self.desired_table, self.parked_table, self.presence_table, self.http):
+        for part in (
+            self.producer,
+            self.producer_alone,
+            self.desired_table,
+            self.parked_table,
+            self.presence_table,
+            self.http,
+        ):
             if part is not None:
                 await part.stop()
         log.info("stopped")

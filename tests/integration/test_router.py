@@ -225,10 +225,11 @@ def test_poison_messages_are_dead_lettered_with_reasons_and_the_router_keeps_run
 
 def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(endpoints, uid):
     """The catch-all topic takes record batches of 512 bytes at most (an operator's limit lower
-    than the router's); a line controller publishes 2 KB of random text there.  Before,
-    Kafka's refusal sent the message back to RabbitMQ, again and again; now it is in the
-    dead-letter topic with Kafka's error as the reason, and the next small message is
-    bridged as usual."""
+    than the router's); a line controller publishes 2 KB of random text there, then 30 small
+    readings right behind it.  Before, Kafka's refusal sent the big one back to RabbitMQ,
+    again and again; then it dead-lettered the small readings that happened to share its
+    record batch too (Kafka refuses whole batches).  Now the big one alone is in the
+    dead-letter topic with Kafka's error as the reason, and every small one is bridged."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
     admin = AdminClient({"bootstrap.servers": endpoints["kafka"]["bootstrap"]})
@@ -239,21 +240,32 @@ def test_a_record_kafka_refuses_for_good_is_dead_lettered_with_kafkas_reason(end
         for fut in admin.incremental_alter_configs([res]).values():
             fut.result(timeout=30)
 
+    topic = f"factory/{uid}/line"
+    big = os.urandom(1024).hex().encode()  # 2 KB that compression cannot shrink under 512 bytes
+    smalls = [f"reading {i}".encode() for i in range(30)]
     limit(AlterConfigOpType.SET, "512")
     try:
         time.sleep(1.0)
         with operator_client(endpoints, "local-us", f"big-line-{uid}") as line:
-            big = os.urandom(1024).hex().encode()  # 2 KB that compression cannot shrink under 512 bytes
-            line.publish(f"factory/{uid}/big", big)
-            line.publish(f"factory/{uid}/small", b"ok")
-        dead = records_from(endpoints, c.KAFKA_DEADLETTER_TOPIC, f"factory/{uid}/big", expect=1, timeout=30)
-        small = records_from(endpoints, c.KAFKA_UNMATCHED_TOPIC, f"factory/{uid}/small", expect=1)
+            for payload in [big, *smalls]:  # one client, one topic: one shard, one router, one burst
+                line.publish(topic, payload)
+        bridged = records_from(endpoints, c.KAFKA_UNMATCHED_TOPIC, topic, expect=len(smalls), timeout=30)
+        # more than one would be a small reading dead-lettered: look a few seconds for those too
+        dead = records_from(endpoints, c.KAFKA_DEADLETTER_TOPIC, topic, expect=1 + len(smalls), timeout=5)
     finally:
         limit(AlterConfigOpType.DELETE)
-    record_counts(sent=2, deadlettered=len(dead), bridged=len(small), lost=2 - len(dead) - len(small))
-    assert len(dead) == 1 and dead[0][0].value() == big
+    dead_values = [m.value() for m, _ in dead]
+    bridged_values = {m.value() for m, _ in bridged}
+    record_counts(
+        sent=1 + len(smalls),
+        deadlettered=len(dead),
+        small_deadlettered=sum(v in smalls for v in dead_values),
+        bridged=len(bridged),
+        lost=1 + len(smalls) - len(set(dead_values) | bridged_values),
+    )
+    assert dead_values == [big], f"{len(dead_values) - 1} small readings dead-lettered with the big one"
     assert "MSG_SIZE_TOO_LARGE" in dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER]
-    assert len(small) == 1
+    assert bridged_values == set(smalls) and len(bridged) == len(smalls)
 
 
 def test_a_command_without_a_device_is_dead_lettered(endpoints, uid):
