@@ -208,6 +208,13 @@ COMMANDS_EXCHANGE = "fedgate.commands"
 #: consumer: several routers may stand by, one routes at a time, so commands
 #: to a device keep their order.
 COMMANDS_QUEUE = "fedgate.router.commands"
+#: Quorum queue with single active consumer that elects the router routing commands: the
+#: active consumer holds a token message unacked for as long as it leads; when it dies,
+#: RabbitMQ hands the token to the next (router/leadership.py).
+LEADER_QUEUE = "fedgate.router.leader"
+#: Where a router puts a token in LEADER_QUEUE (fanout; the router user may write to no other
+#: exchange but the downlinks).
+LEADER_EXCHANGE = "fedgate.router.leader"
 #: The largest command payload fedgate carries: `fedgate send` refuses a larger one, and the
 #: router dead-letters one that arrives on COMMANDS_EXCHANGE (with its first bytes only): a
 #: command is parked in Kafka, whose records are 1 MB at most, and devices are small.

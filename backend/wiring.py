@@ -114,6 +114,16 @@ def backend_definitions(
     d.queues.append(
         Queue(c.COMMANDS_QUEUE, arguments={"x-queue-type": "quorum", "x-single-active-consumer": True})
     )
+    # Which router routes commands (router/leadership.py): a token held by the active
+    # consumer.  No delivery limit: the token is handed over once per leader that dies.
+    d.queues.append(
+        Queue(
+            c.LEADER_QUEUE,
+            arguments={"x-queue-type": "quorum", "x-single-active-consumer": True, "x-delivery-limit": -1},
+        )
+    )
+    d.exchanges.append(Exchange(c.LEADER_EXCHANGE, type="fanout"))
+    d.bindings.append(Binding(c.LEADER_EXCHANGE, c.LEADER_QUEUE, "queue", ""))
     if router_password is not None:
         d.users.append(User(c.ROUTER_USER, router_password))
         router_objs = r"fedgate\.router\..*"

@@ -19,6 +19,11 @@ subscriptions.py, the gateways' management APIs in gateways.py, and what
 waits for a device (parked, desired, not yet sendable, expiring) in waiting.py.
 
 Every step that moves a message is confirmed before the input is acked.
+
+Every router with `downlink` on keeps presence and subscriptions current;
+only the leader (router/leadership.py) consumes commands and acknowledgements
+and delivers what waited.  A standby notes the devices that connected or
+subscribed with something waiting, and delivers to them when it takes over.
 """
 
 from __future__ import annotations
@@ -30,11 +35,10 @@ import logging
 import time
 
 import aio_pika
-import aiormq.exceptions
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
-from router.commands import BadCommand, check_size, downlink_message, parse_command
+from router.commands import BadCommand, check_size, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
@@ -43,10 +47,11 @@ from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
+from router.sending import RegionMissing, RegionSender, RegionUnreachable
 from router.settings import RouterSettings
 from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later, confirmed_later
 from router.subscriptions import Subscriptions
-from router.waiting import RegionMissing, RegionUnreachable, Waiting
+from router.waiting import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,9 @@ log = logging.getLogger(__name__)
 SHUTDOWN_CALL_TIMEOUT_S = 2.0
 #: Presence events taken at once (each is acked within PRESENCE_CONFIRM_WAIT_S at most).
 PRESENCE_PREFETCH = 100
+#: How far back a router taking over delivers to devices that subscribed with something waiting:
+#: the old leader handled those before it died, but its death may take a heartbeat to show.
+MISSED_WINDOW_S = 60.0
 
 
 class Downlink(Lifecycle):
@@ -81,6 +89,8 @@ class Downlink(Lifecycle):
         self.known: set[str] = set()
         self.subscriptions = Subscriptions()
         self._lock = asyncio.Lock()
+        #: sends only while this router leads (router/leadership.py)
+        self.sender = RegionSender(settings.regions, metrics)
         self.waiting = Waiting(
             parking,
             desired,
@@ -88,7 +98,7 @@ class Downlink(Lifecycle):
             self.subscriptions,
             metrics,
             ack_timeout_s=settings.ack_timeout_s,
-            send=self._send,
+            send=self.sender.send,
             deadletter=self._deadletter,
         )
         self.acks = self.waiting.acks
@@ -100,29 +110,30 @@ class Downlink(Lifecycle):
             self.known,
             self._lock,
             metrics,
-            deliver=self.waiting.deliver,
-            has_pending=self.waiting.has_pending,
+            deliver=self._deliver,
+            has_pending=self._has_pending,
         )
         self._checks: set[asyncio.Task[None]] = set()
-        self._exchanges: dict[str, AbstractExchange] = {}
-        self._channel: AbstractRobustChannel | None = None
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        #: devices that connected or subscribed with something waiting while this router stood by
+        self._missed: dict[str, float] = {}
 
     def set_gateways(self, settings: RouterSettings) -> None:
         """A region was added or removed: route, broadcast and rebuild with the new set."""
         self.settings = settings
         self.gateways.set_clients(Gateways.clients_from_settings(settings))
-        regions = set(settings.regions)
-        self.feed.drop_regions_except(regions)
-        for region in list(self._exchanges):
-            if region not in regions:
-                del self._exchanges[region]
+        self.feed.drop_regions_except(set(settings.regions))
+        self.sender.set_regions(settings.regions)
 
     # --- lifecycle -----------------------------------------------------------------
 
+    @property
+    def leading(self) -> bool:
+        return self.sender.leading
+
     async def _start(self, channel: AbstractRobustChannel) -> None:  # type: ignore[override]
-        self._channel = channel
+        """Follow presence (every router, leading or not); lead() starts the routing."""
         # per consumer (basic.qos applies to the consumers created after it)
         await channel.set_qos(prefetch_count=PRESENCE_PREFETCH)
         # Presence first, and rebuilt from the gateways before any command is routed.
@@ -140,12 +151,54 @@ class Downlink(Lifecycle):
             await presence_q.bind(c.PRESENCE_EXCHANGE, routing_key=key)
         await self.feed.rebuild()
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
+
+    async def lead(self, channel: AbstractChannel, connection: AbstractConnection) -> None:
+        """This router now routes commands, on `channel` (the lease connection's, with
+        confirms and returns): first what waited for devices that connected meanwhile."""
+        async with self._lock:
+            self.sender.use(channel, connection)
+            recent = time.monotonic() - MISSED_WINDOW_S
+            waiting = {d for d, at in self._missed.items() if at > recent} | set(self.parking.all_devices())
+            self._missed.clear()
+            for device in sorted(waiting):
+                session = self.presence.get(device)
+                if session is None:
+                    continue  # its next session gets what waits
+                # a session seen opening without a subscription since may be a persistent one
+                # whose subscriptions predate it: ask its gateway, as the leader does at connect
+                if self.subscriptions.filters(session.connection) == [] and self._ask_filters_soon(session):
+                    continue
+                self.waiting.retry_later(device)  # the first sweep, at once, sends what matches
         await channel.set_qos(prefetch_count=self.settings.command_prefetch)
-        commands = await channel.get_queue(c.COMMANDS_QUEUE, ensure=True)
-        self._consumers.append((commands, await commands.consume(self.on_command)))
-        acks = await channel.get_queue(c.ACKS_QUEUE, ensure=True)
-        self._consumers.append((acks, await acks.consume(self.on_ack)))
-        self._sweeper = asyncio.create_task(self.waiting.run_sweeper(self._lock))
+        for name, handler in ((c.COMMANDS_QUEUE, self.on_command), (c.ACKS_QUEUE, self.on_ack)):
+            queue = await channel.get_queue(name, ensure=True)
+            self._consumers.append((queue, await queue.consume(handler)))
+        self._sweeper = asyncio.create_task(self.waiting.run_sweeper(self._lock, first_after=0.0))
+
+    async def stand_by(self) -> None:
+        """The lease is lost (its connection with it): stop what only the leader does."""
+        self.sender.use(None)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for check in list(self._checks):
+            check.cancel()
+        self._consumers = [
+            (q, tag) for q, tag in self._consumers if q.name not in (c.COMMANDS_QUEUE, c.ACKS_QUEUE)
+        ]
+
+    def _has_pending(self, device: str) -> bool:
+        """For the presence feed: whether to ask a new session's subscriptions now."""
+        if not self.waiting.has_pending(device):
+            return False
+        if not self.leading:
+            self._missed[device] = time.monotonic()
+        return self.leading
+
+    async def _deliver(self, session: Session, filters: list[str]) -> None:
+        if self.leading:
+            await self.waiting.deliver(session, filters)
+        elif self.waiting.has_pending(session.client_id):
+            self._missed[session.client_id] = time.monotonic()
 
     async def _stop(self) -> None:
         """Stop intake: what is not acked by now RabbitMQ redelivers to the next router."""
@@ -167,50 +220,6 @@ class Downlink(Lifecycle):
         self._consumers.clear()
 
     # --- sending -----------------------------------------------------------------------
-
-    async def _exchange(self, region: str) -> AbstractExchange:
-        if region not in self._exchanges:
-            assert self._channel is not None
-            # Passive (it must exist) and not robust: a robust channel re-declares
-            # what it declared on every reconnect, and one region removed since
-            # would then fail every reconnect (NOT_FOUND) and keep the router off
-            # the backend for good.
-            self._exchanges[region] = await self._channel.declare_exchange(
-                c.downlink_exchange(region), passive=True, robust=False
-            )
-        return self._exchanges[region]
-
-    async def _send(self, region: str, cmd: Command, payload: bytes, *, broadcast: bool = False) -> None:
-        """Publish to a region's downlink and wait for the backend's confirm.
-
-        Raises RegionMissing when the region's downlink exchange does not exist
-        (a region removed while this router still knew it): retrying could
-        never succeed, and requeueing would block the command queue.
-        """
-        if region not in self.settings.regions:
-            raise RegionMissing(region)
-        try:
-            ex = await self._exchange(region)
-        except aiormq.exceptions.ChannelNotFoundEntity as e:
-            self._exchanges.pop(region, None)
-            log.error("region %s: no downlink exchange on the backend (%s)", region, e)
-            self.metrics.inc("fedgate_router_region_missing_total", region=region)
-            raise RegionMissing(region) from e
-        message = downlink_message(cmd, payload, broadcast=broadcast)
-        try:
-            # mandatory, on a channel that raises on returns: a confirm alone would also
-            # come for a command that no link carries on and the backend dropped
-            await ex.publish(message, routing_key=c.mqtt_topic_to_routing_key(cmd.topic), mandatory=True)
-        except aiormq.exceptions.PublishError as e:
-            self.metrics.inc("fedgate_router_unroutable_total", region=region)
-            log.log(
-                logging.INFO if broadcast else logging.WARNING,
-                "region %s: the backend returned a command for %s (%s): no link to its gateway is up",
-                region,
-                cmd.device,
-                getattr(e.frame, "reply_text", e),
-            )
-            raise RegionUnreachable(region) from e
 
     async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
         # produced now (in order), confirmed after the caller's lock when it collects
@@ -308,7 +317,7 @@ class Downlink(Lifecycle):
             await self._deadletter(d.reason, cmd.device, cmd.topic, payload)
         elif d.action is Action.SEND:
             assert d.region is not None
-            await self._send(d.region, cmd, payload)
+            await self.sender.send(d.region, cmd, payload)
             session = self.presence.get(cmd.device)
             if session is not None and not cmd.retain:
                 await self.acks.sent(session, cmd, payload)
@@ -330,17 +339,18 @@ class Downlink(Lifecycle):
         elif d.action is Action.BROADCAST:
             for region in self.settings.regions:
                 with contextlib.suppress(RegionMissing):  # logged and counted; the others still get it
-                    await self._send(region, cmd, payload, broadcast=True)
+                    await self.sender.send(region, cmd, payload, broadcast=True)
             self.metrics.inc("fedgate_router_broadcast_total")
         return d.outcome()
 
     # --- delivering what waited -----------------------------------------------------------
 
-    def _ask_filters_soon(self, session: Session) -> None:
+    def _ask_filters_soon(self, session: Session) -> bool:
         """Once per connection, ask its gateway for subscriptions the router has not seen
-        being made (a persistent session's), off the lock, and deliver what they match."""
+        being made (a persistent session's), off the lock, and deliver what they match;
+        False when that was done already."""
         if not self.subscriptions.ask_once(session.connection):
-            return
+            return False
 
         async def ask() -> None:
             filters = await self.gateways.kept_filters(session)
@@ -355,6 +365,7 @@ class Downlink(Lifecycle):
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
         task.add_done_callback(_log_check_error)
+        return True
 
 
 def _log_check_error(task: asyncio.Task[None]) -> None:

@@ -30,6 +30,7 @@ from backend.errors import FedgateError
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
+from router.leadership import Leadership
 from router.lifecycle import Lifecycle
 from router.metrics import HttpEndpoint, Metrics, json_response
 from router.parking import ParkingLot
@@ -85,6 +86,10 @@ class Router(Lifecycle):
             self.producer,
             self.metrics,
             PresenceStore(self.presence_table),
+        )
+        #: which router routes commands (router/leadership.py); all with `downlink` stand
+        self.leadership = Leadership(
+            settings.amqp_url, settings.router_id, self.metrics, self.downlink.lead, self.downlink.stand_by
         )
         self.http: HttpEndpoint | None = None
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
@@ -143,10 +148,12 @@ class Router(Lifecycle):
             )
             await self.http.start()
         if s.downlink:
-            # returns raise (downlink.RegionUnreachable) instead of being confirmed and dropped
-            downlink = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
-            assert isinstance(downlink, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
-            await self.downlink.start(downlink)
+            presence = await self.connection.channel()
+            assert isinstance(presence, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
+            await self.downlink.start(presence)
+            # presence is current: stand for routing commands (the leader's channel raises on
+            # returns, router/sending.py, instead of having them confirmed and dropped)
+            await self.leadership.start()
         if s.uplink:
             channel = await self.connection.channel()
             assert isinstance(channel, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
@@ -217,6 +224,8 @@ class Router(Lifecycle):
         # uplink first: its deliveries are held from now on, and what is in flight drains
         await self.bridge.stop_intake()
         await self.downlink.stop()
+        # the next router leads from here (what this one had not acked goes to it)
+        await self.leadership.stop()
         await self.bridge.stop()
         left = await self.producer.flush(10) + await self.producer_alone.flush(1)
         log.info(

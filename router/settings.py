@@ -121,7 +121,8 @@ class RouterSettings:
     downlink: bool = field(
         default=True,
         metadata={
-            "doc": "Whether this process routes commands (one router does; others bridge).",
+            "doc": "Whether this process stands for routing commands: of those that do, one "
+            "leads and the others take over when it dies (router/leadership.py).",
             "wiring": True,
         },
     )

@@ -32,6 +32,7 @@ from router.metrics import Metrics
 from router.parking import Parked, ParkingLot
 from router.presence import PresenceTable, Session
 from router.routing import Command, topic_matches
+from router.sending import RegionMissing
 from router.stores import DesiredState, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
 
@@ -44,15 +45,6 @@ KAFKA_WAIT_S = 30.0
 
 Send = Callable[[str, Command, bytes], Awaitable[None]]
 DeadLetter = Callable[[str, str, str, bytes], Awaitable[None]]
-
-
-class RegionMissing(Exception):
-    """A region this router was told about has no downlink exchange (it was removed)."""
-
-
-class RegionUnreachable(RegionMissing):
-    """The backend returned a command (mandatory publish): nothing is bound to the region's
-    downlink exchange, so no federation link would carry it to the gateway."""
 
 
 class Waiting:
@@ -163,9 +155,11 @@ class Waiting:
             # unknown filters (a session found by the rebuild) count as everything, as in routing
             await self.deliver(session, ["#"] if filters is None else filters)
 
-    async def run_sweeper(self, lock: asyncio.Lock) -> None:
+    async def run_sweeper(self, lock: asyncio.Lock, first_after: float = SWEEP_EVERY_S) -> None:
+        pause = first_after
         while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
+            await asyncio.sleep(pause)
+            pause = SWEEP_EVERY_S
             confirming: asyncio.Future[None] | None = None
             try:
                 # Kafka's confirmations of the round's writes are awaited after the lock: with

@@ -45,9 +45,8 @@ def operator_client(endpoints: dict[str, Any], region: str, client_id: str, **kw
     ).connect()
 
 
-def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
-    """router-0's Prometheus metrics, by name with labels."""
-    with urllib.request.urlopen(endpoints["router"]["metrics"] + "/metrics", timeout=5) as r:
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -57,8 +56,27 @@ def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def leader_url(endpoints: dict[str, Any], timeout: float = 15.0) -> str:
+    """The metrics URL of the router that routes commands now (router/leadership.py)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for url in endpoints["routers"].values():
+            try:
+                if _metrics(url).get("fedgate_router_leading") == 1.0:
+                    return str(url)
+            except OSError:
+                continue  # a router being restarted
+        assert time.monotonic() < deadline, "no router leads command routing"
+        time.sleep(0.2)
+
+
+def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
+    """The Prometheus metrics of the router that routes commands, by name with labels."""
+    return _metrics(leader_url(endpoints))
+
+
 def wait_metric(endpoints: dict[str, Any], name: str, at_least: float, timeout: float = 10.0) -> None:
-    """Wait until router-0's metric `name` (with labels) reaches `at_least`."""
+    """Wait until the leading router's metric `name` (with labels) reaches `at_least`."""
     deadline = time.monotonic() + timeout
     while (now := router_metrics(endpoints).get(name, 0.0)) < at_least:
         assert time.monotonic() < deadline, f"{name} never reached {at_least} (now {now})"
@@ -66,10 +84,10 @@ def wait_metric(endpoints: dict[str, Any], name: str, at_least: float, timeout: 
 
 
 def wait_present(endpoints: dict[str, Any], dev_id: str, region: str, timeout: float = 10.0) -> None:
-    """Wait until router-0's presence has the device at `region`."""
+    """Wait until the leading router's presence has the device at `region`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        url = f"{endpoints['router']['metrics']}/presence?device={dev_id}"
+        url = f"{leader_url(endpoints)}/presence?device={dev_id}"
         with urllib.request.urlopen(url, timeout=5) as r:
             devices = json.load(r)["devices"]
         if devices and devices[0]["region"] == region:

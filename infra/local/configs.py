@@ -17,7 +17,6 @@ from infra.local.layout import (
     ROLE_GATEWAY,
     ROLE_KAFKA,
     ROLE_ROUTER,
-    ROUTER_NODE,
     SPARK_NODE,
     StateFiles,
 )
@@ -79,7 +78,7 @@ def router_config(
         "router_index": routers.index(router),
         "router_count": len(routers),
         "uplink_shards": settings.uplink_shards,
-        "downlink": router.name == ROUTER_NODE,
+        "downlink": True,  # all stand for routing commands; one leads (router/leadership.py)
         **settings.router,  # the [router] table, unchanged: router/settings.py defines and checks it
         "gateways": {
             n.spec.region: {

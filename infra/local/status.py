@@ -86,6 +86,8 @@ def node_status(n: Node) -> NodeStatus:
             m = n.metrics()
             st.connections = int(m.get("fedgate_router_presence_devices", 0))
             st.messages = int(m.get("fedgate_router_inflight", 0))
+            if "fedgate_router_leading" in m:
+                st.detail = "routes commands" if m["fedgate_router_leading"] else "stands by for commands"
         except OSError as e:
             st.state, st.detail = "unhealthy", str(e)
     return st
@@ -123,6 +125,8 @@ def endpoints(
         },
         "kafka": {"bootstrap": kafka.bootstrap},
         "router": {"metrics": router.metrics_url if router else None},
+        # every router's, by name: any of them may be the one routing commands
+        "routers": {n.name: n.metrics_url for n in nodes if isinstance(n, RouterNode)},
         "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
         # devices check the gateways' certificates against this CA (MQTT over TLS)
         "tls": {"ca": str(LocalCA(tls_dir).ca_cert), "server_name": tls_server_name(host)}

@@ -30,7 +30,7 @@ from fedgate.devices import SimDevice
 from fedgate.resolver import Endpoint, NearestHealthyResolver, tcp_connect_probe
 from infra.local.driver import gateway_node_name
 from tests.chaos.counting import Fleet, check, read_back
-from tests.helpers import record_counts, wait_present
+from tests.helpers import leader_url, record_counts, wait_present
 
 pytestmark = [
     pytest.mark.integration,
@@ -167,7 +167,7 @@ def received(d: SimDevice) -> set[int]:
 def router_returned(ep: dict) -> float:
     import urllib.request
 
-    with urllib.request.urlopen(ep["router"]["metrics"] + "/metrics", timeout=5) as r:
+    with urllib.request.urlopen(leader_url(ep) + "/metrics", timeout=5) as r:
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in r.read().decode().splitlines()

@@ -22,7 +22,7 @@ from backend import contract as c
 from backend.amqp import send_command
 from fedgate.devices import SimDevice
 from tests.chaos.counting import spark_rows
-from tests.helpers import kafka_records, record_counts
+from tests.helpers import kafka_records, leader_url, record_counts
 
 pytestmark = [
     pytest.mark.integration,
@@ -37,7 +37,7 @@ REGION = "local-us"
 
 
 def present_in(endpoints, ids: set[str], region: str) -> int:
-    with urllib.request.urlopen(endpoints["router"]["metrics"] + "/presence", timeout=10) as r:
+    with urllib.request.urlopen(leader_url(endpoints) + "/presence", timeout=10) as r:
         devices = json.load(r)["devices"]
     return sum(1 for d in devices if d["device"] in ids and d["region"] == region)
 

@@ -15,7 +15,7 @@ from fedgate.devices import SimDevice
 from fedgate.resolver import Endpoint, NearestHealthyResolver, tcp_connect_probe
 from infra.local import processes
 from infra.local.driver import gateway_node_name
-from tests.helpers import device, kafka_records, wait_present
+from tests.helpers import device, kafka_records, leader_url, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -60,7 +60,7 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
     assert c.downlink_exchange(region) not in {x["name"] for x in backend.get("exchanges")}
     assert not [q for q in backend.queues() if region in q["name"]]
     ep = federation.endpoints()
-    with urllib.request.urlopen(ep["router"]["metrics"] + "/presence", timeout=5) as r:
+    with urllib.request.urlopen(leader_url(ep) + "/presence", timeout=5) as r:
         assert region not in json.load(r)["per_region"], "the router forgot the region"
     time.sleep(0.5)
     assert sorted(s for _, s in federation.link_states()["backend"]) == ["running"] * 4

@@ -103,6 +103,22 @@ def test_router_user_may_publish_only_to_downlinks_and_read_only_its_inputs():
     assert not re.match(perm.configure, c.uplink_shard_queue(0))
 
 
+def test_the_routers_elect_the_one_routing_commands_on_a_queue_they_may_use():
+    """router/leadership.py: a token handed to one consumer at a time, as often as leaders die."""
+    links = [GatewayLink("local-eu", AmqpEndpoint("h", 1), "p")]
+    d = backend_definitions(links, admin_password="a", backend_link_password="b", router_password="r")
+    leader = next(q for q in d.queues if q.name == c.LEADER_QUEUE)
+    assert leader.arguments["x-single-active-consumer"] is True
+    assert leader.arguments["x-queue-type"] == "quorum"
+    assert leader.arguments["x-delivery-limit"] == -1  # 4.0's default (20) would drop the token
+    assert not any(re.match(p.pattern, c.LEADER_QUEUE) for p in d.policies)
+    perm = next(p for p in d.permissions if p.user == c.ROUTER_USER)
+    for kind in (perm.read, perm.configure):
+        assert re.match(kind, c.LEADER_QUEUE)
+    assert re.match(perm.write, c.LEADER_EXCHANGE)  # tokens go in through it
+    assert any(b.source == c.LEADER_EXCHANGE and b.destination == c.LEADER_QUEUE for b in d.bindings)
+
+
 def test_a_gateway_user_on_the_backend_reaches_only_its_own_downlink():
     d = _backend()
     perm = next(p for p in d.permissions if p.user == "gw-local-eu")

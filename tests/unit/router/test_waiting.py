@@ -10,9 +10,10 @@ from router.metrics import Metrics
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.routing import Command
+from router.sending import RegionUnreachable
 from router.stores import DesiredState, KafkaTable
 from router.subscriptions import Subscriptions
-from router.waiting import RegionUnreachable, Waiting
+from router.waiting import Waiting
 
 
 class _StoredAtOnce:
