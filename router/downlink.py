@@ -112,6 +112,7 @@ class Downlink(Lifecycle):
             metrics,
             deliver=self._deliver,
             has_pending=self._has_pending,
+            ended=self.waiting.session_ended,
         )
         self._checks: set[asyncio.Task[None]] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
@@ -320,7 +321,7 @@ class Downlink(Lifecycle):
             await self.sender.send(d.region, cmd, payload)
             session = self.presence.get(cmd.device)
             if session is not None and not cmd.retain:
-                await self.acks.sent(session, cmd, payload)
+                await self.waiting.sent(session, cmd, payload)
             if cmd.retain and session is not None:
                 self.subscriptions.mark_replayed(session.connection, cmd.topic)
             self.metrics.inc("fedgate_router_routed_total", region=d.region)

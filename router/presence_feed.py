@@ -33,7 +33,7 @@ from gateways import mqtt_plugin
 from router.gateways import Gateways
 from router.metrics import Metrics
 from router.presence import Change, PresenceTable, Session, sessions_from_management
-from router.stores import PresenceStore
+from router.stores import PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ PRESENCE_CONFIRM_WAIT_S = 5.0
 PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
 
 Deliver = Callable[[Session, list[str]], Awaitable[None]]
+#: a session ended at (epoch s, the gateway's clock)
+Ended = Callable[[Session, float], Awaitable[None]]
 
 
 class PresenceFeed:
@@ -60,6 +62,7 @@ class PresenceFeed:
         *,
         deliver: Deliver,
         has_pending: Callable[[str], bool],
+        ended: Ended | None = None,
     ):
         self.presence = presence
         self.store = store
@@ -71,6 +74,7 @@ class PresenceFeed:
         self.metrics = metrics
         self._deliver = deliver
         self._has_pending = has_pending
+        self._ended = ended
 
     # --- at start -----------------------------------------------------------------------
 
@@ -156,7 +160,12 @@ class PresenceFeed:
 
     async def on_event(self, message: AbstractIncomingMessage) -> None:
         async with message.process(requeue=True):
-            written = await self._apply(message)
+            # what ending a session parks again (router/waiting.py) is confirmed with the event
+            async with confirm_later() as pending:
+                write = await self._apply(message)
+            if write is not None:
+                pending.append(write)
+            written = all_confirmed(pending) if pending else None
             if written is not None:
                 # The event is acked once Kafka has the change (a restarted router starts
                 # from it), but that wait is outside the lock: the next events and the
@@ -190,9 +199,15 @@ class PresenceFeed:
                 log.warning("presence: %s: %s; acked and dropped", key, change.ignored)
                 self.metrics.inc("fedgate_router_presence_malformed_total")
             written = self._write(key, change)
+            closed_at = _event_time(headers)
             for ended in (change.session if key == "connection.closed" else None, change.displaced):
                 if ended is not None:
                     self.subscriptions.forget(ended.connection)
+                    if self._ended is not None and not change.ignored:
+                        # a displaced session ended, at the latest, when the device connected anew
+                        new = change.session if ended is not change.session else None
+                        at = new.connected_at / 1000 if new is not None else closed_at
+                        await self._ended(ended, at)
             if change.displaced is not None:
                 self.gateways.close_soon(change.displaced, self.presence)
             if key == "connection.created" and change.session is not None and not change.ignored:
@@ -237,6 +252,14 @@ class PresenceFeed:
         self.subscriptions.add(session.connection, filters)
         await self._deliver(session, filters)
         return True
+
+
+def _event_time(headers: dict[str, Any]) -> float:
+    """When the gateway says the event happened (epoch s), or now."""
+    try:
+        return int(headers["timestamp_in_ms"]) / 1000
+    except (KeyError, TypeError, ValueError):
+        return time.time()
 
 
 def _log_late_failure(task: asyncio.Future[None]) -> None:

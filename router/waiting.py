@@ -15,7 +15,13 @@ what it cannot hand to the device's gateway at once waits here:
   SWEEP_EVERY_S while it is connected;
 - commands sent to QoS 0 subscriptions wait for the device's acknowledgement
   (router/acks.py) and are sent again when it does not come;
-- what outlives its expiry or parking's TTL is dead-lettered with the reason.
+- what outlives its expiry or parking's TTL is dead-lettered with the reason;
+- a command sent to a connection that ended moments later may never have
+  reached the device: the router learns of a disconnect only after it
+  happened, and a clean MQTT session keeps nothing, so the gateway drops
+  what arrives for it.  Commands sent within DELIVERED_AFTER_S of the end
+  (the gateway's time) are parked again for the device's next session (at
+  least once: the device may have had them).
 
 One record's failure never stops the others: the sweep goes on to the next.
 """
@@ -23,6 +29,7 @@ One record's failure never stops the others: the sweep goes on to the next.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +49,11 @@ log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 5.0
 #: How long a sweep waits for Kafka to confirm its writes before the next round goes on.
 KAFKA_WAIT_S = 30.0
+#: A command sent to a connection this long before the connection ended is taken as delivered;
+#: one sent later is parked again for the device's next session.
+DELIVERED_AFTER_S = 2.0
+#: How long the commands sent to a connection are remembered for that.
+REMEMBER_SENT_S = 30.0
 
 Send = Callable[[str, Command, bytes], Awaitable[None]]
 DeadLetter = Callable[[str, str, str, bytes], Awaitable[None]]
@@ -70,6 +82,8 @@ class Waiting:
         self.acks = CommandAcks(parking, presence, subscriptions, metrics, ack_timeout_s, self.send_parked)
         #: devices with something a region could not take: tried again at each sweep
         self._retry: set[str] = set()
+        #: connection -> (sent at, command, payload) of the last REMEMBER_SENT_S seconds
+        self._sent: dict[str, collections.deque[tuple[float, Command, bytes]]] = {}
 
     def has_pending(self, device: str) -> bool:
         return bool(self.parking.for_device(device) or self.desired.for_device(device))
@@ -115,6 +129,39 @@ class Waiting:
             await self.parking.mark_sent(p, session.connection)
         else:
             await self.parking.remove(p)
+            self._remember(session, p.command(), p.payload)
+
+    async def sent(self, session: Session, cmd: Command, payload: bytes) -> None:
+        """A new command went to the session: on record until acknowledged if the device acks,
+        else remembered for a while in case the connection was ending."""
+        if self.acks.tracks(session, cmd.topic):
+            await self.acks.sent(session, cmd, payload)
+        else:
+            self._remember(session, cmd, payload)
+
+    def _remember(self, session: Session, cmd: Command, payload: bytes) -> None:
+        sent = self._sent.setdefault(session.connection, collections.deque())
+        now = time.time()
+        sent.append((now, cmd, payload))
+        while sent[0][0] < now - REMEMBER_SENT_S:
+            sent.popleft()
+
+    async def session_ended(self, session: Session, ended_at: float) -> None:
+        """The connection ended at `ended_at` (epoch s, the gateway's clock): what was sent to it
+        shortly before waits for the device's next session.  The caller holds the lock."""
+        sent = self._sent.pop(session.connection, ())
+        late = [(cmd, payload) for at, cmd, payload in sent if at > ended_at - DELIVERED_AFTER_S]
+        for cmd, payload in late:
+            await self.parking.park_command(cmd, payload)
+        if late:
+            log.info(
+                "%s: %d command(s) sent as its connection ended parked again for its next session",
+                session.client_id,
+                len(late),
+            )
+            self.metrics.inc("fedgate_router_reparked_total", len(late))
+            if self.presence.get(session.client_id) is not None:
+                self.retry_later(session.client_id)  # already connected elsewhere
 
     async def expire(self, p: Parked) -> None:
         await self._deadletter(p.expired_reason(self.parking.ttl_s), p.device, p.topic, p.payload)
@@ -146,6 +193,12 @@ class Waiting:
                         await self._try(device, self.acks.resend_if_due(p, now))
                 except Exception as e:  # one record's trouble (Kafka) must not stop the others
                     log.error("%s: a parked message could not be swept: %r", device, e)
+        for connection in list(self._sent):
+            sent = self._sent[connection]
+            while sent and sent[0][0] < now - REMEMBER_SENT_S:
+                sent.popleft()
+            if not sent:
+                del self._sent[connection]
         for device in sorted(self._retry):
             self._retry.discard(device)
             session = self.presence.get(device)
