@@ -38,6 +38,11 @@ HELP = {
     "fedgate_router_desired_stored_total": "Retained commands kept as their device's desired state.",
     "fedgate_router_desired_replayed_total": "Desired-state messages replayed to a connecting device.",
     "fedgate_router_sessions_closed_total": "Older sessions closed because the device connected elsewhere.",
+    "fedgate_router_reparked_total": (
+        "Commands parked again because their connection ended as they were sent (clean sessions)."
+    ),
+    "fedgate_router_leading": "1 on the router that routes commands (router/leadership.py), else 0.",
+    "fedgate_router_elected_total": "Times this router took over routing commands.",
     "fedgate_router_bridged_total": "Device messages stored in Kafka, per topic.",
     "fedgate_router_deadlettered_total": "Device messages sent to the dead-letter topic.",
     "fedgate_router_kafka_errors_total": "Records Kafka refused (returned to RabbitMQ).",

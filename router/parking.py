@@ -40,6 +40,9 @@ class Parked:
     sent_to: str | None = None
     attempts: int = 0
     sent_at: float = 0.0
+    #: parked again because its connection ended as it was sent (router/waiting.py): the
+    #: next send is the last, so a device that always leaves at once does not loop on it
+    again: bool = False
 
     def command(self) -> Command:
         """The command as it was parked, to be sent on."""
@@ -103,8 +106,10 @@ class ParkingLot:
         command_expires_at: float | None = None,
         properties: Mqtt5Properties = NO_PROPERTIES,
         sent_to: str | None = None,
+        again: bool = False,
     ) -> Parked:
-        """Park a command; with `sent_to`, one just sent there that waits for its acknowledgement."""
+        """Park a command; with `sent_to`, one just sent there that waits for its acknowledgement;
+        `again`: one sent as its connection ended."""
         now = time.time()
         self._seq += 1
         # sortable id: parking order survives a restart
@@ -115,10 +120,14 @@ class ParkingLot:
         )
         if sent_to is not None:
             rec = dataclasses.replace(rec, sent_to=sent_to, attempts=1, sent_at=now)
+        if again:
+            rec = dataclasses.replace(rec, again=True)
         await self.table.put(rec.key, self._value(rec))
         return rec
 
-    async def park_command(self, cmd: Command, payload: bytes, sent_to: str | None = None) -> Parked:
+    async def park_command(
+        self, cmd: Command, payload: bytes, sent_to: str | None = None, again: bool = False
+    ) -> Parked:
         return await self.park(
             cmd.device,
             cmd.topic,
@@ -126,6 +135,7 @@ class ParkingLot:
             command_expires_at=cmd.expires_at,
             properties=cmd.properties,
             sent_to=sent_to,
+            again=again,
         )
 
     async def mark_sent(self, rec: Parked, connection: str) -> Parked:
@@ -148,6 +158,8 @@ class ParkingLot:
             record["properties"] = properties_to_json(rec.properties)
         if rec.sent_to is not None:
             record.update(sent_to=rec.sent_to, attempts=rec.attempts, sent_at=rec.sent_at)
+        if rec.again:
+            record["again"] = True
         return json.dumps(record).encode()
 
     def for_device(self, device: str) -> list[Parked]:
@@ -167,6 +179,7 @@ class ParkingLot:
                     d.get("sent_to"),
                     d.get("attempts", 0),
                     d.get("sent_at", 0.0),
+                    bool(d.get("again", False)),
                 )
             )
         return out

@@ -21,7 +21,9 @@ what it cannot hand to the device's gateway at once waits here:
   happened, and a clean MQTT session keeps nothing, so the gateway drops
   what arrives for it.  Commands sent within DELIVERED_AFTER_S of the end
   (the gateway's time) are parked again for the device's next session (at
-  least once: the device may have had them).
+  least once: the device may have had them) -- once: what was parked again
+  is not, so a device that always leaves at once gets each command twice at
+  most, not in a loop.
 
 One record's failure never stops the others: the sweep goes on to the next.
 """
@@ -49,9 +51,10 @@ log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 5.0
 #: How long a sweep waits for Kafka to confirm its writes before the next round goes on.
 KAFKA_WAIT_S = 30.0
-#: A command sent to a connection this long before the connection ended is taken as delivered;
-#: one sent later is parked again for the device's next session.
-DELIVERED_AFTER_S = 2.0
+#: A command sent to a connection this long before the connection ended is taken as delivered
+#: (it had the time to reach the session); one sent later is parked again, once, for the
+#: device's next session.
+DELIVERED_AFTER_S = 1.0
 #: How long the commands sent to a connection are remembered for that.
 REMEMBER_SENT_S = 30.0
 
@@ -129,7 +132,8 @@ class Waiting:
             await self.parking.mark_sent(p, session.connection)
         else:
             await self.parking.remove(p)
-            self._remember(session, p.command(), p.payload)
+            if not p.again:
+                self._remember(session, p.command(), p.payload)
 
     async def sent(self, session: Session, cmd: Command, payload: bytes) -> None:
         """A new command went to the session: on record until acknowledged if the device acks,
@@ -152,7 +156,7 @@ class Waiting:
         sent = self._sent.pop(session.connection, ())
         late = [(cmd, payload) for at, cmd, payload in sent if at > ended_at - DELIVERED_AFTER_S]
         for cmd, payload in late:
-            await self.parking.park_command(cmd, payload)
+            await self.parking.park_command(cmd, payload, again=True)
         if late:
             log.info(
                 "%s: %d command(s) sent as its connection ended parked again for its next session",

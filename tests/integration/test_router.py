@@ -604,7 +604,7 @@ def test_commands_sent_as_a_clean_session_device_leaves_follow_it_to_its_next_se
     (one every ~5 ms), and comes back at the other gateway.  The router learns of a disconnect
     only after it happened, and the gateway drops what arrives for a clean session that is
     gone: before, the commands routed to the old gateway in that window were lost.  Now the
-    router parks again what it sent in the 2 s before the connection ended (the gateway's
+    router parks again what it sent in the 1 s before the connection ended (the gateway's
     clock), and the device gets every command at its next session (some twice: at least once)."""
     import threading
 

@@ -128,3 +128,42 @@ def test_an_expired_record_is_dead_lettered_even_when_a_region_cannot_take_the_o
         assert len(w.parking.for_device("d2")) == 1
 
     asyncio.run(scenario())
+
+
+def test_commands_sent_as_their_connection_ended_wait_for_the_next_session_once(monkeypatch):
+    """The router learns of a disconnect after it happened, and a clean session keeps nothing:
+    what it sent in the last second before the gateway's close time is parked again.  What it
+    sent earlier counts as delivered, and what was parked again is not parked a third time."""
+    import types
+
+    import router.waiting
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(router.waiting, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    async def scenario():
+        region, presence, subs, w = _world()
+        region.link_up = True
+        first = Session("d1", "local-eu", "rabbit@eu", "conn-1", clock[0])
+        presence.connected(first)
+        subs.opened(first.connection)
+        subs.add(first.connection, ["devices/d1/commands/#"], qos=1)
+        await w.sent(first, Command("d1", "devices/d1/commands/early"), b"early")
+        clock[0] += 5.0
+        await w.sent(first, Command("d1", "devices/d1/commands/late"), b"late")
+        presence.closed(first.node, first.connection)
+        await w.session_ended(first, clock[0] + 0.5)  # the gateway closed it 0.5 s after "late"
+        again = w.parking.for_device("d1")
+        assert [(p.payload, p.again) for p in again] == [(b"late", True)]
+
+        second = Session("d1", "local-us", "rabbit@us", "conn-2", clock[0])
+        presence.connected(second)
+        subs.opened(second.connection)
+        await w.deliver(second, ["devices/d1/commands/#"])
+        assert region.sent[-1] == ("local-us", "devices/d1/commands/late", b"late")
+        assert w.parking.for_device("d1") == []
+        presence.closed(second.node, second.connection)
+        await w.session_ended(second, clock[0])  # it left at once again: no loop
+        assert w.parking.for_device("d1") == []
+
+    asyncio.run(scenario())
