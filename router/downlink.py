@@ -113,10 +113,12 @@ class Downlink(Lifecycle):
             deliver=self._deliver,
             has_pending=self._has_pending,
             ended=self.waiting.session_ended,
+            found=self._found,
         )
         self._checks: set[asyncio.Task[None]] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._reconciler: asyncio.Task[None] | None = None
         #: devices that connected or subscribed with something waiting while this router stood by
         self._missed: dict[str, float] = {}
 
@@ -152,6 +154,26 @@ class Downlink(Lifecycle):
             await presence_q.bind(c.PRESENCE_EXCHANGE, routing_key=key)
         await self.feed.rebuild()
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
+        if self.settings.presence_reconcile_s > 0:
+            self._reconciler = asyncio.create_task(self._reconcile_every(self.settings.presence_reconcile_s))
+
+    async def _reconcile_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await self.feed.reconcile()
+            except Exception as e:  # Kafka refused a write, say: the next round tries again
+                log.error("presence reconcile failed: %r", e)
+
+    def _found(self, session: Session) -> None:
+        """A live session the events had not given (router/presence_feed.py `reconcile`):
+        what waits for its device goes now, as on a takeover."""
+        if not self.waiting.has_pending(session.client_id):
+            return
+        if self.leading:
+            self.waiting.retry_later(session.client_id)  # the next sweep sends it
+        else:
+            self._missed[session.client_id] = time.monotonic()
 
     async def lead(self, channel: AbstractChannel, connection: AbstractConnection) -> None:
         """This router now routes commands, on `channel` (the lease connection's, with
@@ -203,8 +225,9 @@ class Downlink(Lifecycle):
 
     async def _stop(self) -> None:
         """Stop intake: what is not acked by now RabbitMQ redelivers to the next router."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._reconciler):
+            if task is not None:
+                task.cancel()
         for check in list(self._checks):
             check.cancel()
         self.gateways.stop()

@@ -7,7 +7,13 @@ The router's presence table (router/presence.py) is fed from two places:
 - then the gateways' `connection.created` / `connection.closed` /
   `binding.created` events, federated to the backend's presence exchange
   and read from this router's own durable queue (bound before the rebuild,
-  so nothing that happens meanwhile is missed).
+  so nothing that happens meanwhile is missed);
+- and every `presence_reconcile_s`, `reconcile`: each answering gateway's
+  connection list against the table.  Events cannot say everything: a
+  session the router ended because its gateway stopped answering (a frozen
+  or partitioned node, router/routing.py) comes back to life with no event
+  when the gateway does, and a close event lost with a gateway that died
+  leaves a session that is no longer there.
 
 What an event means for commands waiting on a device -- a connect with
 something parked, a subscription that matches a held command -- is the
@@ -33,7 +39,7 @@ from gateways import mqtt_plugin
 from router.gateways import Gateways
 from router.metrics import Metrics
 from router.presence import Change, PresenceTable, Session, sessions_from_management
-from router.stores import PresenceStore, all_confirmed, confirm_later
+from router.stores import PresenceStore, all_confirmed, confirm_later, confirmed_later
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,11 @@ PRESENCE_KEYS = (*c.PRESENCE_EVENT_KEYS, "binding.created")
 Deliver = Callable[[Session, list[str]], Awaitable[None]]
 #: a session ended at (epoch s, the gateway's clock)
 Ended = Callable[[Session, float], Awaitable[None]]
+#: a live session the events had not given (the downlink delivers what waits for it)
+Found = Callable[[Session], None]
+#: How long a close applied from an event is remembered, so that a listing made before it
+#: does not bring the session back.
+CLOSES_REMEMBERED_S = 120.0
 
 
 class PresenceFeed:
@@ -63,6 +74,7 @@ class PresenceFeed:
         deliver: Deliver,
         has_pending: Callable[[str], bool],
         ended: Ended | None = None,
+        found: Found | None = None,
     ):
         self.presence = presence
         self.store = store
@@ -75,6 +87,9 @@ class PresenceFeed:
         self._deliver = deliver
         self._has_pending = has_pending
         self._ended = ended
+        self._found = found
+        #: (node, connection) -> when a close event for it was applied (time.time())
+        self._closed_at: dict[tuple[str, str], float] = {}
 
     # --- at start -----------------------------------------------------------------------
 
@@ -138,6 +153,64 @@ class PresenceFeed:
             len(sessions),
         )
 
+    # --- reconciling with the gateways' lists ----------------------------------------------
+
+    async def reconcile(self) -> None:
+        """One round: each answering gateway's connection list against the table.
+
+        A listed session the table lacks is taken in (unless a close event for
+        it came after the list was asked); a session of the region that the
+        list lacks is ended once it is older than LISTING_LAG_S (the gateway's
+        list and its events run on their own clocks and paths).  A gateway
+        that does not answer is left as it is: routing already treats it.
+        """
+        for region in list(self.gateways.regions):
+            asked_at = time.time()
+            try:
+                conns = await self.gateways.connections(region)
+            except AdminError as e:
+                log.debug("presence reconcile: %s does not answer (%s)", region, e)
+                continue
+            listed = sessions_from_management(region, conns, int(asked_at * 1000))
+            # every connection, a device's or not: an operator's MQTT tool logged in as
+            # fedgate-admin is listed without its client id, and is alive all the same
+            alive = {(str(conn.get("node") or ""), str(conn.get("name") or "")) for conn in conns}
+            async with confirm_later() as pending, self._lock:
+                if region in self.gateways.regions:
+                    await self._reconcile_region(region, listed, alive, asked_at)
+            if pending:
+                await _wait_bounded(all_confirmed(pending), self.metrics)
+        horizon = time.time() - CLOSES_REMEMBERED_S
+        self._closed_at = {k: at for k, at in self._closed_at.items() if at > horizon}
+
+    async def _reconcile_region(
+        self, region: str, listed: list[Session], alive: set[tuple[str, str]], asked_at: float
+    ) -> None:
+        old = (asked_at - LISTING_LAG_S) * 1000
+        for s in self.presence.sessions():
+            if s.region != region or s.connected_at > old or (s.node, s.connection) in alive:
+                continue
+            log.warning(
+                "presence reconcile: %s's session at %s is gone; no event said so", s.client_id, region
+            )
+            self._forget(s)
+            if self.store is not None:
+                await confirmed_later(self.store.offline_soon(s.client_id))
+            self.metrics.inc("fedgate_router_presence_reconciled_total", change="ended")
+        for s in listed:
+            if self.presence.get(s.client_id) is not None:
+                continue  # the table's session, wherever it is, came from an event or is newer
+            if self._closed_at.get((s.node, s.connection), 0.0) >= asked_at - 1.0:
+                continue  # closed after the list was made
+            log.warning("presence reconcile: %s is connected at %s; no event said so", s.client_id, region)
+            self.presence.connected(s)
+            self.known.add(s.client_id)
+            if self.store is not None:
+                await confirmed_later(self.store.save_soon(s))
+            self.metrics.inc("fedgate_router_presence_reconciled_total", change="found")
+            if self._found is not None:
+                self._found(s)
+
     def drop_regions_except(self, regions: set[str]) -> None:
         """Regions were removed: their gateways are gone, and so are their sessions."""
         for s in self.presence.sessions():
@@ -175,12 +248,7 @@ class PresenceFeed:
                 # once Kafka is back) and the event is acked all the same, so presence
                 # keeps following the devices; what a restart could then miss, its rebuild
                 # from the gateways' connection listings gives back.
-                confirming = asyncio.ensure_future(written)
-                try:
-                    await asyncio.wait_for(asyncio.shield(confirming), PRESENCE_CONFIRM_WAIT_S)
-                except TimeoutError:
-                    self.metrics.inc("fedgate_router_presence_unconfirmed_total")
-                    confirming.add_done_callback(_log_late_failure)
+                await _wait_bounded(written, self.metrics)
 
     async def _apply(self, message: AbstractIncomingMessage) -> Awaitable[None] | None:
         """Apply one event under the lock; returns its write to Kafka, already produced (so
@@ -200,6 +268,12 @@ class PresenceFeed:
                 self.metrics.inc("fedgate_router_presence_malformed_total")
             written = self._write(key, change)
             closed_at = _event_time(headers)
+            if key == "connection.closed" and not change.malformed:
+                node, name = (
+                    mqtt_plugin.text(headers.get("node", "")),
+                    mqtt_plugin.text(headers.get("name", "")),
+                )
+                self._closed_at[(node, name)] = time.time()
             for ended in (change.session if key == "connection.closed" else None, change.displaced):
                 if ended is not None:
                     self.subscriptions.forget(ended.connection)
@@ -252,6 +326,17 @@ class PresenceFeed:
         self.subscriptions.add(session.connection, filters)
         await self._deliver(session, filters)
         return True
+
+
+async def _wait_bounded(written: Awaitable[None], metrics: Metrics) -> None:
+    """Wait for Kafka to confirm presence writes, PRESENCE_CONFIRM_WAIT_S at most: the write
+    stays queued in the producer and is sent once Kafka is back."""
+    confirming = asyncio.ensure_future(written)
+    try:
+        await asyncio.wait_for(asyncio.shield(confirming), PRESENCE_CONFIRM_WAIT_S)
+    except TimeoutError:
+        metrics.inc("fedgate_router_presence_unconfirmed_total")
+        confirming.add_done_callback(_log_late_failure)
 
 
 def _event_time(headers: dict[str, Any]) -> float:

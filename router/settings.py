@@ -84,6 +84,14 @@ class RouterSettings:
             "acknowledged (devices/<id>/acks) within this long, or at once on the device's next session."
         },
     )
+    presence_reconcile_s: float = field(
+        default=30.0,
+        metadata={
+            "doc": "Every this many seconds, each answering gateway's connection list is checked against "
+            "presence: a session no event brought back (its gateway stopped answering for a while) is taken "
+            "in and gets what waited for it; one no list shows any more is dropped.  0: never."
+        },
+    )
     max_payload_bytes: int = field(
         default=256 * 1024, metadata={"doc": "Uplink payloads above this are dead-lettered."}
     )
@@ -182,6 +190,10 @@ class RouterSettings:
         ):
             if getattr(self, name) <= 0:
                 raise RouterSettingsError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.presence_reconcile_s < 0:
+            raise RouterSettingsError(
+                f"presence_reconcile_s: must be 0 (off) or positive, got {self.presence_reconcile_s}"
+            )
         if not 0 <= self.metrics_port <= 65535:
             raise RouterSettingsError(f"metrics_port: {self.metrics_port} is not a TCP port")
         for g in self.gateways:

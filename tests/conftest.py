@@ -33,6 +33,8 @@ ENERGY_RULE = {
 ROUTER_TABLE = {
     # a short parking TTL so that expiry can be tested
     "park_ttl_s": PARK_TTL_S,
+    # the gateways' connection lists checked often, so that a test sees it within seconds
+    "presence_reconcile_s": 3.0,
     "rules": [ENERGY_RULE, *({"pattern": r.pattern, "topic": r.topic, "key": r.key} for r in DEFAULT_RULES)],
 }
 

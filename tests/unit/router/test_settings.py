@@ -104,6 +104,7 @@ def test_the_router_reads_a_rendered_table_as_it_was_checked(tmp_path):
     ("table", "env", "field"),
     [
         ({"park_ttl_s": -1}, {}, "^park_ttl_s: must be positive"),
+        ({"presence_reconcile_s": -5}, {}, "^presence_reconcile_s: must be 0 \\(off\\) or positive"),
         ({}, {"FEDGATE_ROUTER_UNKNOWN_DEVICE": "drop"}, "^unknown_device"),
         ({}, {"FEDGATE_ROUTER_MAX_INFLIGHT": "lots"}, "^max_inflight: cannot read"),
         ({"rules": [{"pattern": "devices/{device}/{k}", "topic": "t.{k}"}]}, {}, "^rules: .*must list"),
