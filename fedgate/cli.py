@@ -147,7 +147,14 @@ def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
     from backend.amqp import send_and_wait, send_command
+    from backend.devices import DeviceRegistryError
 
+    if args.device not in ctx.fed.device_registry.devices():
+        # the router would dead-letter it: no device of that id can ever take it
+        raise DeviceRegistryError(
+            f"send: device {args.device!r} is not registered (fedgate devices add {args.device}); "
+            "the router would dead-letter the command"
+        )
     url = ctx.fed.endpoints()["backend"]["url"]
     if args.wait is None:
         send_command(

@@ -38,6 +38,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractRobustChannel
 
 from backend import contract as c
+from gateways.mqtt_plugin import text
 from router.commands import BadCommand, check_size, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
@@ -46,6 +47,7 @@ from router.metrics import Metrics
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
+from router.registry import Registry
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.sending import RegionMissing, RegionSender, RegionUnreachable
 from router.settings import RouterSettings
@@ -85,6 +87,7 @@ class Downlink(Lifecycle):
         self.producer = producer
         self.metrics = metrics
         self.gateways = gateways or Gateways(Gateways.clients_from_settings(settings), metrics)
+        self.registry = Registry(self.gateways)
         #: devices seen connected since this router started, or with parked/desired state
         self.known: set[str] = set()
         self.subscriptions = Subscriptions()
@@ -139,12 +142,8 @@ class Downlink(Lifecycle):
         """Follow presence (every router, leading or not); lead() starts the routing."""
         # per consumer (basic.qos applies to the consumers created after it)
         await channel.set_qos(prefetch_count=PRESENCE_PREFETCH)
-        # Presence first, and rebuilt from the gateways before any command is routed.
-        # Durable, per router: events that happen while this router restarts
-        # wait for it and are applied on top of the rebuilt snapshot (the
-        # management API lists a new connection only after its next
-        # statistics round, ~5 s).  A router that never comes back leaves a
-        # queue that expires after an hour; presence can always be rebuilt.
+        # Presence first, rebuilt before any command is routed.  Durable, per router: events
+        # of a restart wait for it (router/presence_feed.py); an abandoned one expires in 1 h.
         presence_q = await channel.declare_queue(
             f"fedgate.router.presence.{self.settings.router_id}",
             durable=True,
@@ -270,6 +269,9 @@ class Downlink(Lifecycle):
         # Parking writes are confirmed after the lock (stores.confirm_later): the next
         # command does not wait for this one's Kafka round trip.
         async with message.process(requeue=True):
+            device = text((message.headers or {}).get(c.DEVICE_HEADER, ""))
+            if device and device not in self.known:
+                await self.registry.look_up(device)  # off the lock: only this command waits for it
             async with confirm_later() as pending, self._lock:
                 try:
                     cmd = parse_command(message.headers, message.content_type, message.correlation_id)
@@ -301,7 +303,7 @@ class Downlink(Lifecycle):
             return await self._carry_out(cmd, decision, payload)
         except RegionMissing as e:
             # its region is gone or cannot take it now: as if the device were offline
-            view = View(None, known=cmd.device in self.known, unknown_device=self.settings.unknown_device)
+            view = dataclasses.replace(await self._view(cmd), session=None)
             again = dataclasses.replace(decide(cmd, view), store_desired=False, end_session=None)
             outcome = await self._carry_out(cmd, again, payload)
             if isinstance(e, RegionUnreachable) and self.presence.get(cmd.device) is not None:
@@ -318,6 +320,7 @@ class Downlink(Lifecycle):
             session,
             subscribed=session is None or self.subscriptions.covers(session.connection, cmd.topic),
             known=cmd.device in self.known,
+            registered=self.registry.says(cmd.device),
             unknown_device=self.settings.unknown_device,
             gateway_answers=answers,
             now=time.time(),

@@ -1,9 +1,11 @@
 """What the router asks the gateways directly, through their management APIs.
 
-Presence comes from the gateways' events; three things the events cannot
+Presence comes from the gateways' events; what the events cannot
 tell, the router asks a region's gateway itself:
 
-- which MQTT connections it holds (the presence rebuild at start);
+- which MQTT connections it holds (the presence rebuild at start, and the
+  periodic reconcile);
+- whether a device id is registered (router/registry.py);
 - whether it answers at all (a command came back from it: dead or slow?);
 - which subscriptions a persistent session kept across connections;
 
@@ -91,6 +93,23 @@ class Gateways:
                 pass
         self._answers[region] = (now, answers)
         return answers
+
+    async def has_user(self, region: str, name: str, *, timeout: float) -> bool:
+        """Whether the region's gateway has the user `name` (a device of the registry);
+        AdminError when it does not answer."""
+        try:
+            await self._call(
+                self.clients[region].request_with_headers,
+                "GET",
+                f"users/{quote(name, safe='')}",
+                {},
+                timeout=timeout,
+            )
+        except AdminError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     async def kept_filters(self, session: Session) -> list[str] | None:
         """The subscriptions a persistent session kept on its gateway across connections;

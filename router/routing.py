@@ -22,11 +22,14 @@ The policy, in the order it is applied:
    connected but not subscribed yet: held (parked) until it subscribes,
    since MQTT would drop it -- a retained command is kept as desired state
    only, replayed to that connection when it subscribes;
-4. a retained command (desired state) for a device not connected: nothing
+4. a device never seen that the registry (router/registry.py) does not
+   know: dead-lettered with the reason -- no device will ever take it;
+5. a retained command (desired state) for a device not connected: nothing
    more -- the desired state is replayed when it subscribes anywhere;
-5. a device seen before, or any device when unknown devices are parked:
-   parked until it comes back;
-6. a device never seen: broadcast to every region.
+6. a device seen before or registered, or any device when unknown devices
+   are parked: parked until it comes back;
+7. a device never seen when the registry cannot say (no gateway answers):
+   broadcast to every region.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class View:
     subscribed: bool = True
     #: the device was seen connected, or has parked or desired state
     known: bool = False
+    #: whether the registry has the device (None: not asked, or no gateway answered)
+    registered: bool | None = None
     #: "broadcast" or "park": what a command for a device never seen does
     unknown_device: str = "broadcast"
     #: for a returned command whose session is at that region: whether its gateway answers
@@ -164,10 +169,12 @@ def decide(cmd: Command, view: View) -> Decision:
         return Decision(Action.HOLD, region=session.region)
     if session is not None:
         return Decision(Action.SEND, region=session.region, store_desired=store)
+    if not view.known and view.registered is False:
+        return Decision(Action.DEADLETTER, reason=f"device {cmd.device!r} is not registered")
     if cmd.retain:
         # desired state is replayed when the device subscribes: parking it too would deliver twice
         return Decision(Action.DESIRED, store_desired=True)
-    if view.known or view.unknown_device == "park":
+    if view.known or view.registered or view.unknown_device == "park":
         return Decision(Action.PARK)
     return Decision(Action.BROADCAST)
 

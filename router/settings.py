@@ -72,7 +72,10 @@ class RouterSettings:
     )
     unknown_device: str = field(
         default="broadcast",
-        metadata={"doc": "A command for a device never seen: 'broadcast' to every region, or 'park'."},
+        metadata={
+            "doc": "A command for a device never seen when no gateway answers whether it is registered "
+            "(a registered one is parked, another dead-lettered): 'broadcast' to every region, or 'park'."
+        },
     )
     park_ttl_s: float = field(
         default=3600.0, metadata={"doc": "How long a parked message waits for its device."}

@@ -12,6 +12,8 @@ import pytest
 from backend import contract as c
 from backend.amqp import command_headers, publish_confirmed, send_command
 from backend.errors import FedgateError
+from fedgate import cli
+from tests.conftest import TEST_PORT_BASE
 from tests.helpers import (
     device,
     kafka_records,
@@ -510,24 +512,54 @@ def test_a_restarted_router_routes_correctly_from_its_first_message(federation, 
         d.close()
 
 
-def test_a_command_for_a_device_never_seen_is_broadcast_to_every_region(endpoints, uid):
-    """unknown_device = "broadcast" (the default): when in doubt, every region's gateway gets it."""
+def test_a_command_for_a_registered_device_that_never_connected_waits_for_it(endpoints, uid):
+    """A device registered (`fedgate devices add`) and still in its box: no router has seen it.
+    Before, its command was broadcast, every gateway dropped it (nobody subscribed): 0 of 1.
+    Now the registry says it exists, so the command is parked until it connects."""
+    dev_id = f"boxed-{uid}"
+    endpoints["credentials"](dev_id)  # registered, pushed to every gateway
+    before = router_metrics(endpoints)
+    topic = send(endpoints, dev_id, "setup", "first-config")
+    wait_metric(endpoints, "fedgate_router_parked_total", before.get("fedgate_router_parked_total", 0) + 1)
+    with device(endpoints, "local-us", dev_id) as d:
+        d.subscribe(c.device_command_topic(dev_id, "#"))
+        got = d.wait_for(1, timeout=15)
+        time.sleep(1)  # a second copy would arrive now
+        after = router_metrics(endpoints)
+        broadcast = after.get("fedgate_router_broadcast_total", 0) - before.get(
+            "fedgate_router_broadcast_total", 0
+        )
+        record_counts(
+            sent=1, parked=1, broadcast=int(broadcast), delivered=len(d.received), lost=1 - len(got)
+        )
+        assert [(r.topic, r.payload) for r in d.received] == [(topic, b"first-config")]
+        assert broadcast == 0
+
+
+def test_a_command_for_an_id_that_is_not_registered_is_refused_and_dead_lettered(
+    federation, endpoints, uid, monkeypatch, capsys
+):
+    """`fedgate send` refuses it with the reason; sent by AMQP all the same, the router
+    dead-letters it with the reason instead of broadcasting it to every gateway."""
     ghost = f"ghost-{uid}"
+    monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
+    monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
+    capsys.readouterr()
+    assert cli.main(["send", ghost, c.device_command_topic(ghost, "x"), "{}"]) == 1
+    err = capsys.readouterr().err
+    assert f"device {ghost!r} is not registered (fedgate devices add {ghost})" in err, err
     spies = [operator_client(endpoints, r, f"spy-{r}-{uid}") for r in ("local-eu", "local-us")]
     try:
         for s in spies:
             s.subscribe(c.device_command_topic(ghost, "#"))
-        time.sleep(0.3)
         before = router_metrics(endpoints).get("fedgate_router_broadcast_total", 0)
-        send(endpoints, ghost, "hello", "anyone")
-        for s in spies:
-            assert [r.payload for r in s.wait_for(1)] == [b"anyone"], s.device_id
-        # counted once every region confirmed, which may be just after a spy got its copy
-        deadline = time.monotonic() + 5
-        while router_metrics(endpoints).get("fedgate_router_broadcast_total", 0) < before + 1:
-            assert time.monotonic() < deadline, "the broadcast was never counted"
-            time.sleep(0.05)
-        assert router_metrics(endpoints)["fedgate_router_broadcast_total"] == before + 1
+        topic = send(endpoints, ghost, "hello", "anyone")
+        dead = records_from(endpoints, c.KAFKA_DEADLETTER_TOPIC, topic, expect=1)
+        time.sleep(0.5)
+        record_counts(sent=1, deadlettered=len(dead), seen_by_gateways=sum(len(s.received) for s in spies))
+        assert dead and dead[0][1][c.KAFKA_DEADLETTER_REASON_HEADER] == f"device {ghost!r} is not registered"
+        assert all(s.received == [] for s in spies), "no gateway was sent it"
+        assert router_metrics(endpoints).get("fedgate_router_broadcast_total", 0) == before
     finally:
         for s in spies:
             s.close()

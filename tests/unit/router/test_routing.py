@@ -42,7 +42,28 @@ def test_a_device_seen_before_and_offline_has_it_parked(unknown_device):
     assert d == Decision(Action.PARK)
 
 
+@pytest.mark.parametrize("unknown_device", ["broadcast", "park"])
+def test_a_registered_device_never_seen_has_it_parked_whatever_the_setting(unknown_device):
+    # before the registry: broadcast, and every gateway dropped it (nobody subscribed)
+    view = View(None, known=False, registered=True, unknown_device=unknown_device)
+    assert decide(Command("new-1", "devices/new-1/commands/x"), view).action is Action.PARK
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_an_id_the_registry_does_not_know_is_deadlettered_with_the_reason(retain):
+    d = decide(Command("typo-1", "devices/typo-1/commands/x", retain=retain), View(None, registered=False))
+    assert d.action is Action.DEADLETTER and d.reason == "device 'typo-1' is not registered"
+    assert not d.store_desired, "no desired state kept for a device that does not exist"
+
+
+def test_a_device_seen_before_and_since_revoked_still_has_it_parked():
+    # the registry is asked only for devices never seen: a revoked one's commands expire
+    view = View(None, known=True, registered=False)
+    assert decide(Command("d1", "devices/d1/commands/x"), view).action is Action.PARK
+
+
 def test_a_device_never_seen_gets_a_broadcast_or_a_parking_by_setting():
+    # when the registry cannot say (no gateway answered): the setting decides
     cmd = Command("new", "devices/new/commands/x")
     assert decide(cmd, View(None, known=False, unknown_device="broadcast")).action is Action.BROADCAST
     assert decide(cmd, View(None, known=False, unknown_device="park")).action is Action.PARK
