@@ -154,23 +154,17 @@ class Downlink(Lifecycle):
         await self.feed.rebuild()
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
         if self.settings.presence_reconcile_s > 0:
-            self._reconciler = asyncio.create_task(self._reconcile_every(self.settings.presence_reconcile_s))
+            self._reconciler = asyncio.create_task(
+                self.feed.reconcile_every(self.settings.presence_reconcile_s)
+            )
 
-    async def _reconcile_every(self, seconds: float) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                await self.feed.reconcile()
-            except Exception as e:  # Kafka refused a write, say: the next round tries again
-                log.error("presence reconcile failed: %r", e)
-
-    def _found(self, session: Session) -> None:
-        """A live session the events had not given (router/presence_feed.py `reconcile`):
-        what waits for its device goes now, as on a takeover."""
+    async def _found(self, session: Session) -> None:
+        """A live session no event had given (presence_feed `reconcile`; the lock is held):
+        what waits for its device goes now, as on a takeover; its filters are not known."""
         if not self.waiting.has_pending(session.client_id):
             return
         if self.leading:
-            self.waiting.retry_later(session.client_id)  # the next sweep sends it
+            await self.waiting.deliver(session, ["#"])
         else:
             self._missed[session.client_id] = time.monotonic()
 

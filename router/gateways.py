@@ -51,6 +51,13 @@ class Gateways:
         #: region -> (monotonic time, whether its gateway answered then)
         self._answers: dict[str, tuple[float, bool]] = {}
         self._closers: set[asyncio.Task[None]] = set()
+        #: regions whose gateway did not answer when last asked: their sessions are kept (a
+        #: partition heals), and their connection lists asked again soon (the downlink's reconcile)
+        self.suspect: set[str] = set()
+        self.metrics.gauge(
+            "fedgate_router_region_suspect",
+            lambda: {(("region", r),): float(r in self.suspect) for r in self.clients},
+        )
 
     @staticmethod
     def clients_from_settings(settings: RouterSettings) -> dict[str, RabbitAdmin]:
@@ -60,6 +67,7 @@ class Gateways:
         """A region was added or removed."""
         self.clients = dict(clients)
         self._answers = {r: a for r, a in self._answers.items() if r in self.clients}
+        self.suspect &= set(self.clients)
 
     @property
     def regions(self) -> list[str]:
@@ -70,7 +78,9 @@ class Gateways:
 
     async def connections(self, region: str) -> list[dict[str, Any]]:
         """The region's connections (AdminError when it does not answer)."""
-        return await self._call(self.clients[region].connections)  # type: ignore[no-any-return]
+        listed = await self._call(self.clients[region].connections)
+        self._answered(region, True)
+        return listed  # type: ignore[no-any-return]
 
     async def answers(self, region: str) -> bool:
         """Whether the region's management API answers, asked at most every few seconds:
@@ -92,7 +102,16 @@ class Gateways:
             except AdminError:
                 pass
         self._answers[region] = (now, answers)
+        self._answered(region, answers)
         return answers
+
+    def _answered(self, region: str, answers: bool) -> None:
+        if answers and region in self.suspect:
+            log.warning("gateway of %s answers again: its connections are reconciled", region)
+            self.suspect.discard(region)
+        elif not answers and region not in self.suspect:
+            log.warning("gateway of %s does not answer: suspect until it does", region)
+            self.suspect.add(region)
 
     async def has_user(self, region: str, name: str, *, timeout: float) -> bool:
         """Whether the region's gateway has the user `name` (a device of the registry);

@@ -53,6 +53,10 @@ HELP = {
     "fedgate_router_presence_devices": "Devices currently connected, per region.",
     "fedgate_router_inflight": "Uplink messages on their way to Kafka.",
     "fedgate_router_fatal_errors_total": "Fatal Kafka producer errors (the router then exits).",
+    "fedgate_router_region_suspect": (
+        "1 while a region's gateway did not answer when last asked (its sessions are kept; "
+        "its connection list is asked every 2 s until it answers)."
+    ),
     "fedgate_router_presence_reconciled_total": (
         "Sessions a gateway's connection list showed otherwise than the events had: "
         "change=found (live, taken in) or ended (gone, dropped)."

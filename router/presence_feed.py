@@ -54,10 +54,12 @@ Deliver = Callable[[Session, list[str]], Awaitable[None]]
 #: a session ended at (epoch s, the gateway's clock)
 Ended = Callable[[Session, float], Awaitable[None]]
 #: a live session the events had not given (the downlink delivers what waits for it)
-Found = Callable[[Session], None]
+Found = Callable[[Session], Awaitable[None]]
 #: How long a close applied from an event is remembered, so that a listing made before it
 #: does not bring the session back.
 CLOSES_REMEMBERED_S = 120.0
+#: How often the connection lists are asked while a region's gateway is suspect.
+SUSPECT_RECHECK_S = 2.0
 
 
 class PresenceFeed:
@@ -155,6 +157,20 @@ class PresenceFeed:
 
     # --- reconciling with the gateways' lists ----------------------------------------------
 
+    async def reconcile_every(self, seconds: float) -> None:
+        """Every `seconds`; every SUSPECT_RECHECK_S while a region is suspect (its gateway
+        went silent), so that a healed partition gets what waited at once."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(min(seconds, SUSPECT_RECHECK_S))
+            if not self.gateways.suspect and time.monotonic() - last < seconds:
+                continue
+            last = time.monotonic()
+            try:
+                await self.reconcile()
+            except Exception as e:  # Kafka refused a write, say: the next round tries again
+                log.error("presence reconcile failed: %r", e)
+
     async def reconcile(self) -> None:
         """One round: each answering gateway's connection list against the table.
 
@@ -209,7 +225,7 @@ class PresenceFeed:
                 await confirmed_later(self.store.save_soon(s))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="found")
             if self._found is not None:
-                self._found(s)
+                await self._found(s)
 
     def drop_regions_except(self, regions: set[str]) -> None:
         """Regions were removed: their gateways are gone, and so are their sessions."""

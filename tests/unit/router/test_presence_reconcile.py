@@ -28,6 +28,11 @@ class _Admin:
             raise AdminError("connection refused", retriable=True)
         return list(self.listing)
 
+    def request_with_headers(self, method: str, path: str, headers: dict, body: object = None, **kw: object):
+        if self.listing is None:
+            raise AdminError(f"{method} {path}: connection refused", retriable=True)
+        return {}
+
 
 def _conn(user: str, name: str) -> dict[str, str]:
     return {"name": name, "vhost": "/", "user": user, "node": NODE}
@@ -41,6 +46,10 @@ class _Event:
 
 def _feed(listing: list[dict[str, str]] | None) -> tuple[PresenceFeed, PresenceTable, list[Session], Metrics]:
     presence, metrics, found = PresenceTable(), Metrics(), []
+
+    async def found_one(session: Session) -> None:
+        found.append(session)
+
     feed = PresenceFeed(
         presence,
         None,
@@ -51,7 +60,7 @@ def _feed(listing: list[dict[str, str]] | None) -> tuple[PresenceFeed, PresenceT
         metrics,
         deliver=_nothing,
         has_pending=lambda device: False,
-        found=found.append,
+        found=found_one,
     )
     return feed, presence, found, metrics
 
@@ -113,3 +122,13 @@ def test_a_gateway_that_does_not_answer_changes_nothing():
     presence.connected(Session("pump-1", "local-us", NODE, "p:1 -> g:1883", _ago(600)))
     asyncio.run(feed.reconcile())
     assert presence.get("pump-1") is not None and found == []
+
+
+def test_a_gateway_that_stopped_answering_is_suspect_until_its_list_comes_back():
+    feed, presence, _, metrics = _feed(None)
+    assert asyncio.run(feed.gateways.answers("local-us")) is False
+    assert feed.gateways.suspect == {"local-us"}
+    assert 'fedgate_router_region_suspect{region="local-us"} 1' in metrics.render()
+    feed.gateways.clients["local-us"].listing = [_conn("pump-1", "p:1 -> g:1883")]  # type: ignore[attr-defined]
+    asyncio.run(feed.reconcile())
+    assert feed.gateways.suspect == set() and presence.get("pump-1") is not None
