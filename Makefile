@@ -23,6 +23,9 @@ down: ## stop the local federation; leaves no process behind
 status: ## nodes, ports, state, connections and queue depths (JSON=1 for --json)
 	@$(FEDGATE) status $(if $(JSON),--json,)
 
+command: ## what the router did with a command, step by step: make command ID=<id printed by send> [WAIT=30]
+	@$(FEDGATE) command "$(ID)" $(if $(WAIT),--wait $(WAIT),)
+
 presence: ## where devices are connected (DEVICE=<id> for one)
 	@$(FEDGATE) presence $(DEVICE)
 

@@ -325,6 +325,8 @@ KAFKA_MESSAGE_ID_HEADER = "fedgate.message_id"
 #: Kafka topics the bridge always has.
 KAFKA_UNMATCHED_TOPIC = "fedgate.unmatched"
 KAFKA_DEADLETTER_TOPIC = "fedgate.deadletter"
+#: Each step the router takes with a command, keyed by its id (router/outcomes.py).
+KAFKA_COMMAND_OUTCOMES_TOPIC = "fedgate.command.outcomes"
 #: Where the default topic mapping (router/topics.py DEFAULT_RULES, "telemetry.{stream}")
 #: puts devices/<id>/telemetry: what the demo, the army and the tests read back.
 KAFKA_TELEMETRY_TOPIC = "telemetry.telemetry"

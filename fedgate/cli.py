@@ -4,7 +4,8 @@
     fedgate down [--purge]     stop it; --purge also deletes its state folder
     fedgate status [--json]    one line per node: role, region, ports, state, load
     fedgate demo               up, then a scripted scene with MQTT devices
-    fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router
+    fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router; prints its id
+    fedgate command ID [--wait [S]]   what the router did with that command, step by step
     fedgate presence [DEV]     where devices are connected
     fedgate gateway add|remove REGION [--auto-approve]
                                a region joins or leaves: local-NAME runs here,
@@ -146,8 +147,9 @@ def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
+    from backend import contract as c
     from backend.amqp import send_and_wait, send_command
-    from backend.devices import DeviceRegistryError
+    from backend.command_outcomes import read_outcomes
 
     if args.device not in ctx.fed.device_registry.devices():
         # the router would dead-letter it: no device of that id can ever take it
@@ -155,14 +157,18 @@ def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
             f"send: device {args.device!r} is not registered (fedgate devices add {args.device}); "
             "the router would dead-letter the command"
         )
-    url = ctx.fed.endpoints()["backend"]["url"]
+    ep = ctx.fed.endpoints()
+    url = ep["backend"]["url"]
     if args.wait is None:
         send_command(
             url, args.device, args.topic, args.payload, retain=args.retain, expires_in_s=args.expires_in
         )
+        command_id = c.message_id(args.topic, args.payload.encode())
         print(
-            f"handed to the router: {args.device} {args.topic}" + (" (desired state)" if args.retain else "")
+            f"command {command_id} handed to the router: {args.device} {args.topic}"
+            + (" (desired state)" if args.retain else "")
         )
+        print(f"follow it: fedgate command {command_id}")
         return 0
     if args.retain:
         raise SettingsError("send: --wait asks one device for one answer; desired state (--retain) has none")
@@ -171,15 +177,35 @@ def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
         url, args.device, args.topic, args.payload, timeout_s=args.wait, expires_in_s=args.expires_in
     )
     if reply is None:
+        steps = read_outcomes(ep["kafka"]["bootstrap"], command_id)
+        last = f" Its last step: {steps[-1].line()}." if steps else ""
         print(
-            f"fedgate: no reply to command {command_id} within {args.wait:g} s. The router still holds it: "
-            "it is delivered when the device connects and subscribes"
+            f"fedgate: no reply to command {command_id} within {args.wait:g} s.{last} The router still "
+            "holds it: it is delivered when the device connects and subscribes"
             + (f", until it expires ({args.expires_in:g} s after sending)" if args.expires_in else ""),
             file=sys.stderr,
         )
         return 1
     print(f"reply to command {command_id} from {args.device} via {reply.region} after {reply.after_s:.2f} s:")
     print(reply.payload.decode("utf-8", "replace"))
+    return 0
+
+
+def cmd_command(ctx: Context, args: argparse.Namespace) -> int:
+    """What the router did with one command, step by step (router/outcomes.py)."""
+    from backend.command_outcomes import FINAL, read_outcomes
+
+    steps = read_outcomes(ctx.fed.endpoints()["kafka"]["bootstrap"], args.command_id, wait_s=args.wait or 0.0)
+    if args.json:
+        print(json.dumps([vars(s) for s in steps], indent=2))
+    else:
+        for s in steps:
+            print(s.line())
+    if not steps:
+        print(f"fedgate: nothing on record for command {args.command_id}", file=sys.stderr)
+        return 1
+    if args.wait and steps[-1].outcome not in FINAL:
+        print(f"fedgate: command {args.command_id}: no final outcome within {args.wait:g} s", file=sys.stderr)
     return 0
 
 
@@ -454,6 +480,18 @@ def build_parser() -> argparse.ArgumentParser:
         "data, and wait up to S seconds (default 30) for an MQTT 5 device's answer",
     )
     send.set_defaults(fn=cmd_send)
+    cmd = sub.add_parser("command", help="what the router did with a command, step by step (its id)")
+    cmd.add_argument("command_id", help="the id `fedgate send` printed (the device acknowledges it)")
+    cmd.add_argument(
+        "--wait",
+        type=_positive_seconds,
+        nargs="?",
+        const=30.0,
+        metavar="S",
+        help="follow it up to S seconds (default 30) until acknowledged or dead-lettered",
+    )
+    cmd.add_argument("--json", action="store_true")
+    cmd.set_defaults(fn=cmd_command)
     pres = sub.add_parser("presence", help="where devices are connected, since when; counts per region")
     pres.add_argument("device", nargs="?")
     pres.add_argument("--json", action="store_true")

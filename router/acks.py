@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from backend import contract as c
 from router.metrics import Metrics
+from router.outcomes import CommandOutcomes
 from router.parking import Parked, ParkingLot
 from router.presence import PresenceTable, Session
 from router.routing import Command
@@ -45,6 +46,7 @@ class CommandAcks:
         metrics: Metrics,
         ack_timeout_s: float,
         send: Callable[[Session, Parked], Awaitable[None]],
+        outcomes: CommandOutcomes | None = None,
     ):
         self.parking = parking
         self.presence = presence
@@ -52,6 +54,7 @@ class CommandAcks:
         self.metrics = metrics
         self.ack_timeout_s = ack_timeout_s
         self._send = send
+        self.outcomes = outcomes
 
     def tracks(self, session: Session, topic: str) -> bool:
         """Whether a command on `topic` to this session waits for the device's acknowledgement."""
@@ -81,6 +84,9 @@ class CommandAcks:
         settled = 0
         for command_id in ids:
             match = next((p for p in waiting if p.command_id == command_id), None)
+            if self.outcomes is not None:
+                # on record for every command the device says it got, tracked or not
+                self.outcomes.record(command_id, device, match.topic if match else "", "acknowledged")
             if match is None:
                 continue  # a repeat, or a command sent to a QoS 1 subscription: nothing waits
             waiting.remove(match)

@@ -44,6 +44,7 @@ from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
+from router.outcomes import CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
@@ -51,7 +52,7 @@ from router.registry import Registry
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.sending import RegionMissing, RegionSender, RegionUnreachable
 from router.settings import RouterSettings
-from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later, confirmed_later
+from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
 from router.waiting import Waiting
 
@@ -78,6 +79,7 @@ class Downlink(Lifecycle):
         metrics: Metrics,
         presence_store: PresenceStore | None = None,
         gateways: Gateways | None = None,
+        outcomes: CommandOutcomes | None = None,
     ):
         super().__init__()
         self.settings = settings
@@ -88,12 +90,14 @@ class Downlink(Lifecycle):
         self.metrics = metrics
         self.gateways = gateways or Gateways(Gateways.clients_from_settings(settings), metrics)
         self.registry = Registry(self.gateways)
+        #: each step taken with a command, in Kafka (router/outcomes.py)
+        self.outcomes = outcomes or CommandOutcomes(producer, metrics, settings)
         #: devices seen connected since this router started, or with parked/desired state
         self.known: set[str] = set()
         self.subscriptions = Subscriptions()
         self._lock = asyncio.Lock()
         #: sends only while this router leads (router/leadership.py)
-        self.sender = RegionSender(settings.regions, metrics)
+        self.sender = RegionSender(settings.regions, metrics, self.outcomes)
         self.waiting = Waiting(
             parking,
             desired,
@@ -102,7 +106,8 @@ class Downlink(Lifecycle):
             metrics,
             ack_timeout_s=settings.ack_timeout_s,
             send=self.sender.send,
-            deadletter=self._deadletter,
+            deadletter=self.outcomes.deadletter,
+            outcomes=self.outcomes,
         )
         self.acks = self.waiting.acks
         self.feed = PresenceFeed(
@@ -236,25 +241,6 @@ class Downlink(Lifecycle):
                 raise outcome
         self._consumers.clear()
 
-    # --- sending -----------------------------------------------------------------------
-
-    async def _deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
-        # produced now (in order), confirmed after the caller's lock when it collects
-        # confirmations: Kafka being slow or away must not hold up routing
-        await confirmed_later(
-            self.producer.send_soon(
-                self.settings.deadletter_topic,
-                payload,
-                device or None,
-                [
-                    (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
-                    (c.KAFKA_DEVICE_HEADER, device.encode()),
-                    (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
-                ],
-            )
-        )
-        self.metrics.inc("fedgate_router_deadlettered_total", topic=self.settings.deadletter_topic)
-
     # --- commands ----------------------------------------------------------------------
 
     async def on_command(self, message: AbstractIncomingMessage) -> None:
@@ -272,7 +258,9 @@ class Downlink(Lifecycle):
                     check_size(cmd, message.body)
                 except BadCommand as e:
                     # an oversized one keeps its first bytes: Kafka would refuse the whole
-                    await self._deadletter(str(e), e.device, e.topic, message.body[: c.MAX_COMMAND_BYTES])
+                    await self.outcomes.deadletter(
+                        str(e), e.device, e.topic, message.body[: c.MAX_COMMAND_BYTES]
+                    )
                     return
                 await self.handle(cmd, message.body)
             await all_confirmed(pending)
@@ -292,6 +280,7 @@ class Downlink(Lifecycle):
         """Decide and carry out; the caller holds the lock.  Returns what was done."""
         if cmd.returned_from is not None:
             self.metrics.inc("fedgate_router_returned_total", region=cmd.returned_from)
+            self.outcomes.of(cmd.device, cmd.topic, payload, "returned", region=cmd.returned_from)
         decision = decide(cmd, await self._view(cmd))
         try:
             return await self._carry_out(cmd, decision, payload)
@@ -332,10 +321,11 @@ class Downlink(Lifecycle):
         if d.store_desired:
             await self.desired.set(cmd.device, cmd.topic, payload)
             self.known.add(cmd.device)
+            self.outcomes.of(cmd.device, cmd.topic, payload, "desired")
             self.metrics.inc("fedgate_router_desired_stored_total")
         if d.action is Action.DEADLETTER:
             log.warning("dead-lettering a command for %r: %s", cmd.device, d.reason)
-            await self._deadletter(d.reason, cmd.device, cmd.topic, payload)
+            await self.outcomes.deadletter(d.reason, cmd.device, cmd.topic, payload)
         elif d.action is Action.SEND:
             assert d.region is not None
             await self.sender.send(d.region, cmd, payload)
@@ -350,17 +340,20 @@ class Downlink(Lifecycle):
             # (binding event, or the check of a persistent session's subscriptions); never
             # subscribing, it expires into the dead-letter topic with the reason
             await self.parking.park_command(cmd, payload)
+            self.outcomes.of(cmd.device, cmd.topic, payload, "held", region=d.region or "")
             self.metrics.inc("fedgate_router_held_total", region=d.region or "")
             session = self.presence.get(cmd.device)
             if session is not None:
                 self._ask_filters_soon(session)
         elif d.action is Action.PARK:
             await self.parking.park_command(cmd, payload)
+            self.outcomes.of(cmd.device, cmd.topic, payload, "parked")
             self.metrics.inc("fedgate_router_parked_total")
         elif d.action is Action.BROADCAST:
             for region in self.settings.regions:
                 with contextlib.suppress(RegionMissing):  # logged and counted; the others still get it
                     await self.sender.send(region, cmd, payload, broadcast=True)
+            self.outcomes.of(cmd.device, cmd.topic, payload, "broadcast")
             self.metrics.inc("fedgate_router_broadcast_total")
         return d.outcome()
 

@@ -16,6 +16,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from backend import contract as c
 from router.commands import downlink_message
 from router.metrics import Metrics
+from router.outcomes import CommandOutcomes
 from router.routing import Command
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,11 @@ class NotLeading(Exception):
 
 
 class RegionSender:
-    def __init__(self, regions: list[str], metrics: Metrics):
+    def __init__(self, regions: list[str], metrics: Metrics, outcomes: CommandOutcomes | None = None):
         self.regions = set(regions)
         self.metrics = metrics
+        #: a command the backend took for a region is `routed` (router/outcomes.py)
+        self.outcomes = outcomes
         #: the leader's channel (publisher confirms, returns raise); None while standing by
         self._channel: AbstractChannel | None = None
         self._connection: AbstractConnection | None = None
@@ -105,3 +108,5 @@ class RegionSender:
                 getattr(e.frame, "reply_text", e),
             )
             raise RegionUnreachable(region) from e
+        if self.outcomes is not None and not broadcast:
+            self.outcomes.of(cmd.device, cmd.topic, payload, "routed", region=region)

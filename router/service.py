@@ -33,6 +33,7 @@ from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_rec
 from router.leadership import Leadership
 from router.lifecycle import Lifecycle
 from router.metrics import HttpEndpoint, Metrics, json_response
+from router.outcomes import OUTCOMES_TOPIC, CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable
 from router.settings import RouterSettings, RouterSettingsError, load_router_settings
@@ -86,6 +87,7 @@ class Router(Lifecycle):
             self.producer,
             self.metrics,
             PresenceStore(self.presence_table),
+            outcomes=CommandOutcomes(self.producer, self.metrics, settings),
         )
         #: which router routes commands (router/leadership.py); all with `downlink` stand
         self.leadership = Leadership(
@@ -120,6 +122,12 @@ class Router(Lifecycle):
                     s.kafka_replication,
                     timeout=20,
                     configs={t: COMPACTED for t in (DESIRED_TOPIC, PARKED_TOPIC, PRESENCE_TOPIC)},
+                ),
+            )
+            await loop.run_in_executor(
+                None,
+                lambda: ensure_topics(
+                    s.kafka_bootstrap, [OUTCOMES_TOPIC], s.kafka_partitions, s.kafka_replication, timeout=20
                 ),
             )
         except KafkaUnavailable as e:

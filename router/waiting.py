@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 
 from router.acks import CommandAcks
 from router.metrics import Metrics
+from router.outcomes import CommandOutcomes
 from router.parking import Parked, ParkingLot
 from router.presence import PresenceTable, Session
 from router.routing import Command, topic_matches
@@ -74,6 +75,7 @@ class Waiting:
         ack_timeout_s: float,
         send: Send,
         deadletter: DeadLetter,
+        outcomes: CommandOutcomes | None = None,
     ):
         self.parking = parking
         self.desired = desired
@@ -82,7 +84,10 @@ class Waiting:
         self.metrics = metrics
         self._send = send
         self._deadletter = deadletter
-        self.acks = CommandAcks(parking, presence, subscriptions, metrics, ack_timeout_s, self.send_parked)
+        self.outcomes = outcomes
+        self.acks = CommandAcks(
+            parking, presence, subscriptions, metrics, ack_timeout_s, self.send_parked, outcomes
+        )
         #: devices with something a region could not take: tried again at each sweep
         self._retry: set[str] = set()
         #: connection -> (sent at, command, payload) of the last REMEMBER_SENT_S seconds
@@ -157,6 +162,9 @@ class Waiting:
         late = [(cmd, payload) for at, cmd, payload in sent if at > ended_at - DELIVERED_AFTER_S]
         for cmd, payload in late:
             await self.parking.park_command(cmd, payload, again=True)
+            if self.outcomes is not None:
+                why = "its connection ended as it was sent: for the device's next session"
+                self.outcomes.of(cmd.device, cmd.topic, payload, "parked", reason=why)
         if late:
             log.info(
                 "%s: %d command(s) sent as its connection ended parked again for its next session",

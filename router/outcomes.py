@@ -1,0 +1,103 @@
+"""What became of each command, step by step, in Kafka: its sender and analysts follow it there.
+
+Every command has an id: contract.message_id of its MQTT topic and payload,
+the id its device acknowledges (router/acks.py) and `fedgate send` prints.
+Each step the router takes with it is one JSON record on the topic
+OUTCOMES_TOPIC, keyed by that id (so a command's steps stay in order in
+one partition):
+
+    {"command_id": "...", "device": "pump-1", "topic": "devices/pump-1/commands/open",
+     "outcome": "routed", "region": "local-eu", "reason": "", "at": 1795514237716,
+     "router": "router-0"}
+
+Outcomes, in the order a command can meet them:
+
+- ``returned``: it came back from a region whose gateway did not take it;
+- ``held`` (connected, not subscribed yet), ``parked`` (away; reason says
+  why when it is parked again), ``desired`` (kept as desired state),
+  ``broadcast`` (the registry could not say, every region got it);
+- ``routed``: the region's downlink exchange on the backend took it, for
+  the gateway's link to pass to the device's session (again after a park);
+- ``acknowledged``: the device said it got it (devices that acknowledge);
+- ``deadlettered``: refused, expired or never acknowledged -- the reason
+  says which; the command itself is in the dead-letter topic.
+
+A record is produced the moment the step is taken and not waited for: a
+command is never held up by its record, and the producer keeps records
+queued while Kafka is away (it sends them once Kafka is back).  A router
+that dies with records queued loses them; the commands themselves are
+redelivered, so their steps are recorded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from backend import contract as c
+from router.kafka import AsyncProducer
+from router.metrics import Metrics
+from router.settings import RouterSettings
+from router.stores import confirmed_later
+
+log = logging.getLogger(__name__)
+
+OUTCOMES_TOPIC = c.KAFKA_COMMAND_OUTCOMES_TOPIC
+OUTCOMES = ("returned", "held", "parked", "desired", "broadcast", "routed", "acknowledged", "deadlettered")
+
+
+class CommandOutcomes:
+    def __init__(self, producer: AsyncProducer, metrics: Metrics, settings: RouterSettings):
+        self.producer = producer
+        self.metrics = metrics
+        self.router_id = settings.router_id
+        self.deadletter_topic = settings.deadletter_topic
+        self.topic = OUTCOMES_TOPIC
+
+    async def deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
+        """The command to the dead-letter topic with the reason, and its last outcome on record."""
+        # produced now (in order), confirmed after the caller's lock when it collects
+        # confirmations: Kafka being slow or away must not hold up routing
+        await confirmed_later(
+            self.producer.send_soon(
+                self.deadletter_topic,
+                payload,
+                device or None,
+                [
+                    (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
+                    (c.KAFKA_DEVICE_HEADER, device.encode()),
+                    (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
+                ],
+            )
+        )
+        self.metrics.inc("fedgate_router_deadlettered_total", topic=self.deadletter_topic)
+        self.of(device, topic, payload, "deadlettered", reason=reason)
+
+    def record(
+        self, command_id: str, device: str, topic: str, outcome: str, *, region: str = "", reason: str = ""
+    ) -> None:
+        assert outcome in OUTCOMES, outcome
+        value = {
+            "command_id": command_id,
+            "device": device,
+            "topic": topic,
+            "outcome": outcome,
+            "region": region,
+            "reason": reason,
+            "at": int(time.time() * 1000),
+            "router": self.router_id,
+        }
+        written = self.producer.send_soon(self.topic, json.dumps(value).encode(), command_id)
+        written.add_done_callback(self._written)
+        self.metrics.inc("fedgate_router_outcomes_total", outcome=outcome)
+
+    def of(self, device: str, topic: str, payload: bytes, outcome: str, **kw: str) -> None:
+        """Record a step of the command `payload` on `topic` (its id computed here)."""
+        self.record(c.message_id(topic, payload), device, topic, outcome, **kw)
+
+    def _written(self, fut: asyncio.Future[object]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self.metrics.inc("fedgate_router_outcomes_failed_total")
+            log.error("a command outcome record was refused by Kafka: %r", fut.exception())
