@@ -34,6 +34,7 @@ from typing import Any
 
 from backend import contract as c
 from backend.amqp import Tap, send_and_wait, send_command
+from backend.command_outcomes import Outcome, read_outcomes
 from backend.kafka_read import read_records
 from fedgate.devices import SimDevice, publish_properties
 from infra.local.driver import LocalFederation
@@ -49,6 +50,16 @@ DEVICE_TAGS = {"unit": "celsius", "fw": "2.1.0"}
 def _device_ids(region: str) -> list[str]:
     short = region.removeprefix("local-")
     return [f"{short}-thermo-{i}" for i in range(1, DEVICES_PER_REGION + 1)]
+
+
+def _steps_on_record(ep: dict[str, Any], command_id: str, until: str, timeout: float = 10.0) -> list[Outcome]:
+    """The command's steps in Kafka once the last is `until` (or what there is after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        steps = read_outcomes(ep["kafka"]["bootstrap"], command_id)
+        if (steps and steps[-1].outcome == until) or time.monotonic() > deadline:
+            return steps
+        time.sleep(0.3)
 
 
 def _speaks_mqtt5(dev_id: str) -> bool:
@@ -274,6 +285,17 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             )
             echo = tap.drain(timeout=1.5)
             checks.append((not echo, "downlink: the command did not echo back into telemetry"))
+            command_id = c.message_id(topic, json.dumps({"interval_s": 10}).encode())
+            steps = _steps_on_record(ep, command_id, "routed")
+            say(f"   `fedgate command {command_id}` shows what the router did with it:")
+            for step in steps:
+                say(f"   {step.line()}")
+            checks.append(
+                (
+                    [(s.outcome, s.region) for s in steps] == [("routed", target_region)],
+                    f"downlink: the command's steps are on record in Kafka (routed at {target_region})",
+                )
+            )
 
             # 3b. a question, and its answer
             asked_region = regions[-1]
