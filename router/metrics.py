@@ -55,6 +55,9 @@ HELP = {
     "fedgate_router_fatal_errors_total": "Fatal Kafka producer errors (the router then exits).",
     "fedgate_router_outcomes_total": "Steps recorded in fedgate.command.outcomes, per outcome.",
     "fedgate_router_outcomes_failed_total": "Command outcome records Kafka refused.",
+    "fedgate_router_outcomes_dropped_total": (
+        "Command outcome records dropped: Kafka away and 50,000 records queued in the producer."
+    ),
     "fedgate_router_region_suspect": (
         "1 while a region's gateway did not answer when last asked (its sessions are kept; "
         "its connection list is asked every 2 s until it answers)."

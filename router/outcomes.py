@@ -24,9 +24,10 @@ Outcomes, in the order a command can meet them:
 
 A record is produced the moment the step is taken and not waited for: a
 command is never held up by its record, and the producer keeps records
-queued while Kafka is away (it sends them once Kafka is back).  A router
-that dies with records queued loses them; the commands themselves are
-redelivered, so their steps are recorded again.
+queued while Kafka is away (it sends them once Kafka is back), up to
+MAX_QUEUED records in all; past that, outcome records are dropped and
+counted.  A router that dies with records queued loses them; the commands
+themselves are redelivered, so their steps are recorded again.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ from router.stores import confirmed_later
 log = logging.getLogger(__name__)
 
 OUTCOMES_TOPIC = c.KAFKA_COMMAND_OUTCOMES_TOPIC
+#: Records queued in the producer (Kafka away) above which a new outcome record is dropped and
+#: counted: commands to connected devices flow on while Kafka is away, and their records must
+#: not fill the producer's queue (librdkafka's default holds 100,000), whose writes for parked
+#: commands and device messages must always find room.
+MAX_QUEUED = 50_000
 OUTCOMES = ("returned", "held", "parked", "desired", "broadcast", "routed", "acknowledged", "deadlettered")
 
 
@@ -79,6 +85,9 @@ class CommandOutcomes:
         self, command_id: str, device: str, topic: str, outcome: str, *, region: str = "", reason: str = ""
     ) -> None:
         assert outcome in OUTCOMES, outcome
+        if len(self.producer) > MAX_QUEUED:
+            self.metrics.inc("fedgate_router_outcomes_dropped_total")
+            return
         value = {
             "command_id": command_id,
             "device": device,

@@ -1,0 +1,65 @@
+"""Each step taken with a command, as the record Kafka gets (router/outcomes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from backend import contract as c
+from router.metrics import Metrics
+from router.outcomes import MAX_QUEUED, OUTCOMES_TOPIC, CommandOutcomes
+from router.settings import RouterSettings
+
+
+class _Producer:
+    def __init__(self, queued: int = 0):
+        self.queued = queued
+        self.records: list[tuple[str, bytes, object]] = []
+
+    def __len__(self) -> int:
+        return self.queued
+
+    def send_soon(self, topic, value, key, headers=None):
+        self.records.append((topic, value, key))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+def _outcomes(producer: _Producer) -> tuple[CommandOutcomes, Metrics]:
+    settings = RouterSettings(amqp_url="amqp://x", kafka_bootstrap="k:1", router_id="router-7")
+    metrics = Metrics()
+    return CommandOutcomes(producer, metrics, settings), metrics  # type: ignore[arg-type]
+
+
+def test_a_step_is_one_record_keyed_by_the_command_id():
+    producer = _Producer()
+    outcomes, metrics = _outcomes(producer)
+
+    async def step() -> None:
+        outcomes.of("pump-1", "devices/pump-1/commands/open", b"{}", "routed", region="local-eu")
+
+    asyncio.run(step())
+    [(topic, value, key)] = producer.records
+    record = json.loads(value)
+    assert topic == OUTCOMES_TOPIC and key == c.message_id("devices/pump-1/commands/open", b"{}")
+    assert {k: record[k] for k in ("command_id", "device", "outcome", "region", "router")} == {
+        "command_id": key,
+        "device": "pump-1",
+        "outcome": "routed",
+        "region": "local-eu",
+        "router": "router-7",
+    }
+    assert metrics.get("fedgate_router_outcomes_total", outcome="routed") == 1
+
+
+def test_with_kafka_away_and_the_producer_full_a_step_is_dropped_and_counted_not_waited_for():
+    producer = _Producer(queued=MAX_QUEUED + 1)
+    outcomes, metrics = _outcomes(producer)
+
+    async def step() -> None:
+        outcomes.of("pump-1", "devices/pump-1/commands/open", b"{}", "routed", region="local-eu")
+
+    asyncio.run(step())
+    assert producer.records == []
+    assert metrics.get("fedgate_router_outcomes_dropped_total") == 1
