@@ -372,8 +372,11 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             f"   MQTT over TLS: {host}:{first['mqtts']} ({regions[0]}), CA {ep['tls']['ca']}, "
             f"e.g. mosquitto_pub --cafile <CA> -p {first['mqtts']} -u my-sensor -P <secret> ..."
         )
-    say(f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  (topics telemetry.*, fedgate.deadletter, ...)")
+    say(
+        f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  (topics telemetry.*, fedgate.deadletter, fedgate.command.outcomes, ...)"
+    )
     say("   fedgate presence               which device is where (make presence)")
-    say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is")
+    say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is; prints its id")
+    say("   fedgate command ID             what the router did with that command, step by step")
     say("Stop it with: make down")
     return 0 if all(ok for ok, _ in checks) else 1

@@ -13,7 +13,8 @@ def test_demo_scene_passes_every_check_and_says_how_to_stop(federation, capsys):
     assert run_demo(federation) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert out.count("PASS") == 12
+    assert out.count("PASS") == 13
+    assert "steps are on record in Kafka (routed at" in out and "routed at local-" in out
     assert "spark: 20/20 readings in telemetry_raw, each once" in out
     assert "from local-eu    10 messages" in out and "from local-us    10 messages" in out
     assert "make down" in out
