@@ -373,7 +373,8 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
             f"e.g. mosquitto_pub --cafile <CA> -p {first['mqtts']} -u my-sensor -P <secret> ..."
         )
     say(
-        f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  (topics telemetry.*, fedgate.deadletter, fedgate.command.outcomes, ...)"
+        f"   Kafka bootstrap: {ep['kafka']['bootstrap']}  "
+        "(topics telemetry.*, fedgate.deadletter, fedgate.command.outcomes, ...)"
     )
     say("   fedgate presence               which device is where (make presence)")
     say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is; prints its id")
