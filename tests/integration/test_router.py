@@ -461,6 +461,49 @@ def test_a_device_offline_across_a_restart_of_every_router_gets_the_command_sent
         back.close()
 
 
+def test_a_device_that_left_while_every_router_was_down_gets_the_commands_sent_meanwhile(
+    federation, endpoints, uid
+):
+    """The restart window: the device is connected when every router stops, leaves a moment
+    later (its close event waits in each router's durable presence queue), and three commands
+    are sent while no router runs.  At the restart the saved table still has the device, and
+    its connection is too young for the rebuild to drop it unlisted: the commands may be routed
+    to a gateway where its clean session is gone.  They must follow it to its next session."""
+    from infra.local.layout import ROLE_ROUTER
+
+    dev_id = f"left-{uid}"
+    d = device(endpoints, "local-eu", dev_id)
+    d.subscribe(c.device_command_topic(dev_id, "#"))
+    wait_present(endpoints, dev_id, "local-eu")
+    routers = [s.name for s in federation.specs() if s.role == ROLE_ROUTER]
+    for name in routers:
+        federation.stop_node(name)
+    d.close()
+    for i in range(3):
+        send(endpoints, dev_id, "set", f"meanwhile-{i}")
+    for name in routers:
+        federation.start_node(name)
+    back = device(endpoints, "local-us", dev_id)
+    try:
+        back.subscribe(c.device_command_topic(dev_id, "#"))
+        back.wait_for(3, timeout=20)
+        time.sleep(1.0)  # a second copy would arrive now
+        got = [r.payload.decode() for r in back.received]
+        fresh = router_metrics(endpoints)  # counted since the restart: how the commands went
+        record_counts(
+            routers_restarted=len(routers),
+            sent=3,
+            parked_at_once=int(fresh.get("fedgate_router_parked_total", 0)),
+            routed_to_the_old_session_and_parked_again=int(fresh.get("fedgate_router_reparked_total", 0)),
+            delivered=len(got),
+            lost=len({f"meanwhile-{i}" for i in range(3)} - set(got)),
+            delivered_twice=len(got) - len(set(got)),
+        )
+        assert sorted(set(got)) == [f"meanwhile-{i}" for i in range(3)]
+    finally:
+        back.close()
+
+
 def test_parked_messages_expire_into_the_dead_letter_topic_with_the_reason(endpoints, uid):
     from tests.conftest import PARK_TTL_S
 
