@@ -17,6 +17,15 @@ records of its key), what it refuses again is dead-lettered.
 
 In-flight messages are bounded by the AMQP prefetch: when Kafka is down,
 reports stop, the prefetch fills up and RabbitMQ keeps the rest.
+
+Every router registers on every uplink shard.  A shard is a quorum queue
+with a single active consumer, and RabbitMQ 4.0 makes the consumer of the
+highest priority the active one: each router registers on its own shards
+(settings.my_shards) with OWN_SHARD_PRIORITY and on the others with 0, so
+the shards are shared out while all routers run, and a router that dies
+hands its shards to the others at once.  When it is back, RabbitMQ stops
+delivering to the standby and switches the shard back once the standby has
+acked what it holds: one producer per shard at a time, in order.
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ from router.settings import RouterSettings
 from router.topics import TopicMapper
 
 log = logging.getLogger(__name__)
+
+#: The consumer priority a router registers with on its own uplink shards (0 on the others).
+OWN_SHARD_PRIORITY = 10
 
 
 #: How long a shutdown waits for the last acks to be written.
@@ -82,13 +94,17 @@ class UplinkBridge(Lifecycle):
         return self.settings.kafka_topics()
 
     async def _start(self, channel: aio_pika.abc.AbstractChannel) -> None:  # type: ignore[override]
-        # prefetch is per consumer: split the in-flight bound over this router's shards
-        shards = self.settings.my_shards
-        await channel.set_qos(prefetch_count=max(1, self.settings.max_inflight // max(1, len(shards))))
-        for shard in shards:
+        # prefetch is per consumer: split the in-flight bound over every shard, which a
+        # router whose peers are all dead reads at once
+        s = self.settings
+        await channel.set_qos(prefetch_count=max(1, s.max_inflight // max(1, s.uplink_shards)))
+        mine = set(s.my_shards)
+        for shard in range(s.uplink_shards):
             queue = await channel.get_queue(c.uplink_shard_queue(shard), ensure=True)
-            self._consumers.append((queue, await queue.consume(self.on_message)))
-        log.info("bridging uplink shards %s", shards)
+            priority = OWN_SHARD_PRIORITY if shard in mine else 0
+            tag = await queue.consume(self.on_message, arguments={"x-priority": priority})
+            self._consumers.append((queue, tag))
+        log.info("bridging uplink shards %s; standing by on the others", sorted(mine))
 
     async def stop_intake(self) -> None:
         """Take no new message into Kafka; what is in flight still drains.

@@ -151,7 +151,8 @@ class RouterSettings:
     router_count: int = field(
         default=1,
         metadata={
-            "doc": "Routers sharing the uplink: router i reads the shards s with s % count == i.",
+            "doc": "Routers sharing the uplink: router i reads the shards s with s % count == i while "
+            "it runs, and stands by on the others (router/bridge.py).",
             "wiring": True,
         },
     )

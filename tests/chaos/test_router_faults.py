@@ -27,17 +27,22 @@ pytestmark = [
 ]
 
 
+def _bridged(federation, name: str) -> float:
+    """Device messages the router `name` stored in Kafka since it started."""
+    import urllib.request
+
+    node = federation.node(name)
+    with urllib.request.urlopen(f"{node.metrics_url}/metrics", timeout=5) as r:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in r.read().decode().splitlines()
+            if line.startswith("fedgate_router_bridged_total")
+        )
+
+
 def test_two_routers_share_the_uplink_and_keep_per_device_order(federation, endpoints, uid):
     def bridged(name: str) -> float:
-        import urllib.request
-
-        node = federation.node(name)
-        with urllib.request.urlopen(f"{node.metrics_url}/metrics", timeout=5) as r:
-            return sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in r.read().decode().splitlines()
-                if line.startswith("fedgate_router_bridged_total")
-            )
+        return _bridged(federation, name)
 
     before = {n: bridged(n) for n in ("router-0", "router-1")}
     # Each device's telemetry hashes to one shard (router-0 reads 0 and 2, router-1 1 and 3):
@@ -57,12 +62,50 @@ def test_a_router_killed_mid_stream_loses_nothing(federation, endpoints, uid):
         victim = federation.node("router-1")
         pid = victim.pid()
         os.kill(pid, signal.SIGKILL)
-        time.sleep(1.5)  # devices keep publishing; router-1's shards wait in RabbitMQ
+        time.sleep(1.5)  # devices keep publishing; router-0 takes router-1's shards meanwhile
         federation.start_node("router-1")
         time.sleep(1.5)
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
     # duplicates only from the killed router's in-flight window (its prefetch)
     check(fleet, got, max_duplicates=2000, spark_federation=federation, device_prefix=f"kill-{uid}-")
+
+
+def test_a_router_killed_and_kept_down_its_shards_flow_through_the_other_at_once(federation, endpoints, uid):
+    """router-1 SIGKILLed while 16 devices publish, and kept down for 12 s.  Before, its shards
+    waited in RabbitMQ until it was back (router i read only the shards s with s % n == i).
+    Now every router stands by on every shard (consumer priority, router/bridge.py): what the
+    devices publish after the kill is in Kafka while router-1 is still down.  Then router-1 is
+    started again, takes its shards back, and nothing is lost or out of order."""
+    from tests.helpers import record_counts
+
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    with Fleet.on_both_gateways(endpoints, f"down-{uid}", per_region=8) as fleet:
+        time.sleep(1.5)
+        victim = federation.node("router-1")
+        os.kill(victim.pid(), signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(4)
+        snapshot = {d: list(seqs) for d, seqs in fleet.acked.items()}
+        acked_while_down = sum(len(v) for v in snapshot.values())
+        # everything acked so far in Kafka while router-1 is still dead, device by device
+        got_while_down = read_back(bootstrap, set(snapshot), acked_while_down, timeout=10)
+        missing_while_down = sum(len(set(v) - set(got_while_down[d])) for d, v in snapshot.items())
+        flowing_after_s = round(time.monotonic() - killed_at, 1)
+        assert not victim.is_running(), "router-1 stayed down meanwhile"
+        time.sleep(max(0.0, 12 - (time.monotonic() - killed_at)))
+        federation.start_node("router-1")
+        time.sleep(3)
+        taken_back = _bridged(federation, "router-1")  # counted since its restart
+    got = read_back(bootstrap, set(fleet.acked), fleet.total_acked)
+    record_counts(
+        acked_4s_after_the_kill=acked_while_down,
+        of_those_not_in_kafka_while_router_1_was_down=missing_while_down,
+        read_back_after_s=flowing_after_s,
+        bridged_by_router_1_after_its_return=int(taken_back),
+    )
+    assert missing_while_down == 0, "router-1's shards waited for it"
+    assert taken_back > 0, "router-1 took its shards back when it returned"
+    check(fleet, got, max_duplicates=2000, spark_federation=federation, device_prefix=f"down-{uid}-")
 
 
 def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endpoints, uid):
