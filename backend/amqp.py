@@ -261,6 +261,62 @@ class Reply:
     after_s: float
 
 
+class ReplyWait:
+    """A command sent with a response topic, and the wait for its device's answer.
+
+    The command carries the response topic devices/<device>/replies and its
+    id (contract.message_id, the id on record in the outcomes topic and the
+    one the device acknowledges) as correlation data; the answer is read on
+    the backend, where the device's messages arrive (it also reaches Kafka,
+    telemetry.replies).  The queue that waits for it is bound before the
+    command leaves, so an answer cannot overtake the wait.  Two byte-identical
+    commands to one topic share an id, so a waiter may take the other's answer.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        device: str,
+        topic: str,
+        payload: bytes | str,
+        *,
+        expires_in_s: float | None = None,
+        content_type: str | None = None,
+    ):
+        check_command_size(payload)
+        self.body = payload.encode() if isinstance(payload, str) else payload
+        self.command_id = c.message_id(topic, self.body)
+        reply_topic = c.device_reply_topic(device)
+        self._tap = Tap(url, c.TELEMETRY_EXCHANGE, [c.mqtt_topic_to_routing_key(reply_topic)])
+        self._headers = command_headers(device, topic, expires_in_s=expires_in_s, response_topic=reply_topic)
+        self._props = {
+            "correlation_id": self.command_id,
+            **({"content_type": content_type} if content_type else {}),
+        }
+        self.device = device
+        self.started = 0.0
+
+    def __enter__(self) -> ReplyWait:
+        self._tap.open()
+        self.started = time.monotonic()
+        _publish(self._tap.ch, c.COMMANDS_EXCHANGE, self.device, self.body, self._headers, **self._props)
+        return self
+
+    def poll(self, timeout: float) -> Reply | None:
+        """The answer, if it arrives within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            for m in self._tap.drain(expect=1, timeout=left):
+                # text correlation data is the correlation_id; binary, RabbitMQ's header
+                corr = m.correlation_id or m.headers.get("x-correlation-id")
+                if corr == self.command_id:  # an answer to another command of the device's
+                    return Reply(m.payload, m.region, m.content_type, time.monotonic() - self.started)
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._tap.close()
+
+
 def send_and_wait(
     url: str,
     device: str,
@@ -271,26 +327,7 @@ def send_and_wait(
     expires_in_s: float | None = None,
     content_type: str | None = None,
 ) -> tuple[str, Reply | None]:
-    """Send a command whose answer comes back: (command id, the reply or None after `timeout_s`).
-
-    The command carries the response topic devices/<device>/replies and its
-    id as correlation data; the answer is read on the backend, where the
-    device's messages arrive (it also reaches Kafka, telemetry.replies).  The
-    queue that waits for it is bound before the command leaves, so an answer
-    cannot overtake the wait.
-    """
-    check_command_size(payload)
-    command_id = uuid.uuid4().hex
-    reply_topic = c.device_reply_topic(device)
-    with Tap(url, c.TELEMETRY_EXCHANGE, [c.mqtt_topic_to_routing_key(reply_topic)]) as answers:
-        headers = command_headers(device, topic, expires_in_s=expires_in_s, response_topic=reply_topic)
-        props = {"correlation_id": command_id, **({"content_type": content_type} if content_type else {})}
-        started = time.monotonic()
-        _publish(answers.ch, c.COMMANDS_EXCHANGE, device, payload, headers, **props)
-        while (left := timeout_s - (time.monotonic() - started)) > 0:
-            for m in answers.drain(expect=1, timeout=left):
-                # text correlation data is the correlation_id; binary, RabbitMQ's header
-                corr = m.correlation_id or m.headers.get("x-correlation-id")
-                if corr == command_id:  # another waiter's answer on the same device is not ours
-                    return command_id, Reply(m.payload, m.region, m.content_type, time.monotonic() - started)
-        return command_id, None
+    """Send a command whose answer comes back (ReplyWait): (command id, the reply or None
+    after `timeout_s`)."""
+    with ReplyWait(url, device, topic, payload, expires_in_s=expires_in_s, content_type=content_type) as w:
+        return w.command_id, w.poll(timeout_s)

@@ -5,6 +5,8 @@
     fedgate status [--json]    one line per node: role, region, ports, state, load
     fedgate demo               up, then a scripted scene with MQTT devices
     fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router; prints its id
+                               [--wait [S] [--answer]]: follows it until delivered, acknowledged,
+                               answered or dead-lettered
     fedgate command ID [--wait [S]]   what the router did with that command, step by step
     fedgate presence [DEV]     where devices are connected
     fedgate gateway add|remove REGION [--auto-approve]
@@ -148,8 +150,8 @@ def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
     from backend import contract as c
-    from backend.amqp import send_and_wait, send_command
-    from backend.command_outcomes import read_outcomes
+    from backend.amqp import send_command
+    from backend.command_outcomes import follow
 
     if args.device not in ctx.fed.device_registry.devices():
         # the router would dead-letter it: no device of that id can ever take it
@@ -159,6 +161,8 @@ def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
         )
     ep = ctx.fed.endpoints()
     url = ep["backend"]["url"]
+    if args.answer and args.wait is None:
+        args.wait = 30.0
     if args.wait is None:
         send_command(
             url, args.device, args.topic, args.payload, retain=args.retain, expires_in_s=args.expires_in
@@ -171,29 +175,55 @@ def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
         print(f"follow it: fedgate command {command_id}")
         return 0
     if args.retain:
-        raise SettingsError("send: --wait asks one device for one answer; desired state (--retain) has none")
-    print(f"handed to the router: {args.device} {args.topic}; waiting up to {args.wait:g} s for the reply")
-    command_id, reply = send_and_wait(
-        url, args.device, args.topic, args.payload, timeout_s=args.wait, expires_in_s=args.expires_in
-    )
-    if reply is None:
-        steps = read_outcomes(ep["kafka"]["bootstrap"], command_id)
-        last = f" Its last step: {steps[-1].line()}." if steps else ""
-        print(
-            f"fedgate: no reply to command {command_id} within {args.wait:g} s.{last} The router still "
-            "holds it: it is delivered when the device connects and subscribes"
-            + (f", until it expires ({args.expires_in:g} s after sending)" if args.expires_in else ""),
-            file=sys.stderr,
+        raise SettingsError(
+            "send: --wait follows one command to one device; desired state (--retain) is kept"
         )
+    wanted = "its answer" if args.answer else "its outcome"
+    print(f"handed to the router: {args.device} {args.topic}; following {wanted} for up to {args.wait:g} s")
+    end = follow(
+        url,
+        ep["kafka"]["bootstrap"],
+        args.device,
+        args.topic,
+        args.payload,
+        timeout_s=args.wait,
+        expires_in_s=args.expires_in,
+        want_answer=args.answer,
+        on_step=lambda s: print(f"  {s.line()}", flush=True),
+    )
+    cid = end.command_id
+    if end.reply is not None:
+        r = end.reply
+        print(f"command {cid}: answered by {args.device} via {r.region} after {r.after_s:.2f} s:")
+        print(r.payload.decode("utf-8", "replace"))
+        return 0
+    last = end.steps[-1] if end.steps else None
+    if end.ended == "delivered" and last is not None:
+        print(
+            f"command {cid}: delivered to {args.device}'s session at {last.region} "
+            "(a QoS 1 subscription: MQTT delivers it at least once)"
+        )
+        return 0
+    if end.ended == "acknowledged":
+        print(f"command {cid}: acknowledged by {args.device}")
+        return 0
+    if end.ended == "deadlettered" and last is not None:
+        print(f"fedgate: command {cid} was dead-lettered: {last.reason}", file=sys.stderr)
         return 1
-    print(f"reply to command {command_id} from {args.device} via {reply.region} after {reply.after_s:.2f} s:")
-    print(reply.payload.decode("utf-8", "replace"))
-    return 0
+    where = f" Its last step: {last.line()}." if last else " Nothing on record for it yet."
+    print(
+        f"fedgate: command {cid}: no {'answer' if args.answer else 'outcome'} within {args.wait:g} s.{where} "
+        "The router still holds it: it is delivered when the device connects and subscribes"
+        + (f", until it expires ({args.expires_in:g} s after sending)" if args.expires_in else "")
+        + f"; follow it: fedgate command {cid} --wait",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def cmd_command(ctx: Context, args: argparse.Namespace) -> int:
     """What the router did with one command, step by step (router/outcomes.py)."""
-    from backend.command_outcomes import FINAL, read_outcomes
+    from backend.command_outcomes import final_outcome, read_outcomes
 
     steps = read_outcomes(ctx.fed.endpoints()["kafka"]["bootstrap"], args.command_id, wait_s=args.wait or 0.0)
     if args.json:
@@ -204,7 +234,10 @@ def cmd_command(ctx: Context, args: argparse.Namespace) -> int:
     if not steps:
         print(f"fedgate: nothing on record for command {args.command_id}", file=sys.stderr)
         return 1
-    if args.wait and steps[-1].outcome not in FINAL:
+    ended = final_outcome(steps, int(time.time() * 1000))
+    if ended is not None and not args.json:
+        print(f"{args.command_id}: {ended}")
+    elif args.wait and ended is None:
         print(f"fedgate: command {args.command_id}: no final outcome within {args.wait:g} s", file=sys.stderr)
     return 0
 
@@ -476,8 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const=30.0,
         metavar="S",
-        help="give the command a response topic (devices/<device>/replies) and its id as correlation "
-        "data, and wait up to S seconds (default 30) for an MQTT 5 device's answer",
+        help="follow the command up to S seconds (default 30), printing each step, until it ends: "
+        "delivered to a QoS 1 session, acknowledged by the device, answered (an MQTT 5 device, "
+        "through the response topic devices/<device>/replies it is given) or dead-lettered",
+    )
+    send.add_argument(
+        "--answer",
+        action="store_true",
+        help="with --wait: end only at the device's MQTT 5 answer (or the command's dead-lettering)",
     )
     send.set_defaults(fn=cmd_send)
     cmd = sub.add_parser("command", help="what the router did with a command, step by step (its id)")
@@ -488,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const=30.0,
         metavar="S",
-        help="follow it up to S seconds (default 30) until acknowledged or dead-lettered",
+        help="follow it up to S seconds (default 30) until delivered to a QoS 1 session, "
+        "acknowledged or dead-lettered",
     )
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(fn=cmd_command)

@@ -278,7 +278,9 @@ class Downlink(Lifecycle):
 
     async def handle(self, cmd: Command, payload: bytes) -> str:
         """Decide and carry out; the caller holds the lock.  Returns what was done."""
-        if cmd.returned_from is not None:
+        if cmd.returned_from is None:
+            self.outcomes.of(cmd.device, cmd.topic, payload, "accepted")
+        else:
             self.metrics.inc("fedgate_router_returned_total", region=cmd.returned_from)
             self.outcomes.of(cmd.device, cmd.topic, payload, "returned", region=cmd.returned_from)
         decision = decide(cmd, await self._view(cmd))
@@ -328,8 +330,9 @@ class Downlink(Lifecycle):
             await self.outcomes.deadletter(d.reason, cmd.device, cmd.topic, payload)
         elif d.action is Action.SEND:
             assert d.region is not None
-            await self.sender.send(d.region, cmd, payload)
             session = self.presence.get(cmd.device)
+            how = self.subscriptions.delivery(session.connection, cmd.topic) if session else ""
+            await self.sender.send(d.region, cmd, payload, delivery=how)
             if session is not None and not cmd.retain:
                 await self.waiting.sent(session, cmd, payload)
             if cmd.retain and session is not None:

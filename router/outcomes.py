@@ -12,12 +12,19 @@ one partition):
 
 Outcomes, in the order a command can meet them:
 
+- ``accepted``: the router took it from `fedgate.commands` (a command sent
+  again by its sender, or redelivered after a router died, is accepted again);
 - ``returned``: it came back from a region whose gateway did not take it;
 - ``held`` (connected, not subscribed yet), ``parked`` (away; reason says
   why when it is parked again), ``desired`` (kept as desired state),
   ``broadcast`` (the registry could not say, every region got it);
 - ``routed``: the region's downlink exchange on the backend took it, for
   the gateway's link to pass to the device's session (again after a park);
+  ``delivery`` says how that session takes it: ``qos1`` (the session's queue
+  holds it and MQTT delivers it at least once: the last step unless the
+  connection ended as it was sent, which parks it again), ``qos0`` (at most
+  once: ``acknowledged`` follows, or it is sent again), or empty when the
+  router does not know the connection's subscriptions;
 - ``acknowledged``: the device said it got it (devices that acknowledge);
 - ``deadlettered``: refused, expired or never acknowledged -- the reason
   says which; the command itself is in the dead-letter topic.
@@ -51,7 +58,17 @@ OUTCOMES_TOPIC = c.KAFKA_COMMAND_OUTCOMES_TOPIC
 #: not fill the producer's queue (librdkafka's default holds 100,000), whose writes for parked
 #: commands and device messages must always find room.
 MAX_QUEUED = 50_000
-OUTCOMES = ("returned", "held", "parked", "desired", "broadcast", "routed", "acknowledged", "deadlettered")
+OUTCOMES = (
+    "accepted",
+    "returned",
+    "held",
+    "parked",
+    "desired",
+    "broadcast",
+    "routed",
+    "acknowledged",
+    "deadlettered",
+)
 
 
 class CommandOutcomes:
@@ -82,7 +99,15 @@ class CommandOutcomes:
         self.of(device, topic, payload, "deadlettered", reason=reason)
 
     def record(
-        self, command_id: str, device: str, topic: str, outcome: str, *, region: str = "", reason: str = ""
+        self,
+        command_id: str,
+        device: str,
+        topic: str,
+        outcome: str,
+        *,
+        region: str = "",
+        reason: str = "",
+        delivery: str = "",
     ) -> None:
         assert outcome in OUTCOMES, outcome
         if len(self.producer) > MAX_QUEUED:
@@ -95,6 +120,7 @@ class CommandOutcomes:
             "outcome": outcome,
             "region": region,
             "reason": reason,
+            **({"delivery": delivery} if delivery else {}),
             "at": int(time.time() * 1000),
             "router": self.router_id,
         }

@@ -77,8 +77,11 @@ class RegionSender:
             self._exchanges[region] = await channel.get_exchange(c.downlink_exchange(region), ensure=False)
         return self._exchanges[region]
 
-    async def send(self, region: str, cmd: Command, payload: bytes, *, broadcast: bool = False) -> None:
-        """Publish to a region's downlink and wait for the backend's confirm.
+    async def send(
+        self, region: str, cmd: Command, payload: bytes, *, broadcast: bool = False, delivery: str = ""
+    ) -> None:
+        """Publish to a region's downlink and wait for the backend's confirm; `delivery` (on
+        record with `routed`) says how the device's session takes it (Subscriptions.delivery).
 
         Raises RegionMissing when the region's downlink exchange does not exist
         (a region removed while this router still knew it): retrying could
@@ -109,4 +112,4 @@ class RegionSender:
             )
             raise RegionUnreachable(region) from e
         if self.outcomes is not None and not broadcast:
-            self.outcomes.of(cmd.device, cmd.topic, payload, "routed", region=region)
+            self.outcomes.of(cmd.device, cmd.topic, payload, "routed", region=region, delivery=delivery)

@@ -63,6 +63,14 @@ class Subscriptions:
         matching = [q for f, q in filters.items() if topic_matches(f, topic)]
         return bool(matching) and max(matching) == 0
 
+    def delivery(self, connection: str, topic: str) -> str:
+        """How a message on `topic` reaches the connection: "qos1" (MQTT carries it from the
+        session's queue, at least once), "qos0" (at most once: the device acknowledges it
+        itself, router/acks.py), "" when the router does not know the connection's filters."""
+        filters = self._filters.get(connection)
+        matching = [q for f, q in (filters or {}).items() if topic_matches(f, topic)]
+        return f"qos{max(matching)}" if matching else ""
+
     def ask_once(self, connection: str) -> bool:
         """True the first time: the caller asks the gateway for the connection's kept filters."""
         if connection in self._asked:

@@ -35,6 +35,7 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from router.acks import CommandAcks
 from router.metrics import Metrics
@@ -59,7 +60,15 @@ DELIVERED_AFTER_S = 1.0
 #: How long the commands sent to a connection are remembered for that.
 REMEMBER_SENT_S = 30.0
 
-Send = Callable[[str, Command, bytes], Awaitable[None]]
+
+class Send(Protocol):
+    """Publish a command to a region (RegionSender.send)."""
+
+    def __call__(
+        self, region: str, cmd: Command, payload: bytes, *, delivery: str = ""
+    ) -> Awaitable[None]: ...
+
+
 DeadLetter = Callable[[str, str, str, bytes], Awaitable[None]]
 
 
@@ -123,16 +132,17 @@ class Waiting:
             if self.subscriptions.replayed(session.connection, topic):
                 continue
             if any(topic_matches(f, topic) for f in filters):
-                if not await self._try(
-                    device, self._send(session.region, Command(device, topic, retain=True), payload)
-                ):
+                how = self.subscriptions.delivery(session.connection, topic)
+                command = Command(device, topic, retain=True)
+                if not await self._try(device, self._send(session.region, command, payload, delivery=how)):
                     return
                 self.subscriptions.mark_replayed(session.connection, topic)
                 self.metrics.inc("fedgate_router_desired_replayed_total", region=session.region)
 
     async def send_parked(self, session: Session, p: Parked) -> None:
         """Send a parked command; it stays until acknowledged if the device acks (router/acks.py)."""
-        await self._send(session.region, p.command(), p.payload)
+        how = self.subscriptions.delivery(session.connection, p.topic)
+        await self._send(session.region, p.command(), p.payload, delivery=how)
         if self.acks.tracks(session, p.topic):
             await self.parking.mark_sent(p, session.connection)
         else:

@@ -212,6 +212,8 @@ def test_send_takes_a_deadline_and_a_wait_with_a_default_and_refuses_nonsense(ca
     a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--wait", "5"])
     assert (a.expires_in, a.wait) == (None, 5.0)
     assert p.parse_args(["send", "d1", "devices/d1/commands/x", "{}"]).wait is None
+    a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--wait", "5", "--answer"])
+    assert (a.wait, a.answer) == (5.0, True)
     for bad in (["--expires-in", "0"], ["--expires-in", "-3"], ["--wait", "soon"]):
         with pytest.raises(SystemExit):
             p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", *bad])

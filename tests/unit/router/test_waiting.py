@@ -35,12 +35,15 @@ class _Region:
     def __init__(self):
         self.link_up = False
         self.sent: list[tuple[str, str, bytes]] = []
+        #: how each send's session takes it (Subscriptions.delivery), in order
+        self.delivery: list[str] = []
         self.deadlettered: list[tuple[str, str]] = []
 
-    async def send(self, region: str, cmd: Command, payload: bytes) -> None:
+    async def send(self, region: str, cmd: Command, payload: bytes, *, delivery: str = "") -> None:
         if not self.link_up:
             raise RegionUnreachable(region)
         self.sent.append((region, cmd.topic, payload))
+        self.delivery.append(delivery)
 
     async def deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
         self.deadlettered.append((device, reason))
@@ -83,6 +86,31 @@ def test_commands_a_region_could_not_take_wait_and_go_out_in_order_once_it_can()
         assert w.parking.for_device("d1") == [], "sent to a QoS 1 subscription: done"
         await w.sweep(time.time())
         assert len(region.sent) == 3, "sent once"
+
+    asyncio.run(scenario())
+
+
+def test_each_send_says_how_the_session_takes_the_command_qos1_qos0_or_unknown():
+    """The `routed` step's `delivery` (router/outcomes.py): what `fedgate send --wait` reads to
+    know whether MQTT carries the command on (QoS 1) or the device's acknowledgement is next."""
+
+    async def scenario():
+        region, presence, subs, w = _world()
+        region.link_up = True
+        sessions = {
+            "qos1": Session("d1", "local-us", "rabbit@us", "conn-1", time.time()),
+            "qos0": Session("d2", "local-us", "rabbit@us", "conn-2", time.time()),
+            "": Session("d3", "local-us", "rabbit@us", "conn-3", time.time()),
+        }
+        for qos, session in sessions.items():
+            presence.connected(session)
+            if qos:  # d3's filters unknown: its gateway could not say
+                subs.opened(session.connection)
+                subs.add(session.connection, [f"devices/{session.client_id}/commands/#"], qos=int(qos[-1]))
+            device = session.client_id
+            await w.parking.park_command(Command(device, f"devices/{device}/commands/c"), b"x")
+            await w.deliver(session, ["#"])
+        assert region.delivery == ["qos1", "qos0", ""]
 
     asyncio.run(scenario())
 
