@@ -14,8 +14,8 @@ help: ## list the targets
 setup: ## install RabbitMQ, Java, the Python venv and the Kafka/Spark jars (idempotent)
 	@bash infra/setup/setup.sh
 
-up: setup ## start the local federation (backend, gateways, Kafka)
-	@$(FEDGATE) up
+up: setup ## start the local federation (backend, gateways, Kafka); PROFILE=ha: no single point of failure
+	@$(if $(PROFILE),FEDGATE_PROFILE=$(PROFILE) ,)$(FEDGATE) up
 
 down: ## stop the local federation; leaves no process behind
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down; else echo "nothing to stop (no $(VENV))"; fi

@@ -15,13 +15,12 @@ from backend import contract as c
 from infra.local.layout import (
     ROLE_BACKEND,
     ROLE_GATEWAY,
-    ROLE_KAFKA,
     ROLE_ROUTER,
     SPARK_NODE,
     StateFiles,
 )
 from infra.local.nodes import Node
-from infra.local.services import KafkaNode
+from infra.local.services import kafka_bootstrap
 from infra.local.settings import LocalSettings
 
 
@@ -38,10 +37,9 @@ def spark_settings(files: StateFiles) -> Any:
 
 def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], job: Node) -> dict[str, Any]:
     """What spark.toml holds (spark/settings.py reads it)."""
-    kafka = next(n for n in nodes if isinstance(n, KafkaNode))
     s = settings
     return {
-        "kafka_bootstrap": kafka.bootstrap,
+        "kafka_bootstrap": kafka_bootstrap(nodes),
         "warehouse": str(warehouse),
         "master": s.spark_master,
         "driver_memory": f"{s.spark_driver_memory_mb}m",
@@ -67,11 +65,11 @@ def router_config(
     sec = secrets
     host = settings.host
     backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
-    kafka = next(n for n in nodes if n.spec.role == ROLE_KAFKA)
     routers = sorted((n for n in nodes if n.spec.role == ROLE_ROUTER), key=lambda n: n.name)
     return {
         "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{backend.spec.ports['amqp']}/%2F",
-        "kafka_bootstrap": f"{host}:{kafka.spec.ports['bootstrap']}",
+        "kafka_bootstrap": kafka_bootstrap(nodes),
+        "kafka_replication": settings.kafka_replication,
         "metrics_host": host,
         "metrics_port": router.spec.ports["metrics"],
         "router_id": router.name,

@@ -43,6 +43,9 @@ GATEWAY_BASE_OFFSET = 100
 GATEWAY_STRIDE = 10
 GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4, "mqtts": 5, "amqps": 6}
 
+#: Kafka brokers after the first ("kafka-2", ...): KAFKA_OFFSETS moved by this much per broker.
+KAFKA_EXTRA_OFFSET = 50
+KAFKA_EXTRA_STRIDE = 2
 ROUTER_OFFSETS = {"metrics": 30}
 SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
 SPARK_NODE = "spark"
@@ -75,6 +78,15 @@ def ports_text(spec: NodeSpec) -> str:
     return ", ".join(f"{k} {v}" for k, v in spec.ports.items())
 
 
+def kafka_node_name(broker: int) -> str:
+    """The node of Kafka broker `broker` (1-based; its KRaft node.id): kafka, kafka-2, ..."""
+    return KAFKA_NODE if broker == 1 else f"{KAFKA_NODE}-{broker}"
+
+
+def kafka_broker_id(name: str) -> int:
+    return 1 if name == KAFKA_NODE else int(name.rsplit("-", 1)[1])
+
+
 def gateway_node_name(region: str) -> str:
     return "gw-" + c.validate_region(region)
 
@@ -92,6 +104,13 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     """
     recorded = recorded or {}
     base = settings.port_base
+    brokers = sum(s.role == ROLE_KAFKA for s in recorded.values())
+    if brokers and brokers != settings.kafka_broker_count:
+        raise FederationError(
+            f"this federation runs {brokers} Kafka broker(s) and the settings ask for "
+            f"{settings.kafka_broker_count} (profile {settings.profile!r}): a Kafka cluster does not "
+            "grow or shrink here; `fedgate down --purge` first to change the profile"
+        )
 
     def spec(name: str, role: str, region: str | None, offsets: dict[str, int], start: int) -> NodeSpec:
         # a port kind added since the node was recorded (an upgrade) gets its layout place
@@ -131,6 +150,9 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
         specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
     specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
+    for i in range(2, settings.kafka_broker_count + 1):
+        start = base + KAFKA_EXTRA_OFFSET + KAFKA_EXTRA_STRIDE * (i - 2) - KAFKA_OFFSETS["bootstrap"]
+        specs.append(spec(kafka_node_name(i), ROLE_KAFKA, None, KAFKA_OFFSETS, start))
     for i in range(settings.routers):
         specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
     if settings.spark:

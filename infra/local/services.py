@@ -9,6 +9,7 @@ while nodes.py holds what every node shares and the RabbitMQ nodes.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import shutil
 import subprocess
@@ -18,7 +19,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from infra.local.layout import ROLE_BACKEND, ROLE_EPMD, ROLE_GATEWAY, ROLE_KAFKA, ROLE_ROUTER, ROLE_SPARK
+from infra.local.layout import (
+    ROLE_BACKEND,
+    ROLE_EPMD,
+    ROLE_GATEWAY,
+    ROLE_KAFKA,
+    ROLE_ROUTER,
+    ROLE_SPARK,
+    NodeSpec,
+    StateFiles,
+    kafka_broker_id,
+)
 from infra.local.nodes import EpmdNode, Node, NodeError, RabbitNode, port_open, render
 from infra.local.settings import PROJECT_ROOT
 from infra.local.toml_out import to_toml, toml_lines
@@ -44,9 +55,18 @@ class KafkaNode(Node):
             )
         super().preflight()
 
+    def brokers(self) -> list[NodeSpec]:
+        """Every broker of the federation's Kafka cluster, this one included, by node id."""
+        recorded = StateFiles(self.settings.state_dir).recorded() or {self.name: self.spec}
+        return sorted(
+            (s for s in recorded.values() if s.role == ROLE_KAFKA), key=lambda s: kafka_broker_id(s.name)
+        )
+
     def prepare(self) -> None:
         tdir = PROJECT_ROOT / "infra" / "local" / "templates"
         data = self.dir / "data"
+        brokers = self.brokers()
+        s = self.settings
         render(
             tdir / "kafka-server.properties",
             self.dir / "server.properties",
@@ -54,6 +74,14 @@ class KafkaNode(Node):
             bootstrap_port=self.spec.ports["bootstrap"],
             controller_port=self.spec.ports["controller"],
             data_dir=data,
+            node_id=kafka_broker_id(self.name),
+            brokers=len(brokers),
+            voters=",".join(
+                f"{kafka_broker_id(b.name)}@{self.host}:{b.ports['controller']}" for b in brokers
+            ),
+            # a federation recorded with fewer brokers than the settings say keeps its own count
+            replication=min(s.kafka_replication, len(brokers)),
+            min_insync=min(s.kafka_min_insync, len(brokers)),
         )
         render(
             tdir / "kafka-log4j2.properties",
@@ -61,7 +89,8 @@ class KafkaNode(Node):
             log_dir=self.dir / "logs",
         )
         if not (data / "meta.properties").exists():
-            cluster_id = kraft_cluster_id()
+            # one id for every broker of the cluster, the same at each format
+            cluster_id = kraft_cluster_id(str(self.settings.state_dir.resolve()))
             out = subprocess.run(
                 [
                     *self.java_prefix(),
@@ -222,17 +251,26 @@ class SparkNode(Node):
         return super().stop(grace)
 
 
-def kraft_cluster_id() -> str:
-    """A random KRaft cluster id, as `kafka-storage random-uuid` makes them.
+def kraft_cluster_id(seed: str) -> str:
+    """The KRaft cluster id of the federation `seed` names (its state folder), shaped as
+    `kafka-storage random-uuid` makes them: every broker formats its storage with the same.
 
     Base64 of a UUID starts with '-' one time in 64, and the storage tool
     would read such an id as an option ("expected one argument"); Kafka's
     own generator draws again in that case, and so does this.
     """
-    while True:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    for draw in itertools.count():
+        digest = uuid.uuid5(uuid.NAMESPACE_URL, f"fedgate-kafka:{seed}:{draw}")
+        cluster_id = base64.urlsafe_b64encode(digest.bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
+    raise AssertionError("unreachable")
+
+
+def kafka_bootstrap(nodes: list[Node]) -> str:
+    """Every broker of the federation's Kafka (host:port,...): a client reaches the cluster
+    through whichever answers."""
+    return ",".join(n.bootstrap for n in nodes if isinstance(n, KafkaNode))
 
 
 #: the node kind of each role

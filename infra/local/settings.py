@@ -61,6 +61,12 @@ class SettingsError(FedgateError, ValueError):
     """A setting is missing or wrong; the message names the field."""
 
 
+#: Kafka brokers of each profile (kafka_brokers = 0).
+PROFILE_KAFKA_BROKERS = {"single": 1, "ha": 3}
+#: The layout has room for this many brokers (infra/local/layout.py).
+MAX_KAFKA_BROKERS = 5
+
+
 @dataclass(frozen=True)
 class LocalSettings:
     state_dir: Path = field(
@@ -74,6 +80,17 @@ class LocalSettings:
     regions: tuple[str, ...] = field(
         default=("local-eu", "local-us"),
         metadata={"doc": "Local regions, one gateway node each."},
+    )
+    profile: str = field(
+        default="single",
+        metadata={
+            "doc": "single: one node per engine (the demo's default); ha: no single point of failure, "
+            "3 Kafka brokers with replication 3 and min.insync.replicas 2 (docs/operations.md)."
+        },
+    )
+    kafka_brokers: int = field(
+        default=0,
+        metadata={"doc": "Kafka brokers (KRaft, each also a controller); 0: the profile's (single 1, ha 3)."},
     )
     port_base: int = field(
         default=17000,
@@ -250,6 +267,21 @@ class LocalSettings:
         return self.state_dir / "devices.json"
 
     @property
+    def kafka_broker_count(self) -> int:
+        return self.kafka_brokers or PROFILE_KAFKA_BROKERS[self.profile]
+
+    @property
+    def kafka_replication(self) -> int:
+        """Replicas of every topic: as many as there are brokers, up to 3."""
+        return min(3, self.kafka_broker_count)
+
+    @property
+    def kafka_min_insync(self) -> int:
+        """Replicas that must have a record before it is acknowledged (acks=all): with 3, one
+        broker may be down and nothing acknowledged is lost when another fails."""
+        return 2 if self.kafka_replication >= 3 else 1
+
+    @property
     def kafka_jars(self) -> Path:
         return self.cache_dir / "jars" / f"kafka-{self.kafka_version}"
 
@@ -296,6 +328,12 @@ class LocalSettings:
             router_table(self.router, env={})
         except RouterSettingsError as e:
             raise SettingsError(f"router.{e}") from e
+        if self.profile not in PROFILE_KAFKA_BROKERS:
+            raise SettingsError(f"profile: one of {sorted(PROFILE_KAFKA_BROKERS)}, got {self.profile!r}")
+        if not 0 <= self.kafka_brokers <= MAX_KAFKA_BROKERS:
+            raise SettingsError(
+                f"kafka_brokers: 0 (the profile's) to {MAX_KAFKA_BROKERS}, got {self.kafka_brokers}"
+            )
         if self.spark not in (0, 1):
             raise SettingsError(f"spark: 0 or 1, got {self.spark}")
         if self.rabbitmq_release not in ("4.0", "3.10"):

@@ -16,7 +16,7 @@ from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
 from infra.local import processes
 from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROUTER_NODE
 from infra.local.nodes import Node, RabbitNode
-from infra.local.services import KafkaNode, RouterNode, SparkNode
+from infra.local.services import KafkaNode, RouterNode, SparkNode, kafka_bootstrap
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
 
@@ -104,7 +104,6 @@ def endpoints(
     sec = secrets
     host = settings.host
     b = next(n for n in nodes if n.spec.role == ROLE_BACKEND).spec.ports
-    kafka = next(n for n in nodes if isinstance(n, KafkaNode))
     router = next((n for n in nodes if isinstance(n, RouterNode) and n.name == ROUTER_NODE), None)
     return {
         "host": host,
@@ -123,7 +122,7 @@ def endpoints(
             for g in nodes
             if g.spec.role == ROLE_GATEWAY
         },
-        "kafka": {"bootstrap": kafka.bootstrap},
+        "kafka": {"bootstrap": kafka_bootstrap(nodes)},
         "router": {"metrics": router.metrics_url if router else None},
         # every router's, by name: any of them may be the one routing commands
         "routers": {n.name: n.metrics_url for n in nodes if isinstance(n, RouterNode)},

@@ -63,17 +63,15 @@ def test_node_spec_round_trips_through_json():
     assert NodeSpec.from_json(s.to_json()) == s
 
 
-def test_kraft_cluster_ids_never_start_with_a_dash(monkeypatch):
-    """One UUID in 64 encodes to an id starting with '-', which kafka-storage read as an option."""
-    import uuid
-
+def test_kraft_cluster_ids_never_start_with_a_dash_and_are_one_per_federation():
+    """One UUID in 64 encodes to an id starting with '-', which kafka-storage read as an option;
+    every broker of a federation formats its storage with the same id."""
     from infra.local import services
 
-    dash_first = uuid.UUID(bytes=b"\xfb" + bytes(15))  # base64 of 0xfb... starts with '-'
-    draws = iter([dash_first, uuid.UUID(int=1)])
-    monkeypatch.setattr(services.uuid, "uuid4", lambda: next(draws))
-    cluster_id = services.kraft_cluster_id()
-    assert not cluster_id.startswith("-") and len(cluster_id) == 22
+    ids = [services.kraft_cluster_id(f"/state/{n}") for n in range(300)]
+    assert all(not i.startswith("-") and len(i) == 22 for i in ids)
+    assert len(set(ids)) == 300, "one per federation"
+    assert services.kraft_cluster_id("/state/7") == ids[7], "the same for each broker of one"
 
 
 def test_a_node_recorded_before_a_port_kind_existed_gets_it_at_its_layout_place():
@@ -89,3 +87,19 @@ def test_a_node_recorded_before_a_port_kind_existed_gets_it_at_its_layout_place(
     upgraded = {x.name: x for x in port_layout(s, old)}
     assert upgraded["gw-local-us"].ports == fresh["gw-local-us"].ports
     assert upgraded["backend"].ports["amqps"] == fresh["backend"].ports["amqps"]
+
+
+def test_the_ha_profile_lays_out_three_kafka_brokers_and_a_federation_keeps_its_count(tmp_path):
+    from infra.local.layout import FederationError, port_layout
+    from infra.local.settings import load_settings
+
+    single = load_settings(env={}, state_dir=tmp_path, port_base=21000)
+    ha = load_settings(env={}, state_dir=tmp_path, port_base=21000, profile="ha")
+    assert [s.name for s in port_layout(single) if s.role == "kafka"] == ["kafka"]
+    kafka = [s for s in port_layout(ha) if s.role == "kafka"]
+    assert [s.name for s in kafka] == ["kafka", "kafka-2", "kafka-3"]
+    assert len({p for s in kafka for p in s.ports.values()}) == 6, "each broker its own ports"
+    assert (ha.kafka_replication, ha.kafka_min_insync) == (3, 2)
+    assert (single.kafka_replication, single.kafka_min_insync) == (1, 1)
+    with pytest.raises(FederationError, match="down --purge"):
+        port_layout(ha, {s.name: s for s in port_layout(single)})

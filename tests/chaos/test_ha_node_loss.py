@@ -1,0 +1,154 @@
+"""One node of a cluster dies while the rest carry on: the HA profile (FEDGATE_PROFILE=ha).
+
+Every test here shares one HA federation (module scope: the two cores carry
+it beside the session's federation only while this module runs).  Each one
+has real devices publishing QoS 1 readings on both gateways, kills one node
+with SIGKILL, keeps it down, and counts: sent (acknowledged by the gateway),
+in Kafka, lost, duplicated, and the longest time Kafka took no record of
+theirs after the kill.  Lost must be 0.
+
+So far the HA profile clusters Kafka (3 KRaft brokers, replication 3,
+min.insync.replicas 2); the RabbitMQ clusters come next (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from backend import contract as c
+from infra.local.driver import LocalFederation
+from infra.local.layout import kafka_broker_id
+from tests.chaos.counting import Fleet, check, read_back
+from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation
+from tests.helpers import DeviceCredentials, _metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.kafka]
+
+HA_PORT_BASE = TEST_PORT_BASE + 2000
+
+
+@pytest.fixture(scope="module")
+def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    fed = make_federation(
+        tmp_path_factory.mktemp("ha-federation"), HA_PORT_BASE, profile="ha", router=ROUTER_TABLE, spark=0
+    )
+    try:
+        fed.up()
+        yield fed
+    finally:
+        fed.down()
+        left = fed.leftover_pids()
+        assert not left, f"processes left behind by down: {left}"
+
+
+@pytest.fixture
+def ha_endpoints(ha_federation: LocalFederation) -> dict:
+    return {**ha_federation.endpoints(), "credentials": DeviceCredentials(ha_federation)}
+
+
+def _leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> the broker id leading it."""
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return {p: m.leader for p, m in md.topics[topic].partitions.items()}
+
+
+class KafkaWrites:
+    """The routers' records stored in Kafka, sampled every 0.1 s: the longest stall after a mark."""
+
+    def __init__(self, endpoints: dict):
+        self.urls = list(endpoints["routers"].values())
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _total(self) -> float:
+        return sum(
+            v
+            for u in self.urls
+            for k, v in _metrics(u).items()
+            if k.split("{")[0] == "fedgate_router_bridged_total"
+        )
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            try:
+                self.samples.append((time.monotonic(), self._total()))
+            except OSError:
+                continue
+
+    def longest_stall_after(self, t0: float) -> float:
+        """Seconds, from t0 on, of the longest stretch in which no record was stored."""
+        longest, last_change = 0.0, t0
+        previous = None
+        for at, total in self.samples:
+            if at < t0:
+                previous = total
+                continue
+            if previous is not None and total > previous:
+                longest = max(longest, at - last_change)
+                last_change = at
+            previous = total
+        return round(longest, 1)
+
+    def __enter__(self) -> KafkaWrites:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def test_the_kafka_cluster_has_three_brokers_and_every_topic_three_in_sync_replicas(ha_federation):
+    bootstrap = ha_federation.endpoints()["kafka"]["bootstrap"]
+    topics = (c.KAFKA_TELEMETRY_TOPIC, c.KAFKA_COMMAND_OUTCOMES_TOPIC)
+    deadline = time.monotonic() + 30
+    while True:  # the routers create their topics as they start
+        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+        if all(t in md.topics for t in topics) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(md.brokers) == [1, 2, 3]
+    for topic in topics:
+        for p, m in md.topics[topic].partitions.items():
+            assert len(m.replicas) == 3 and len(m.isrs) == 3, f"{topic}[{p}]: {m.replicas} in sync {m.isrs}"
+
+
+def test_a_kafka_broker_killed_while_devices_publish_loses_nothing(ha_federation, ha_endpoints, uid):
+    """SIGKILL the broker leading most telemetry partitions; keep it down 15 s; start it again."""
+    fed, ep = ha_federation, ha_endpoints
+    leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
+    victim_id = max(set(leaders.values()), key=list(leaders.values()).count)
+    victim = next(n for n in fed.nodes() if n.spec.role == "kafka" and kafka_broker_id(n.name) == victim_id)
+    with KafkaWrites(ep) as writes, Fleet.on_both_gateways(ep, f"hak-{uid}", per_region=2) as fleet:
+        time.sleep(2.0)
+        pid = victim.pid()
+        assert pid is not None
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        acked_at_kill = fleet.total_acked
+        time.sleep(15)
+        acked_while_down = fleet.total_acked - acked_at_kill
+        fed.start_node(victim.name)
+        time.sleep(3.0)
+    stall = writes.longest_stall_after(killed_at)
+    assert acked_while_down > 0, "devices kept publishing while the broker was down"
+    got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
+    check(
+        fleet,
+        got,
+        max_duplicates=0,
+        device_prefix=f"hak-{uid}-",
+        killed=victim.name,
+        led_partitions=sum(v == victim_id for v in leaders.values()),
+        acked_while_down=acked_while_down,
+        longest_kafka_stall_s=stall,
+    )
+    assert stall < 15, f"records stopped reaching Kafka for {stall} s: the other brokers did not take over"
