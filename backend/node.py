@@ -30,6 +30,25 @@ def conf_for_release(conf: str, release: str) -> str:
     return "\n".join(ln for ln in conf.splitlines() if not ln.startswith("deprecated_features.")) + "\n"
 
 
+def cluster_formation_conf(nodes: tuple[str, ...]) -> str:
+    """rabbitmq.conf lines that make `nodes` (Erlang node names) one cluster as they boot: each
+    joins the others it finds; "" for a single node.  (Cloud nodes discover their peers through
+    the autoscaling group instead: infra/terraform.)"""
+    if len(nodes) < 2:
+        return ""
+    lines = [
+        "",
+        "# One cluster of these nodes (rendered by fedgate): each joins the others at its first boot.",
+        "cluster_formation.peer_discovery_backend = classic_config",
+        *(f"cluster_formation.classic_config.nodes.{i} = {n}" for i, n in enumerate(nodes, 1)),
+        # a node that boots while the others are still down waits for them instead of
+        # forming a cluster of its own
+        "cluster_formation.discovery_retry_limit = 60",
+        "cluster_formation.discovery_retry_interval = 1000",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class BackendNodeConfig:
     """The backend node's configuration: listeners, memory, first user."""
@@ -43,6 +62,9 @@ class BackendNodeConfig:
     max_fds: int = BACKEND_MAX_FDS
     #: the RabbitMQ release the node runs (conf_for_release)
     broker_release: str = "4.0"
+    #: the Erlang node names of every node of the backend cluster, this one included; with more
+    #: than one, the nodes find each other by this list (peer discovery's classic config)
+    cluster_nodes: tuple[str, ...] = ()
 
     @property
     def cluster_name(self) -> str:
@@ -65,7 +87,7 @@ class BackendNodeConfig:
             admin_user=self.admin_user,
             admin_password=self.admin_password,
         )
-        return conf_for_release(conf, self.broker_release)
+        return conf_for_release(conf + cluster_formation_conf(self.cluster_nodes), self.broker_release)
 
     def ready(self, admin: RabbitAdmin) -> bool:
         """The virtual hosts are up."""

@@ -15,6 +15,7 @@ A gateway holds device connections and nothing else of value.  It declares:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from backend import contract as c
 from backend.definitions import (
@@ -35,6 +36,8 @@ def gateway_definitions(
     region: str,
     backend: AmqpEndpoint,
     *,
+    backend_others: Sequence[AmqpEndpoint] = (),
+    upstream_queue_type: str = "classic",
     admin_password: str,
     backend_link_password: str,
     gateway_password: str,
@@ -57,6 +60,7 @@ def gateway_definitions(
         )
     )
 
+    uris = [b.uri(c.gateway_link_user(region), gateway_password) for b in (backend, *backend_others)]
     d.exchanges.append(Exchange(c.GATEWAY_DOWNLINK_EXCHANGE))
     d.bindings.append(Binding(c.GATEWAY_DOWNLINK_EXCHANGE, c.MQTT_EXCHANGE, "exchange", "#"))
     d.parameters.append(
@@ -64,8 +68,13 @@ def gateway_definitions(
             "federation-upstream",
             DOWNLINK_UPSTREAM,
             {
-                "uri": backend.uri(c.gateway_link_user(region), gateway_password),
+                # a backend cluster: the link connects to any of its nodes, the next when
+                # its node dies (RabbitMQ tries them in random order)
+                "uri": uris[0] if len(uris) == 1 else uris,
                 "exchange": c.downlink_exchange(region),
+                # the queue the link reads on the backend: a quorum queue survives one
+                # backend node's death with what it holds (RabbitMQ 3.13.1+)
+                **({"queue-type": upstream_queue_type} if upstream_queue_type != "classic" else {}),
                 **LINK_SETTINGS,
             },
         )

@@ -46,6 +46,9 @@ GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus
 #: Kafka brokers after the first ("kafka-2", ...): KAFKA_OFFSETS moved by this much per broker.
 KAFKA_EXTRA_OFFSET = 50
 KAFKA_EXTRA_STRIDE = 2
+#: Backend nodes after the first ("backend-2", ...): BACKEND_OFFSETS moved by this much per node.
+BACKEND_EXTRA_OFFSET = 60
+BACKEND_EXTRA_STRIDE = 5
 ROUTER_OFFSETS = {"metrics": 30}
 SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
 SPARK_NODE = "spark"
@@ -78,13 +81,23 @@ def ports_text(spec: NodeSpec) -> str:
     return ", ".join(f"{k} {v}" for k, v in spec.ports.items())
 
 
+def member_name(first: str, member: int) -> str:
+    """Node `member` (1-based) of the cluster whose first node is `first`: the first keeps its
+    single-profile name (backend, kafka), the others add their number (backend-2, kafka-3)."""
+    return first if member == 1 else f"{first}-{member}"
+
+
+def member_number(first: str, name: str) -> int:
+    return 1 if name == first else int(name.rsplit("-", 1)[1])
+
+
 def kafka_node_name(broker: int) -> str:
     """The node of Kafka broker `broker` (1-based; its KRaft node.id): kafka, kafka-2, ..."""
-    return KAFKA_NODE if broker == 1 else f"{KAFKA_NODE}-{broker}"
+    return member_name(KAFKA_NODE, broker)
 
 
 def kafka_broker_id(name: str) -> int:
-    return 1 if name == KAFKA_NODE else int(name.rsplit("-", 1)[1])
+    return member_number(KAFKA_NODE, name)
 
 
 def gateway_node_name(region: str) -> str:
@@ -104,6 +117,13 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     """
     recorded = recorded or {}
     base = settings.port_base
+    backends = sum(s.role == ROLE_BACKEND for s in recorded.values())
+    if backends and backends != settings.backend_nodes:
+        raise FederationError(
+            f"this federation's backend has {backends} node(s) and the settings ask for "
+            f"{settings.backend_nodes} (profile {settings.profile!r}); `fedgate down --purge` first "
+            "to change the profile"
+        )
     brokers = sum(s.role == ROLE_KAFKA for s in recorded.values())
     if brokers and brokers != settings.kafka_broker_count:
         raise FederationError(
@@ -127,6 +147,9 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         spec(EPMD_NODE, ROLE_EPMD, None, {"epmd": 0}, base + EPMD_OFFSET),
         spec(BACKEND_NODE, ROLE_BACKEND, None, BACKEND_OFFSETS, base),
     ]
+    for i in range(2, settings.backend_nodes + 1):
+        start = base + BACKEND_EXTRA_OFFSET + BACKEND_EXTRA_STRIDE * (i - 2) - BACKEND_OFFSETS["amqp"]
+        specs.append(spec(member_name(BACKEND_NODE, i), ROLE_BACKEND, None, BACKEND_OFFSETS, start))
     used_slots = {
         (s.ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
         for s in recorded.values()

@@ -46,6 +46,7 @@ from infra.local.layout import (  # noqa: F401  (re-exported: the roles and Node
     ROLE_ROUTER,
     ROLE_SPARK,
     NodeSpec,
+    StateFiles,
     ports_text,
 )
 from infra.local.settings import LocalSettings
@@ -273,12 +274,16 @@ class EpmdNode(Node):
         return port_open(self.host, self.spec.ports["epmd"])
 
 
+def erlang_node_name(node: str) -> str:
+    return f"fedgate-{node}@localhost"
+
+
 class RabbitNode(Node):
     """A RabbitMQ node, one data dir per node; infra/local/broker.py knows how it is started."""
 
     @property
     def erlang_node(self) -> str:
-        return f"fedgate-{self.name}@localhost"
+        return erlang_node_name(self.name)
 
     @property
     def log_file(self) -> Path:
@@ -307,6 +312,15 @@ class RabbitNode(Node):
             admin_password=self.secrets["admin"],
             memory_mb=s.rabbitmq_memory_mb,
             broker_release=s.rabbitmq_release,
+            cluster_nodes=tuple(erlang_node_name(m.name) for m in self.cluster_members()),
+        )
+
+    def cluster_members(self) -> list[NodeSpec]:
+        """Every node of this node's RabbitMQ cluster (the backend's), itself included, in order."""
+        recorded = StateFiles(self.settings.state_dir).recorded() or {self.name: self.spec}
+        return sorted(
+            (m for m in recorded.values() if m.role == self.spec.role and m.region == self.spec.region),
+            key=lambda m: (len(m.name), m.name),
         )
 
     def admin(self, timeout: float = 10.0) -> RabbitAdmin:

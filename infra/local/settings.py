@@ -63,6 +63,8 @@ class SettingsError(FedgateError, ValueError):
 
 #: Kafka brokers of each profile (kafka_brokers = 0).
 PROFILE_KAFKA_BROKERS = {"single": 1, "ha": 3}
+#: Nodes of each RabbitMQ cluster (the backend's) in each profile.
+PROFILE_RABBITMQ_CLUSTER = {"single": 1, "ha": 3}
 #: The layout has room for this many brokers (infra/local/layout.py).
 MAX_KAFKA_BROKERS = 5
 
@@ -85,7 +87,8 @@ class LocalSettings:
         default="single",
         metadata={
             "doc": "single: one node per engine (the demo's default); ha: no single point of failure, "
-            "3 Kafka brokers with replication 3 and min.insync.replicas 2 (docs/operations.md)."
+            "the backend a 3-node RabbitMQ cluster, 3 Kafka brokers with replication 3 and "
+            "min.insync.replicas 2 (docs/operations.md)."
         },
     )
     kafka_brokers: int = field(
@@ -265,6 +268,12 @@ class LocalSettings:
     def device_registry_file(self) -> Path:
         """The fleet's device registry (`fedgate devices`): local gateways and cloud regions read it."""
         return self.state_dir / "devices.json"
+
+    @property
+    def backend_nodes(self) -> int:
+        """RabbitMQ nodes of the backend cluster: 1, or 3 in the HA profile (quorum queues keep
+        working with one of them down)."""
+        return PROFILE_RABBITMQ_CLUSTER[self.profile]
 
     @property
     def kafka_broker_count(self) -> int:

@@ -21,7 +21,7 @@ from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry
 from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY
-from infra.local.nodes import Node, RabbitNode
+from infra.local.nodes import Node, RabbitNode, erlang_node_name
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
 
@@ -51,16 +51,22 @@ def wire(
 ) -> None:
     """Apply the federation definitions to every RabbitMQ node of `nodes` and wait for the links."""
     sec = secrets
-    backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
+    backends = [n for n in nodes if n.spec.role == ROLE_BACKEND]
+    backend = next(n for n in backends if n.name == BACKEND_NODE)
     gateways = [n for n in nodes if n.spec.role == ROLE_GATEWAY]
     assert isinstance(backend, RabbitNode)
+    if len(backends) > 1:
+        wait_for_cluster(backend, [n.name for n in backends], progress)
     backend_ep = link_endpoint(settings, tls_dir, backend)
+    others = [link_endpoint(settings, tls_dir, n) for n in backends if n is not backend]
     for gw in gateways:
         assert isinstance(gw, RabbitNode) and gw.spec.region
         gw.admin().apply(
             gateway_definitions(
                 gw.spec.region,
                 backend_ep,
+                backend_others=others,
+                upstream_queue_type="quorum" if others else "classic",
                 admin_password=sec["admin"],
                 backend_link_password=sec["backend_link"],
                 gateway_password=sec["gateways"][gw.spec.region],
@@ -88,6 +94,24 @@ def wire(
     )
     progress("federation wired; waiting for links")
     wait_for_links(nodes, timeout=60)
+
+
+def wait_for_cluster(first: RabbitNode, members: list[str], progress: Callable[[str], None]) -> None:
+    """Block until every node of the cluster `first` belongs to runs in it (peer discovery
+    joins them as they boot): quorum queues declared then get a replica on each."""
+    want = {erlang_node_name(m) for m in members}
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            running = {n["name"] for n in first.admin(timeout=5).get("nodes") if n.get("running")}
+        except AdminError:
+            running = set()
+        if want <= running:
+            progress(f"{first.name}: a cluster of {len(want)} running nodes")
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{first.name}'s cluster: {sorted(running)} running, not {sorted(want)}")
+        time.sleep(0.5)
 
 
 def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:

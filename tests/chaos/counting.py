@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from backend import contract as c
+from backend.amqp import send_command
 from backend.kafka_read import read_records
 from fedgate.devices import DeviceError, SimDevice
 from tests.helpers import device, record_counts
@@ -170,3 +171,31 @@ def backend_queue_depths(federation: Any) -> dict[str, int]:
     except AdminError as e:
         return {"unknown": 0, str(e): 0}
     return {q: n for q, n in sorted(depths.items()) if n}
+
+
+class CommandSender(threading.Thread):
+    """A backend service sending each device a numbered command, round after round."""
+
+    def __init__(self, url: str, devices: list[str], every: float = 0.25):
+        super().__init__(daemon=True)
+        self.url, self.devices, self.every = url, devices, every
+        self.sent: dict[str, list[int]] = {d: [] for d in devices}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            for d in self.devices:
+                # returns once the backend confirmed it: from here on it is promised
+                send_command(self.url, d, c.device_command_topic(d, "set"), json.dumps({"n": n}).encode())
+                self.sent[d].append(n)
+            n += 1
+            time.sleep(self.every)
+
+    def __enter__(self) -> CommandSender:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join(30)

@@ -19,17 +19,15 @@ region's downlink queue after 10 s and followed their devices.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
 
 from backend import contract as c
-from backend.amqp import send_command
 from fedgate.devices import SimDevice
 from fedgate.resolver import Endpoint, NearestHealthyResolver, tcp_connect_probe
 from infra.local.driver import gateway_node_name
-from tests.chaos.counting import Fleet, check, read_back
+from tests.chaos.counting import CommandSender, Fleet, check, read_back
 from tests.helpers import leader_url, record_counts, wait_present
 
 pytestmark = [
@@ -43,34 +41,6 @@ pytestmark = [
 REGION = "local-gk"
 FALLBACK = "local-eu"
 DEVICES = 6
-
-
-class CommandSender(threading.Thread):
-    """A backend service sending each device a numbered command, round after round."""
-
-    def __init__(self, url: str, devices: list[str], every: float = 0.25):
-        super().__init__(daemon=True)
-        self.url, self.devices, self.every = url, devices, every
-        self.sent: dict[str, list[int]] = {d: [] for d in devices}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        n = 0
-        while not self.stop.is_set():
-            for d in self.devices:
-                # returns once the backend confirmed it: from here on it is promised
-                send_command(self.url, d, c.device_command_topic(d, "set"), json.dumps({"n": n}).encode())
-                self.sent[d].append(n)
-            n += 1
-            time.sleep(self.every)
-
-    def __enter__(self) -> CommandSender:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.join(30)
 
 
 def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(federation, uid):

@@ -8,11 +8,14 @@ in Kafka, lost, duplicated, and the longest time Kafka took no record of
 theirs after the kill.  Lost must be 0.
 
 So far the HA profile clusters Kafka (3 KRaft brokers, replication 3,
-min.insync.replicas 2); the RabbitMQ clusters come next (docs/operations.md).
+min.insync.replicas 2) and the backend (3 RabbitMQ nodes, every quorum
+queue a replica on each); the gateway clusters come next, and clients that
+move to another backend node when theirs dies (docs/operations.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -25,9 +28,9 @@ from confluent_kafka.admin import AdminClient
 from backend import contract as c
 from infra.local.driver import LocalFederation
 from infra.local.layout import kafka_broker_id
-from tests.chaos.counting import Fleet, check, read_back
+from tests.chaos.counting import CommandSender, Fleet, check, read_back
 from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation
-from tests.helpers import DeviceCredentials, _metrics
+from tests.helpers import DeviceCredentials, _metrics, device, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.kafka]
 
@@ -152,3 +155,86 @@ def test_a_kafka_broker_killed_while_devices_publish_loses_nothing(ha_federation
         longest_kafka_stall_s=stall,
     )
     assert stall < 15, f"records stopped reaching Kafka for {stall} s: the other brokers did not take over"
+
+
+def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_on_each(ha_federation):
+    admin = ha_federation.backend().admin()
+    nodes = {n["name"] for n in admin.get("nodes") if n.get("running")}
+    assert len(nodes) == 3, nodes
+    quorum = [q for q in admin.get("queues") if q.get("type") == "quorum"]
+    names = {q["name"] for q in quorum}
+    shards = {c.uplink_shard_queue(i) for i in range(c.UPLINK_SHARDS)}
+    assert shards <= names and c.COMMANDS_QUEUE in names, names
+    assert any(n.startswith("federation: fedgate.downlink.") for n in names), "the downlink's queues"
+    for q in quorum:
+        assert set(q.get("members") or []) == nodes, f"{q['name']}: replicas on {q.get('members')}"
+
+
+def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_nothing(
+    ha_federation, ha_endpoints, uid
+):
+    """SIGKILL the backend node that runs the uplink's federation links (not the first node,
+    which the routers and the gateways' links connect to: moving those is the next step); keep
+    it down 15 s while devices publish QoS 1 and get a command every 0.25 s; start it again."""
+    fed, ep = ha_federation, ha_endpoints
+    admin = fed.backend().admin()
+    link_nodes = [lk.get("node", "") for lk in admin.federation_links()]
+    others = [n for n in fed.nodes() if n.spec.role == "backend" and n.name != "backend"]
+    victim = max(others, key=lambda n: link_nodes.count(n.erlang_node))
+    cmd_ids = [f"hab-cmd-{uid}-{r}" for r in ("local-eu", "local-us")]
+    receivers = [device(ep, r, d) for r, d in zip(("local-eu", "local-us"), cmd_ids, strict=True)]
+    try:
+        for d in receivers:
+            d.subscribe(c.device_command_topic(d.device_id, "#"))
+        for d, r in zip(receivers, ("local-eu", "local-us"), strict=True):
+            wait_present(ep, d.device_id, r)
+        with (
+            KafkaWrites(ep) as writes,
+            Fleet.on_both_gateways(ep, f"hab-{uid}", per_region=2) as fleet,
+            CommandSender(ep["backend"]["url"], cmd_ids) as commands,
+        ):
+            time.sleep(2.0)
+            killed_at = time.monotonic()
+            victim.kill()
+            acked_at_kill = fleet.total_acked
+            time.sleep(15)
+            acked_while_down = fleet.total_acked - acked_at_kill
+            fed.start_node(victim.name)
+            fed.wait_for_links(timeout=60)
+            time.sleep(2.0)
+        stall = writes.longest_stall_after(killed_at)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            missing = sum(len(set(commands.sent[d.device_id]) - _numbers(d)) for d in receivers)
+            if missing == 0:
+                break
+            time.sleep(0.5)
+        time.sleep(1.0)  # a duplicate would arrive now
+        got_commands = {d.device_id: [json.loads(r.payload)["n"] for r in d.received] for d in receivers}
+        commands_lost = sum(len(set(commands.sent[d]) - set(got_commands[d])) for d in cmd_ids)
+        commands_twice = sum(len(v) - len(set(v)) for v in got_commands.values())
+    finally:
+        for d in receivers:
+            d.close()
+    assert acked_while_down > 0, "devices kept publishing while the node was down"
+    got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
+    record_counts(
+        killed=victim.name,
+        commands_sent=sum(len(v) for v in commands.sent.values()),
+        commands_lost=commands_lost,
+        commands_twice=commands_twice,
+    )
+    check(
+        fleet,
+        got,
+        max_duplicates=len(fleet.acked) * 1000,  # a link moving to another node resends what it had
+        device_prefix=f"hab-{uid}-",
+        killed=victim.name,
+        acked_while_down=acked_while_down,
+        longest_kafka_stall_s=stall,
+    )
+    assert commands_lost == 0, f"{commands_lost} confirmed commands never reached their device"
+
+
+def _numbers(d) -> set[int]:
+    return {json.loads(r.payload)["n"] for r in d.received}
