@@ -8,11 +8,8 @@ variables ``FEDGATE_<FIELD>`` (e.g. ``FEDGATE_PORT_BASE=27000``,
 Ports: every node gets its ports from ``port_base`` by a fixed layout
 (``port_layout``) that stays clear of the standard ports (1883, 5672, 15672,
 4369, 9092, ...), so a system broker on the same machine does not clash.
-Any single port can be pinned in the TOML file::
-
-    [ports]
-    "gw-local-eu.mqtt" = 18830
-    "kafka.bootstrap" = 19092
+Any single port can be pinned in the TOML file's ``[ports]`` table
+(docs/operations.md, "Settings").
 
 The router's own settings are not defined here: the ``[router]`` table is
 router/settings.py's (its fields, defaults and checks), passed to every router
@@ -85,11 +82,7 @@ class LocalSettings:
     )
     profile: str = field(
         default="single",
-        metadata={
-            "doc": "single: one node per engine (the demo's default); ha: no single point of failure, "
-            "the backend a 3-node RabbitMQ cluster, 3 Kafka brokers with replication 3 and "
-            "min.insync.replicas 2 (docs/operations.md)."
-        },
+        metadata={"doc": "single: a node per engine (the demo's); ha: no single point of failure."},
     )
     kafka_brokers: int = field(
         default=0,
@@ -271,8 +264,7 @@ class LocalSettings:
 
     @property
     def backend_nodes(self) -> int:
-        """RabbitMQ nodes of the backend cluster: 1, or 3 in the HA profile (quorum queues keep
-        working with one of them down)."""
+        """RabbitMQ nodes of the backend cluster (quorum queues work on with one of 3 down)."""
         return PROFILE_RABBITMQ_CLUSTER[self.profile]
 
     @property
@@ -286,8 +278,7 @@ class LocalSettings:
 
     @property
     def kafka_min_insync(self) -> int:
-        """Replicas that must have a record before it is acknowledged (acks=all): with 3, one
-        broker may be down and nothing acknowledged is lost when another fails."""
+        """Replicas holding a record before it is acknowledged (acks=all): 2 of 3."""
         return 2 if self.kafka_replication >= 3 else 1
 
     @property
