@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from urllib.parse import quote
 
 import pytest
 
@@ -611,10 +612,12 @@ def test_a_command_for_an_id_that_is_not_registered_is_refused_and_dead_lettered
 def test_a_command_to_a_gateway_whose_downlink_link_is_down_waits_and_is_delivered_when_it_is_back(
     federation, endpoints, uid
 ):
-    """The gateway's downlink link is stopped (its federation policy cleared: nothing is bound
-    to the region's downlink exchange on the backend, as for a gateway that never linked)
-    while its events still reach the backend.  The backend returns a command sent then.
-    Before, the router published on a channel that ignored returns and acked it: 0 of 1."""
+    """The gateway's downlink link is stopped (its federation policy cleared) and the queue it
+    read on the backend deleted -- a stopped link keeps its queue (resource-cleanup-mode
+    never), so this is the state of a gateway that never linked: nothing is bound to the
+    region's downlink exchange -- while its events still reach the backend.  The backend
+    returns a command sent then.  Before, the router published on a channel that ignored
+    returns and acked it: 0 of 1."""
     dev_id = f"unlinked-{uid}"
     gateway = next(g for g in federation.gateways() if g.spec.region == "local-us").admin()
     backend = federation.backend().admin()
@@ -635,7 +638,13 @@ def test_a_command_to_a_gateway_whose_downlink_link_is_down_waits_and_is_deliver
         wait_present(endpoints, dev_id, "local-us")
         restored = False
         gateway.delete(policy_path)
+        link_queue = f"{c.DOWNLINK_LINK_QUEUE_PREFIX}local-us -> "
         deadline = time.monotonic() + 15
+        while links := [q["name"] for q in backend.queues() if q["name"].startswith(link_queue)]:
+            assert time.monotonic() < deadline, "the downlink link's queue could not be deleted"
+            for name in links:
+                backend.delete(f"queues/%2F/{quote(name, safe='')}")
+            time.sleep(0.2)
         while backend.get(bindings):
             assert time.monotonic() < deadline, "the downlink link never stopped"
             time.sleep(0.2)
