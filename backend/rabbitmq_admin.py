@@ -17,6 +17,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import quote
@@ -132,11 +133,23 @@ def definitions_file(d: NodeDefinitions, rabbit_version: str = "4.0.5") -> dict[
 
 
 class RabbitAdmin:
-    def __init__(self, base_url: str, user: str, password: str, timeout: float = 10.0):
-        self.base_url = base_url.rstrip("/")
+    """The management API of one node, or of a cluster: `base_url` may list every node's, and
+    a call that cannot reach one node (refused, timed out) goes to the next, as a client of a
+    cluster should.  Whichever node answered is asked first next time."""
+
+    def __init__(self, base_url: str | Sequence[str], user: str, password: str, timeout: float = 10.0):
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("RabbitAdmin: no management URL")
+        self.base_urls = [u.rstrip("/") for u in urls]
         self.timeout = timeout
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._auth = f"Basic {token}"
+
+    @property
+    def base_url(self) -> str:
+        """The node asked first (the one that answered last)."""
+        return self.base_urls[0]
 
     #: A 5xx from the management API is retried this often, a second apart: RabbitMQ
     #: 3.10 fails a federation parameter update while one of its links is restarting.
@@ -162,25 +175,30 @@ class RabbitAdmin:
         *,
         timeout: float | None = None,
     ) -> Any:
-        url = self.base_url + "/api/" + path.lstrip("/")
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Authorization", self._auth)
-        for k, v in headers.items():
-            req.add_header(k, v)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:300]
-            raise AdminError(
-                f"{method} {path}: HTTP {e.code} {detail}", status=e.code, retriable=e.code >= 500
-            ) from e
-        except (urllib.error.URLError, OSError) as e:
-            raise AdminError(f"{method} {path}: {e}", retriable=True) from e
-        return json.loads(raw) if raw else None
+        unreachable: list[str] = []
+        for base in list(self.base_urls):
+            req = urllib.request.Request(base + "/api/" + path.lstrip("/"), data=data, method=method)
+            req.add_header("Authorization", self._auth)
+            for k, v in headers.items():
+                req.add_header(k, v)
+            if data is not None:
+                req.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                    raw = resp.read()
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[:300]
+                raise AdminError(
+                    f"{method} {path}: HTTP {e.code} {detail}", status=e.code, retriable=e.code >= 500
+                ) from e
+            except (urllib.error.URLError, OSError) as e:
+                unreachable.append(f"{base}: {getattr(e, 'reason', e)}")
+                continue
+            if base != self.base_urls[0]:  # this node answers: ask it first from now on
+                self.base_urls = [base, *(u for u in self.base_urls if u != base)]
+            return json.loads(raw) if raw else None
+        raise AdminError(f"{method} {path}: {'; '.join(unreachable)}", retriable=True)
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)

@@ -76,6 +76,17 @@ class GatewayLink:
     endpoint: AmqpEndpoint
     #: password of the gateway's own user on the backend (its downlink link)
     gateway_password: str
+    #: the other nodes of the region's gateway cluster: the backend's links to the region
+    #: connect to any of them and move on when theirs dies
+    others: tuple[AmqpEndpoint, ...] = ()
+
+    def upstream(self, backend_link_password: str) -> dict[str, object]:
+        """The backend's federation upstream for this region: every node's URI, and on a
+        cluster, quorum queues for the links (what the gateway buffers survives a node)."""
+        uris = [e.uri(c.BACKEND_LINK_USER, backend_link_password) for e in (self.endpoint, *self.others)]
+        if len(uris) == 1:
+            return {"uri": uris[0]}
+        return {"uri": uris, "queue-type": "quorum"}
 
 
 #: Federation link settings shared by every link fedgate defines.
@@ -206,10 +217,7 @@ def backend_definitions(
             Parameter(
                 "federation-upstream",
                 upstream,
-                {
-                    "uri": gw.endpoint.uri(c.BACKEND_LINK_USER, backend_link_password),
-                    **LINK_SETTINGS,
-                },
+                {**gw.upstream(backend_link_password), **LINK_SETTINGS},
             )
         )
         uplink_set.append({"upstream": upstream, "exchange": c.MQTT_EXCHANGE})

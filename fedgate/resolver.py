@@ -50,18 +50,23 @@ def tcp_connect_probe(timeout: float = 1.0) -> Probe:
 
 
 class NearestHealthyResolver:
-    def __init__(self, endpoints: Sequence[Endpoint], probe: Probe | None = None):
+    """`ordered`: the endpoints are the nodes of one region's gateway cluster, in the order
+    this device tries them (as a client given a list of hosts, or a load balancer that keeps
+    a device on one node while it is healthy): the first healthy one, not the fastest."""
+
+    def __init__(self, endpoints: Sequence[Endpoint], probe: Probe | None = None, *, ordered: bool = False):
         if not endpoints:
             raise ValueError("no candidate gateways")
         self.endpoints = list(endpoints)
         self.probe = probe or tcp_connect_probe()
+        self.ordered = ordered
 
     def rank(self, exclude: Iterable[Endpoint] = ()) -> list[tuple[Endpoint, float]]:
-        """Healthy endpoints, nearest first."""
+        """Healthy endpoints, nearest (or, ordered, first) first."""
         skip = set(exclude)
         measured = [(ep, self.probe(ep)) for ep in self.endpoints if ep not in skip]
         healthy = [(ep, lat) for ep, lat in measured if lat is not None]
-        return sorted(healthy, key=lambda pair: pair[1])
+        return healthy if self.ordered else sorted(healthy, key=lambda pair: pair[1])
 
     def resolve(self, exclude: Iterable[Endpoint] = ()) -> Endpoint:
         ranked = self.rank(exclude)

@@ -15,7 +15,7 @@ from pathlib import Path
 from string import Template
 
 from backend.contract import gateway_cluster_name
-from backend.node import conf_for_release
+from backend.node import cluster_formation_conf, conf_for_release
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -40,6 +40,9 @@ class GatewayNodeConfig:
     max_fds: int
     #: the RabbitMQ release the node runs (backend.node.conf_for_release)
     broker_release: str = "4.0"
+    #: the Erlang node names of every node of the region's gateway cluster, this one included;
+    #: with more than one, the nodes find each other by this list (peer discovery's classic config)
+    cluster_nodes: tuple[str, ...] = ()
 
     @property
     def cluster_name(self) -> str:
@@ -90,7 +93,7 @@ class GatewayNodeConfig:
             admin_user=self.admin_user,
             admin_password=self.admin_password,
         )
-        return conf_for_release(conf, self.broker_release)
+        return conf_for_release(conf + cluster_formation_conf(self.cluster_nodes), self.broker_release)
 
     def ready(self, admin: RabbitAdmin) -> bool:
         """The virtual hosts are up and devices can connect: a gateway opens its MQTT

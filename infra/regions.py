@@ -187,11 +187,12 @@ class LocalRegions:
         from infra.local.driver import FederationError, gateway_node_name
 
         fed = self.federation
+        members = [g.name for g in fed.gateways() if g.spec.region == region] or [gateway_node_name(region)]
         fed.remove_region(region)
-        node = gateway_node_name(region)
-        left = processes.marked_pids(processes.marker(fed.state_dir, node))
-        if left:
-            raise FederationError(f"processes of {node} still running: {left}")
+        for node in members:
+            left = processes.marked_pids(processes.marker(fed.state_dir, node))
+            if left:
+                raise FederationError(f"processes of {node} still running: {left}")
 
     def regions(self) -> list[RegionRow]:
         return [

@@ -61,7 +61,7 @@ class Gateways:
 
     @staticmethod
     def clients_from_settings(settings: RouterSettings) -> dict[str, RabbitAdmin]:
-        return {g.region: RabbitAdmin(g.management_url, g.user, g.password) for g in settings.gateways}
+        return {g.region: RabbitAdmin(g.management_urls, g.user, g.password) for g in settings.gateways}
 
     def set_clients(self, clients: Mapping[str, RabbitAdmin]) -> None:
         """A region was added or removed."""

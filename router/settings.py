@@ -42,10 +42,19 @@ class RouterSettingsError(FedgateError, ValueError):
     pass
 
 
+def _urls(value: object) -> tuple[str, ...]:
+    """A gateway's management_url: one URL, or a list of the cluster nodes' URLs."""
+    urls = (value,) if isinstance(value, str) else tuple(value)  # type: ignore[arg-type]
+    if not urls or not all(isinstance(u, str) and u for u in urls):
+        raise ValueError(f"not a URL or a list of URLs: {value!r}")
+    return urls
+
+
 @dataclass(frozen=True)
 class GatewayAccess:
     region: str
-    management_url: str
+    #: the management API of every node of the region's gateway cluster (any one answers for all)
+    management_urls: tuple[str, ...]
     user: str
     password: str
 
@@ -283,11 +292,18 @@ def _settings(values: dict[str, Any]) -> RouterSettings:
         gws = values["gateways"]
         try:
             values["gateways"] = tuple(
-                GatewayAccess(region, g["management_url"], g.get("user", c.ADMIN_USER), g.get("password", ""))
+                GatewayAccess(
+                    region,
+                    _urls(g["management_url"]),
+                    g.get("user", c.ADMIN_USER),
+                    g.get("password", ""),
+                )
                 for region, g in gws.items()
             )
-        except (KeyError, AttributeError, TypeError) as e:
-            raise RouterSettingsError(f"gateways: each needs management_url ({e})") from e
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            raise RouterSettingsError(
+                f"gateways: each needs management_url, a URL or a list of its nodes' ({e})"
+            ) from e
     for key, kind in known.items():
         if key in values and kind in ("int", "float", "bool"):
             values[key] = coerce(key, kind, values[key], RouterSettingsError)

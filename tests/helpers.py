@@ -12,6 +12,7 @@ from confluent_kafka import Message
 from backend import contract as c
 from backend.kafka_read import Match, read_records
 from fedgate.devices import SimDevice
+from fedgate.resolver import Endpoint, NearestHealthyResolver
 from infra.local.driver import LocalFederation
 
 
@@ -28,11 +29,19 @@ class DeviceCredentials:
         return device_id, self._issued[device_id]
 
 
-def device(endpoints: dict[str, Any], region: str, client_id: str, **kw: Any) -> SimDevice:
-    """A connected paho-mqtt device on `region`'s gateway, logged in with its own secret."""
+def device(endpoints: dict[str, Any], region: str, client_id: str, *, node: int = 0, **kw: Any) -> SimDevice:
+    """A connected paho-mqtt device on `region`'s gateway, logged in with its own secret.
+
+    A region whose gateway is a cluster (the ha profile): the device knows every node of it,
+    connects to node `node` (0-based) and moves to the next when that one dies."""
     ep = endpoints
     user, secret = ep["credentials"](client_id)
-    return SimDevice(client_id, ep["host"], ep["gateways"][region]["mqtt"], user, secret, **kw).connect()
+    members = ep["gateways"][region].get("nodes") or [ep["gateways"][region]]
+    if len(members) == 1:
+        return SimDevice(client_id, ep["host"], members[0]["mqtt"], user, secret, **kw).connect()
+    order = members[node % len(members) :] + members[: node % len(members)]
+    resolver = NearestHealthyResolver([Endpoint(region, ep["host"], m["mqtt"]) for m in order], ordered=True)
+    return SimDevice.nearest(client_id, resolver, user, secret, **kw).connect()
 
 
 def operator_client(endpoints: dict[str, Any], region: str, client_id: str, **kw: Any) -> SimDevice:

@@ -18,6 +18,7 @@ from infra.local.layout import (
     ROLE_ROUTER,
     SPARK_NODE,
     StateFiles,
+    region_nodes,
 )
 from infra.local.nodes import Node
 from infra.local.services import kafka_bootstrap
@@ -79,12 +80,15 @@ def router_config(
         "downlink": True,  # all stand for routing commands; one leads (router/leadership.py)
         **settings.router,  # the [router] table, unchanged: router/settings.py defines and checks it
         "gateways": {
-            n.spec.region: {
-                "management_url": f"http://{host}:{n.spec.ports['management']}",
+            region: {
+                # every node of the region's cluster: the router asks the next when one is down
+                "management_url": [f"http://{host}:{s.ports['management']}" for s in members]
+                if len(members) > 1
+                else f"http://{host}:{members[0].ports['management']}",
                 "user": c.ADMIN_USER,
                 "password": sec["admin"],
             }
-            for n in nodes
-            if n.spec.role == ROLE_GATEWAY and n.spec.region
+            for region in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
+            if region and (members := region_nodes((n.spec for n in nodes), ROLE_GATEWAY, region))
         },
     }

@@ -49,6 +49,10 @@ KAFKA_EXTRA_STRIDE = 2
 #: Backend nodes after the first ("backend-2", ...): BACKEND_OFFSETS moved by this much per node.
 BACKEND_EXTRA_OFFSET = 60
 BACKEND_EXTRA_STRIDE = 5
+#: Gateway nodes after a region's first ("gw-local-eu-n2", ...): a block of their own, a slot of
+#: GATEWAY_EXTRA_STRIDE per region (the region's first node's slot number), GATEWAY_STRIDE a node.
+GATEWAY_EXTRA_OFFSET = 600
+GATEWAY_EXTRA_STRIDE = 20
 ROUTER_OFFSETS = {"metrics": 30}
 SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
 SPARK_NODE = "spark"
@@ -100,8 +104,19 @@ def kafka_broker_id(name: str) -> int:
     return member_number(KAFKA_NODE, name)
 
 
-def gateway_node_name(region: str) -> str:
-    return "gw-" + c.validate_region(region)
+def gateway_node_name(region: str, member: int = 1) -> str:
+    """Node `member` (1-based) of `region`'s gateway cluster: gw-local-eu, gw-local-eu-n2, ...
+    ("-n": a region's own name may end in a number)."""
+    first = "gw-" + c.validate_region(region)
+    return first if member == 1 else f"{first}-n{member}"
+
+
+def region_nodes(specs: Iterable[NodeSpec], role: str, region: str | None = None) -> list[NodeSpec]:
+    """The nodes of one RabbitMQ cluster (the backend's, or a region's gateways), the first
+    first: it is the one the cluster's definitions are applied through."""
+    return sorted(
+        (s for s in specs if s.role == role and s.region == region), key=lambda s: (len(s.name), s.name)
+    )
 
 
 class FederationError(FedgateError):
@@ -150,28 +165,40 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     for i in range(2, settings.backend_nodes + 1):
         start = base + BACKEND_EXTRA_OFFSET + BACKEND_EXTRA_STRIDE * (i - 2) - BACKEND_OFFSETS["amqp"]
         specs.append(spec(member_name(BACKEND_NODE, i), ROLE_BACKEND, None, BACKEND_OFFSETS, start))
-    used_slots = {
-        (s.ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+    gateways_recorded = {
+        s.region: s.ports["mqtt"]
         for s in recorded.values()
-        if s.role == ROLE_GATEWAY
+        if s.role == ROLE_GATEWAY and s.name == gateway_node_name(s.region or "")
     }
+    members = {
+        s.region
+        for s in recorded.values()
+        if s.role == ROLE_GATEWAY and s.name != gateway_node_name(s.region or "")
+    }
+    if gateways_recorded and (len(members) > 0) != (settings.gateway_nodes > 1):
+        raise FederationError(
+            f"this federation's gateways run {'as clusters' if members else 'one node a region'} and the "
+            f"settings ask for {settings.gateway_nodes} node(s) a region (profile {settings.profile!r}); "
+            "`fedgate down --purge` first to change the profile"
+        )
+    used_slots = {(p - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE for p in gateways_recorded.values()}
     next_slot = 0
     # Gateways recorded but no longer configured stay part of the federation
     # until they are removed explicitly: `up` must never orphan a running node.
-    extra = [
-        s.region for s in recorded.values() if s.role == ROLE_GATEWAY and s.region not in settings.regions
-    ]
-    for region in [*settings.regions, *(r for r in extra if r)]:
-        name = gateway_node_name(region)
-        if name in recorded:
-            slot = (recorded[name].ports["mqtt"] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+    extra = [r for r in gateways_recorded if r and r not in settings.regions]
+    for region in [*settings.regions, *extra]:
+        if region in gateways_recorded:
+            slot = (gateways_recorded[region] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
         else:
             while next_slot in used_slots:
                 next_slot += 1
             slot = next_slot
             used_slots.add(slot)
         start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
-        specs.append(spec(name, ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
+        specs.append(spec(gateway_node_name(region), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
+        for m in range(2, settings.gateway_nodes + 1):
+            start = base + GATEWAY_EXTRA_OFFSET + GATEWAY_EXTRA_STRIDE * slot + GATEWAY_STRIDE * (m - 2)
+            specs.append(spec(gateway_node_name(region, m), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
     specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
     for i in range(2, settings.kafka_broker_count + 1):
         start = base + KAFKA_EXTRA_OFFSET + KAFKA_EXTRA_STRIDE * (i - 2) - KAFKA_OFFSETS["bootstrap"]
@@ -181,6 +208,10 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     if settings.spark:
         specs.append(spec(SPARK_NODE, ROLE_SPARK, None, SPARK_OFFSETS, base))
 
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise FederationError(f"two nodes would be named {', '.join(twice)}: rename a region")
     seen: dict[int, str] = {}
     for s in specs:
         for k, p in s.ports.items():

@@ -11,8 +11,9 @@ Node kinds:
   epmd     Erlang's port mapper, one per state dir on a fedgate port, so that
            two local federations (the demo and the tests) never share one and
            `down` leaves no daemon behind
-  backend  the backend RabbitMQ node
-  gateway  one RabbitMQ node per local region, with the MQTT listener
+  backend  the backend RabbitMQ node (a cluster of 3 in the ha profile)
+  gateway  the RabbitMQ nodes of a local region (one, or a cluster of 3 in the ha
+           profile), with the MQTT listener
   kafka    a single-node Kafka broker in KRaft mode (Apache Kafka's own jars)
   router   the router service (python -m router)
   spark    the streaming job that keeps the analysts' tables (python -m spark.job)
@@ -48,6 +49,7 @@ from infra.local.layout import (  # noqa: F401  (re-exported: the roles and Node
     NodeSpec,
     StateFiles,
     ports_text,
+    region_nodes,
 )
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_listeners_conf
@@ -186,6 +188,10 @@ class Node:
     def ready(self) -> bool:
         raise NotImplementedError
 
+    def boot_retries(self) -> int:
+        """How often a failed boot is tried again (as a service manager would restart it)."""
+        return 0
+
     def kill(self) -> None:
         """SIGKILL every process of the node at once, as a crash of its host would (chaos tests)."""
         processes.signal_pids(processes.marked_pids(self.marker), signal.SIGKILL)
@@ -221,9 +227,15 @@ def start_and_wait(
     waiting = list(nodes)
     deadline = t0 + boot_timeout
     last_note = t0
+    retries = {n.name: n.boot_retries() for n in nodes}
     while waiting:
         for n in list(waiting):
             code = n.exited()
+            if code is not None and retries[n.name] > 0:
+                retries[n.name] -= 1
+                progress(f"{n.name} exited while booting (exit code {code}); starting it again")
+                n.start()
+                continue
             if code is not None:
                 raise NodeError(f"{n.name} failed to boot (exit code {code}); see {n.logs_to_read()}")
             if n.ready():
@@ -304,6 +316,7 @@ class RabbitNode(Node):
                 mqtt_tcp_buffer=s.mqtt_tcp_buffer,
                 max_fds=s.gateway_max_fds,
                 broker_release=s.rabbitmq_release,
+                cluster_nodes=self.cluster_node_names(),
             )
         return BackendNodeConfig(
             host=self.host,
@@ -312,16 +325,23 @@ class RabbitNode(Node):
             admin_password=self.secrets["admin"],
             memory_mb=s.rabbitmq_memory_mb,
             broker_release=s.rabbitmq_release,
-            cluster_nodes=tuple(erlang_node_name(m.name) for m in self.cluster_members()),
+            cluster_nodes=self.cluster_node_names(),
         )
 
     def cluster_members(self) -> list[NodeSpec]:
-        """Every node of this node's RabbitMQ cluster (the backend's), itself included, in order."""
+        """Every node of this node's RabbitMQ cluster (the backend's or its region's gateways),
+        itself included, the first first."""
         recorded = StateFiles(self.settings.state_dir).recorded() or {self.name: self.spec}
-        return sorted(
-            (m for m in recorded.values() if m.role == self.spec.role and m.region == self.spec.region),
-            key=lambda m: (len(m.name), m.name),
-        )
+        return region_nodes(recorded.values(), self.spec.role, self.spec.region)
+
+    def cluster_node_names(self) -> tuple[str, ...]:
+        return tuple(erlang_node_name(m.name) for m in self.cluster_members())
+
+    def boot_retries(self) -> int:
+        """A node of a cluster whose nodes restart together may fail its boot on a race inside
+        RabbitMQ 4.0 (seen here: `badmatch` in mirrored_supervisor while its peers boot too);
+        started again, it joins them."""
+        return 2 if len(self.cluster_members()) > 1 else 0
 
     def admin(self, timeout: float = 10.0) -> RabbitAdmin:
         url = f"http://{self.host}:{self.spec.ports['management']}"

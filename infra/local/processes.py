@@ -28,7 +28,9 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def marker(state_dir: Path, node: str) -> str:
-    return f"{state_dir.resolve()}::{node}"
+    """The marker of `node`'s processes; with node "", the prefix of every node's of the state
+    dir.  A node's ends in "::" so that it is no prefix of another's (backend, backend-2)."""
+    return f"{state_dir.resolve()}::{node}::" if node else f"{state_dir.resolve()}::"
 
 
 def _read_environ(pid: int) -> bytes:

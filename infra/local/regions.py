@@ -1,6 +1,7 @@
 """Regions of a running local federation: adding one, removing one, telling the routers.
 
-A region joins with its own gateway node; nothing else restarts.  The
+A region joins with its own gateway (one node, or a cluster of three in the ha
+profile); nothing else restarts.  The
 backend gets the region's upstream and downlink exchange (re-wiring), and the
 routers re-read their config (SIGHUP).  Removing is the reverse, in the order
 RabbitMQ 3.10 needs.  Apart from booting because it changes a federation that
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError
-from infra.local.layout import FederationError, gateway_node_name, port_layout
+from infra.local.layout import ROLE_GATEWAY, FederationError, gateway_node_name, port_layout
 from infra.local.nodes import Node, NodeError, start_and_wait, stop_started
 from infra.local.services import RouterNode
 
@@ -49,16 +50,19 @@ class RegionChanges:
             fed.settings = dataclasses.replace(fed.settings, regions=(*fed.settings.regions, region))
         specs = port_layout(fed.settings, recorded)
         nodes = fed.nodes(specs)
-        gateway = next(n for n in nodes if n.name == name)
+        # the region's gateway: one node, or a cluster of them (the ha profile)
+        members = [n for n in nodes if n.spec.role == ROLE_GATEWAY and n.spec.region == region]
+        gateway = next(n for n in members if n.name == name)
         try:
-            gateway.preflight()
+            for n in members:
+                n.preflight()
         except NodeError as e:
             raise FederationError(str(e)) from e
         fed.files.write_record(specs, fed.settings.host)
         t0 = time.monotonic()
         started: list[Node] = []
         try:
-            start_and_wait([gateway], started, boot_timeout=fed.settings.boot_timeout, progress=fed.progress)
+            start_and_wait(members, started, boot_timeout=fed.settings.boot_timeout, progress=fed.progress)
             fed.wire(nodes)
             self.reload_routers(nodes)
         except (NodeError, AdminError, TimeoutError) as e:
@@ -79,14 +83,16 @@ class RegionChanges:
         if name not in fed.recorded():
             fed.progress(f"region {region} is not part of the federation")
             return
-        gateways = [g for g in fed.gateways() if g.name != name]
+        gateways = [g for g in fed.gateways() if g.spec.region != region]
         if not gateways:
             raise FederationError(f"{region} is the last region; a federation needs one gateway")
-        node = fed.node(name)
-        fed.progress(f"stopping {name}")
-        node.stop()
+        members = [g for g in fed.gateways() if g.spec.region == region]
+        for node in members:
+            fed.progress(f"stopping {node.name}")
+            node.stop()
         self.forget(region)
-        shutil.rmtree(node.dir, ignore_errors=True)
+        for node in members:
+            shutil.rmtree(node.dir, ignore_errors=True)
         backend = fed.backend()
         if backend.is_running():
             # The reverse of joining: the upstream sets drop the region first (RabbitMQ
@@ -101,8 +107,7 @@ class RegionChanges:
     def forget(self, region: str) -> None:
         """Drop `region` from federation.json, the settings and secrets.json."""
         fed = self.fed
-        name = gateway_node_name(region)
-        specs = [s for s in fed.recorded().values() if s.name != name]
+        specs = [s for s in fed.recorded().values() if not (s.role == ROLE_GATEWAY and s.region == region)]
         fed.files.write_record(specs, fed.settings.host)
         fed.settings = dataclasses.replace(
             fed.settings, regions=tuple(r for r in fed.settings.regions if r != region)

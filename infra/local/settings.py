@@ -60,7 +60,7 @@ class SettingsError(FedgateError, ValueError):
 
 #: Kafka brokers of each profile (kafka_brokers = 0).
 PROFILE_KAFKA_BROKERS = {"single": 1, "ha": 3}
-#: Nodes of each RabbitMQ cluster (the backend's) in each profile.
+#: Nodes of each RabbitMQ cluster (the backend's and each region's gateways) in each profile.
 PROFILE_RABBITMQ_CLUSTER = {"single": 1, "ha": 3}
 #: The layout has room for this many brokers (infra/local/layout.py).
 MAX_KAFKA_BROKERS = 5
@@ -78,7 +78,7 @@ class LocalSettings:
     )
     regions: tuple[str, ...] = field(
         default=("local-eu", "local-us"),
-        metadata={"doc": "Local regions, one gateway node each."},
+        metadata={"doc": "Local regions, each a gateway cluster (one node in the single profile)."},
     )
     profile: str = field(
         default="single",
@@ -264,8 +264,10 @@ class LocalSettings:
 
     @property
     def backend_nodes(self) -> int:
-        """RabbitMQ nodes of the backend cluster (quorum queues work on with one of 3 down)."""
+        """RabbitMQ nodes of the backend cluster and of each region's gateway cluster."""
         return PROFILE_RABBITMQ_CLUSTER[self.profile]
+
+    gateway_nodes = backend_nodes
 
     @property
     def kafka_broker_count(self) -> int:
@@ -321,9 +323,7 @@ class LocalSettings:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: must be positive, got {getattr(self, name)}")
         if not 0 <= self.routers <= self.uplink_shards:
-            raise SettingsError(
-                f"routers: between 0 and uplink_shards ({self.uplink_shards}), got {self.routers}"
-            )
+            raise SettingsError(f"routers: 0 to uplink_shards ({self.uplink_shards}), got {self.routers}")
         try:
             router_table(self.router, env={})
         except RouterSettingsError as e:

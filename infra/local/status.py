@@ -14,7 +14,7 @@ from typing import Any
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
 from infra.local import processes
-from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROUTER_NODE
+from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROUTER_NODE, NodeSpec, region_nodes
 from infra.local.nodes import Node, RabbitNode
 from infra.local.services import KafkaNode, RouterNode, SparkNode, kafka_bootstrap
 from infra.local.settings import LocalSettings
@@ -97,6 +97,11 @@ def status_rows(nodes: list[Node]) -> list[NodeStatus]:
     return [node_status(n) for n in nodes]
 
 
+def _gateway_ports(spec: NodeSpec, tls: bool) -> dict[str, int]:
+    keys = ("mqtt", "amqp", "management", *(("mqtts",) if tls else ()))
+    return {k: spec.ports[k] for k in keys}
+
+
 def endpoints(
     settings: LocalSettings, secrets: dict[str, Any], nodes: list[Node], tls_dir: Path
 ) -> dict[str, Any]:
@@ -112,15 +117,14 @@ def endpoints(
             "management": b["management"],
             "url": f"amqp://{c.ADMIN_USER}:{sec['admin']}@{host}:{b['amqp']}/%2F",
         },
+        # a region's first node's ports, and under "nodes" every node's of its cluster
         "gateways": {
-            g.spec.region: {
-                "mqtt": g.spec.ports["mqtt"],
-                "amqp": g.spec.ports["amqp"],
-                "management": g.spec.ports["management"],
-                **({"mqtts": g.spec.ports["mqtts"]} if settings.tls else {}),
+            region: {
+                **_gateway_ports(members[0], settings.tls),
+                "nodes": [{"name": m.name, **_gateway_ports(m, settings.tls)} for m in members],
             }
-            for g in nodes
-            if g.spec.role == ROLE_GATEWAY
+            for region in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
+            if (members := region_nodes((n.spec for n in nodes), ROLE_GATEWAY, region))
         },
         "kafka": {"bootstrap": kafka_bootstrap(nodes)},
         "router": {"metrics": router.metrics_url if router else None},

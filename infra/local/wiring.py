@@ -20,7 +20,7 @@ from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry
-from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY
+from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY, region_nodes
 from infra.local.nodes import Node, RabbitNode, erlang_node_name
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
@@ -51,38 +51,40 @@ def wire(
 ) -> None:
     """Apply the federation definitions to every RabbitMQ node of `nodes` and wait for the links."""
     sec = secrets
-    backends = [n for n in nodes if n.spec.role == ROLE_BACKEND]
-    backend = next(n for n in backends if n.name == BACKEND_NODE)
-    gateways = [n for n in nodes if n.spec.role == ROLE_GATEWAY]
-    assert isinstance(backend, RabbitNode)
+    backends = cluster(nodes, ROLE_BACKEND)
+    backend = backends[0]
     if len(backends) > 1:
         wait_for_cluster(backend, [n.name for n in backends], progress)
-    backend_ep = link_endpoint(settings, tls_dir, backend)
-    others = [link_endpoint(settings, tls_dir, n) for n in backends if n is not backend]
-    for gw in gateways:
-        assert isinstance(gw, RabbitNode) and gw.spec.region
+    backend_eps = [link_endpoint(settings, tls_dir, n) for n in backends]
+    links = []
+    for region in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY):
+        assert region
+        members = cluster(nodes, ROLE_GATEWAY, region)
+        gw = members[0]  # definitions are the cluster's: applied through its first node
+        if len(members) > 1:
+            wait_for_cluster(gw, [n.name for n in members], progress)
         gw.admin().apply(
             gateway_definitions(
-                gw.spec.region,
-                backend_ep,
-                backend_others=others,
-                upstream_queue_type="quorum" if others else "classic",
+                region,
+                backend_eps[0],
+                backend_others=backend_eps[1:],
+                upstream_queue_type="quorum" if len(backend_eps) > 1 else "classic",
                 admin_password=sec["admin"],
                 backend_link_password=sec["backend_link"],
-                gateway_password=sec["gateways"][gw.spec.region],
+                gateway_password=sec["gateways"][region],
             )
         )
         fleet = registry.hashes()
         if fleet:
             gw.admin().import_users(device_users(fleet))
-    links = [
-        GatewayLink(
-            gw.spec.region or "",
-            link_endpoint(settings, tls_dir, gw),
-            sec["gateways"][gw.spec.region],
+        links.append(
+            GatewayLink(
+                region,
+                link_endpoint(settings, tls_dir, gw),
+                sec["gateways"][region],
+                others=tuple(link_endpoint(settings, tls_dir, m) for m in members[1:]),
+            )
         )
-        for gw in gateways
-    ]
     backend.admin().apply(
         backend_definitions(
             links,
@@ -94,6 +96,13 @@ def wire(
     )
     progress("federation wired; waiting for links")
     wait_for_links(nodes, timeout=60)
+
+
+def cluster(nodes: list[Node], role: str, region: str | None = None) -> list[RabbitNode]:
+    """The RabbitMQ nodes of one cluster (the backend's or a region's gateways), the first first."""
+    names = [s.name for s in region_nodes((n.spec for n in nodes), role, region)]
+    by_name = {n.name: n for n in nodes if isinstance(n, RabbitNode)}
+    return [by_name[name] for name in names]
 
 
 def wait_for_cluster(first: RabbitNode, members: list[str], progress: Callable[[str], None]) -> None:
@@ -134,8 +143,10 @@ def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
 
 
 def wait_for_links(nodes: list[Node], timeout: float = 60) -> None:
-    """Block until every federation link is running: 2 per gateway on the backend, 1 on each gateway."""
-    gateways = [n.name for n in nodes if isinstance(n, RabbitNode) and n.spec.role == ROLE_GATEWAY]
+    """Block until every federation link is running: 2 per region on the backend, 1 on each
+    region's gateways (a cluster's management API lists the links of all its nodes: asked once)."""
+    regions = dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
+    gateways = [cluster(nodes, ROLE_GATEWAY, r)[0].name for r in regions]
     want = {BACKEND_NODE: 2 * len(gateways), **dict.fromkeys(gateways, 1)}
     deadline = time.monotonic() + timeout
     while True:

@@ -37,9 +37,10 @@ class Fleet:
     def on_both_gateways(
         cls, endpoints: dict[str, Any], prefix: str, per_region: int, interval: float = 0.01
     ) -> Fleet:
+        # device i on node i of its region's gateway cluster (one node: all on it)
         return cls(
             (
-                device(endpoints, region, f"{prefix}-{region}-{i}")
+                device(endpoints, region, f"{prefix}-{region}-{i}", node=i)
                 for region in ("local-eu", "local-us")
                 for i in range(per_region)
             ),

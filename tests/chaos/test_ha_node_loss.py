@@ -8,9 +8,10 @@ in Kafka, lost, duplicated, and the longest time Kafka took no record of
 theirs after the kill.  Lost must be 0.
 
 So far the HA profile clusters Kafka (3 KRaft brokers, replication 3,
-min.insync.replicas 2) and the backend (3 RabbitMQ nodes, every quorum
-queue a replica on each); the gateway clusters come next, and clients that
-move to another backend node when theirs dies (docs/operations.md).
+min.insync.replicas 2), the backend (3 RabbitMQ nodes, every quorum queue a
+replica on each) and each region's gateways (3 RabbitMQ nodes, devices
+spread over them); routers that move to another backend node when theirs
+dies come next (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -238,3 +239,109 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
 
 def _numbers(d) -> set[int]:
     return {json.loads(r.payload)["n"] for r in d.received}
+
+
+def test_each_region_is_a_gateway_cluster_of_three_and_the_backends_links_reach_every_node(ha_federation):
+    """A region's gateway is three nodes; the backend's upstream for it names all three, and
+    the uplink's queues on the gateway are quorum queues with a replica on each node."""
+    for region in ("local-eu", "local-us"):
+        members = [g for g in ha_federation.gateways() if g.spec.region == region]
+        assert len(members) == 3, [g.name for g in members]
+        admin = members[0].admin()
+        running = {n["name"] for n in admin.get("nodes") if n.get("running")}
+        assert running == {g.erlang_node for g in members}
+        link_queues = [q for q in admin.queues() if q["name"].startswith("federation: ")]
+        assert link_queues, "the backend's links read the gateway through federation queues"
+        for q in link_queues:
+            assert q.get("type") == "quorum" and set(q.get("members") or []) == running, q
+    upstream = (
+        ha_federation.backend()
+        .admin()
+        .get(f"parameters/federation-upstream/%2F/{c.gateway_upstream_name('local-eu')}")
+    )
+    assert isinstance(upstream["value"]["uri"], list) and len(upstream["value"]["uri"]) == 3
+
+
+def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_lost(
+    ha_federation, ha_endpoints, uid
+):
+    """SIGKILL the first node of local-eu's gateway cluster -- the one its definitions were
+    applied through, and the one the router asks first -- while devices on each of its nodes
+    publish QoS 1 and get a command every 0.25 s; keep it down 15 s; start it again.  Its
+    devices move to the region's other nodes (they know them all, as a load balancer
+    would); nothing they were acknowledged is lost, and no command sent to them is lost."""
+    fed, ep = ha_federation, ha_endpoints
+    region = "local-eu"
+    members = sorted((g for g in fed.gateways() if g.spec.region == region), key=lambda g: len(g.name))
+    victim = members[0]
+    cmd_ids = [f"hag-cmd-{uid}-{i}" for i in range(3)]
+    receivers = [device(ep, region, d, node=i) for i, d in enumerate(cmd_ids)]
+    try:
+        for d in receivers:
+            d.subscribe(c.device_command_topic(d.device_id, "#"))
+        for d in receivers:
+            wait_present(ep, d.device_id, region)
+        with (
+            KafkaWrites(ep) as writes,
+            Fleet.on_both_gateways(ep, f"hag-{uid}", per_region=3) as fleet,
+            CommandSender(ep["backend"]["url"], cmd_ids) as commands,
+        ):
+            time.sleep(2.0)
+            on_victim = [
+                d.device_id for d in [*fleet.devices, *receivers] if d.port == victim.spec.ports["mqtt"]
+            ]
+            killed_at = time.monotonic()
+            victim.kill()
+            acked_at_kill = fleet.total_acked
+            moved_after = _all_moved(fleet.devices + receivers, victim.spec.ports["mqtt"], killed_at)
+            time.sleep(max(0.0, 15 - (time.monotonic() - killed_at)))
+            acked_while_down = fleet.total_acked - acked_at_kill
+            fed.start_node(victim.name)
+            fed.wait_for_links(timeout=60)
+            time.sleep(2.0)
+        stall = writes.longest_stall_after(killed_at)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            missing = sum(len(set(commands.sent[d.device_id]) - _numbers(d)) for d in receivers)
+            if missing == 0:
+                break
+            time.sleep(0.5)
+        time.sleep(1.0)  # a duplicate would arrive now
+        got_commands = {d.device_id: [json.loads(r.payload)["n"] for r in d.received] for d in receivers}
+        commands_lost = sum(len(set(commands.sent[d]) - set(got_commands[d])) for d in cmd_ids)
+        commands_twice = sum(len(v) - len(set(v)) for v in got_commands.values())
+    finally:
+        for d in receivers:
+            d.close()
+    assert acked_while_down > 0, "devices kept publishing while the node was down"
+    got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
+    record_counts(
+        killed=victim.name,
+        devices_on_it=len(on_victim),
+        moved_to_another_node_after_s=moved_after,
+        commands_sent=sum(len(v) for v in commands.sent.values()),
+        commands_lost=commands_lost,
+        commands_twice=commands_twice,
+    )
+    check(
+        fleet,
+        got,
+        max_duplicates=len(fleet.acked) * 1000,  # a link moving to another node resends what it had
+        device_prefix=f"hag-{uid}-",
+        killed=victim.name,
+        acked_while_down=acked_while_down,
+        longest_kafka_stall_s=stall,
+    )
+    assert on_victim, "devices were connected to the node that was killed"
+    assert commands_lost == 0, f"{commands_lost} confirmed commands never reached their device"
+
+
+def _all_moved(devices, port: int, since: float, timeout: float = 30.0) -> float:
+    """Seconds until no device is on `port` and each is connected again."""
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        if all(d.connected and d.port != port for d in devices):
+            return round(time.monotonic() - since, 1)
+        time.sleep(0.1)
+    stuck = [d.device_id for d in devices if not d.connected or d.port == port]
+    raise AssertionError(f"devices never moved off the dead node: {stuck}")

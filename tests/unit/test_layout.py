@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from infra.local.driver import FederationError, port_layout
@@ -103,3 +105,39 @@ def test_the_ha_profile_lays_out_three_kafka_brokers_and_a_federation_keeps_its_
     assert (single.kafka_replication, single.kafka_min_insync) == (1, 1)
     with pytest.raises(FederationError, match="down --purge"):
         port_layout(ha, {s.name: s for s in port_layout(single)})
+
+
+def test_the_ha_profile_makes_each_region_a_gateway_cluster_of_three_with_ports_of_their_own(tmp_path):
+    single = load_settings(env={}, state_dir=tmp_path, port_base=21000)
+    ha = load_settings(
+        env={}, state_dir=tmp_path, port_base=21000, profile="ha", regions=("r-a", "r-b", "r-c")
+    )
+    assert [s.name for s in port_layout(single) if s.role == "gateway"] == ["gw-local-eu", "gw-local-us"]
+    specs = port_layout(ha)
+    gateways = [s for s in specs if s.role == "gateway"]
+    assert [(s.name, s.region) for s in gateways] == [
+        (f"gw-{r}{suffix}", r) for r in ("r-a", "r-b", "r-c") for suffix in ("", "-n2", "-n3")
+    ]
+    ports = _ports(specs)
+    assert len(ports) == len(set(ports)) and max(ports) < 21000 + 1000, "one block, each port once"
+    # a fourth region added later: the recorded nodes keep their ports, the new one gets three nodes
+    recorded = {s.name: s for s in specs}
+    grown = port_layout(dataclasses.replace(ha, regions=("r-a", "r-b", "r-c", "r-d")), recorded)
+    assert all(s.ports == recorded[s.name].ports for s in grown if s.name in recorded)
+    assert [s.name for s in grown if s.region == "r-d"] == ["gw-r-d", "gw-r-d-n2", "gw-r-d-n3"]
+    with pytest.raises(FederationError, match="down --purge"):
+        port_layout(ha, {s.name: s for s in port_layout(single)})
+
+
+def test_a_region_named_like_another_regions_second_node_is_refused():
+    ha = load_settings(env={}, port_base=21000, profile="ha", regions=("r-eu", "r-eu-n2"))
+    with pytest.raises(FederationError, match="gw-r-eu-n2"):
+        port_layout(ha)
+
+
+def test_a_nodes_process_marker_is_no_prefix_of_another_nodes(tmp_path):
+    from infra.local.processes import marker
+
+    assert not marker(tmp_path, "backend-2").startswith(marker(tmp_path, "backend"))
+    assert not marker(tmp_path, "gw-eu-n2").startswith(marker(tmp_path, "gw-eu"))
+    assert marker(tmp_path, "gw-eu").startswith(marker(tmp_path, "")), "the federation's marker covers all"

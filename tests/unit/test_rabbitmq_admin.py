@@ -59,3 +59,27 @@ def test_queue_depths_are_read_from_a_nodes_prometheus_endpoint():
         assert e.retriable
     else:
         raise AssertionError("a node that does not answer is an AdminError")
+
+
+def test_a_cluster_client_moves_on_to_the_next_node_when_one_does_not_answer_and_stays_there():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: a dead node
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with fake_management_api() as api:
+        admin = RabbitAdmin([dead, api.url], "fedgate-admin", "pw", timeout=2)
+        assert admin.get("connections") == []
+        assert admin.base_url == api.url, "the node that answered is asked first from now on"
+        admin.get("queues")
+    assert [p for m, p, _ in api.requests] == ["/api/connections", "/api/queues"]
+
+
+def test_a_cluster_client_names_every_node_it_could_not_reach():
+    import pytest
+
+    from backend.rabbitmq_admin import AdminError
+
+    with pytest.raises(AdminError, match="127.0.0.1:1.*127.0.0.1:2") as e:
+        RabbitAdmin(["http://127.0.0.1:1", "http://127.0.0.1:2"], "u", "p", timeout=1).get("overview")
+    assert e.value.retriable
