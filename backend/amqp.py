@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,16 +56,25 @@ def to_uplink(method: Any, props: pika.BasicProperties, body: bytes) -> UplinkMe
     )
 
 
-def connect(url: str, timeout: float = 10.0) -> pika.BlockingConnection:
-    params = pika.URLParameters(url)
-    params.socket_timeout = timeout
-    params.blocked_connection_timeout = 60
-    params.heartbeat = 30
-    return pika.BlockingConnection(params)
+#: One backend node's AMQP URL, or every node's of a backend cluster (tried in order).
+Urls = str | Sequence[str]
+
+
+def connect(url: Urls, timeout: float = 10.0) -> pika.BlockingConnection:
+    """A connection to the backend: to the first node of `url` that answers (pika tries a
+    list of nodes in turn)."""
+    params = []
+    for u in [url] if isinstance(url, str) else url:
+        p = pika.URLParameters(u)
+        p.socket_timeout = timeout
+        p.blocked_connection_timeout = 60
+        p.heartbeat = 30
+        params.append(p)
+    return pika.BlockingConnection(params[0] if len(params) == 1 else params)
 
 
 def publish_confirmed(
-    url: str,
+    url: Urls,
     exchange: str,
     routing_key: str,
     payload: bytes | str,
@@ -214,7 +223,7 @@ def command_headers(
 
 
 def send_command(
-    url: str,
+    url: Urls,
     device: str,
     topic: str,
     payload: bytes | str,

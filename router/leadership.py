@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import aio_pika
 import aio_pika.exceptions
@@ -54,9 +54,13 @@ Deposed = Callable[[], Awaitable[None]]
 
 
 class Leadership(Lifecycle):
-    def __init__(self, amqp_url: str, router_id: str, metrics: Metrics, elected: Elected, deposed: Deposed):
+    def __init__(
+        self, amqp_urls: Sequence[str], router_id: str, metrics: Metrics, elected: Elected, deposed: Deposed
+    ):
         super().__init__()
-        self.url = amqp_url
+        #: every backend node's URL: a lease connection that ends (or is refused) tries the next
+        self.urls = list(amqp_urls)
+        self._node = 0
         self.router_id = router_id
         self.metrics = metrics
         self._elected = elected
@@ -100,7 +104,9 @@ class Leadership(Lifecycle):
         # A short heartbeat: a leader cut off from the backend (a partition) loses the lead,
         # and the next router takes it, within about three heartbeats rather than minutes.
         query = urllib.parse.urlencode({"heartbeat": LEASE_HEARTBEAT_S, "name": f"{self.router_id} lease"})
-        url = f"{self.url}{'&' if '?' in self.url else '?'}{query}"
+        node = self.urls[self._node % len(self.urls)]
+        self._node += 1  # the next attempt, after this connection ends or is refused, the next node
+        url = f"{node}{'&' if '?' in node else '?'}{query}"
         connection = await aio_pika.connect(url, timeout=10)
         self._connection = connection
         token = asyncio.Event()

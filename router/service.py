@@ -27,6 +27,7 @@ import aio_pika
 import aio_pika.exceptions
 
 from backend.errors import FedgateError
+from router.backend_connection import connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
@@ -91,7 +92,7 @@ class Router(Lifecycle):
         )
         #: which router routes commands (router/leadership.py); all with `downlink` stand
         self.leadership = Leadership(
-            settings.amqp_url, settings.router_id, self.metrics, self.downlink.lead, self.downlink.stand_by
+            settings.amqp_urls, settings.router_id, self.metrics, self.downlink.lead, self.downlink.stand_by
         )
         self.http: HttpEndpoint | None = None
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
@@ -141,9 +142,11 @@ class Router(Lifecycle):
             except (RuntimeError, TimeoutError) as e:
                 raise StartupError(str(e)) from e
         try:
-            self.connection = await aio_pika.connect_robust(s.amqp_url, timeout=10)
+            self.connection = await connect_cluster(s.amqp_urls, timeout=10)
         except (TimeoutError, OSError, aio_pika.exceptions.AMQPError) as e:
-            raise StartupError(f"backend AMQP at {_redact(s.amqp_url)} unreachable: {e}") from e
+            raise StartupError(
+                f"backend AMQP at {', '.join(_redact(u) for u in s.amqp_urls)} unreachable: {e}"
+            ) from e
         if s.metrics_port:
             self.http = HttpEndpoint(
                 s.metrics_host,

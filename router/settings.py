@@ -65,6 +65,14 @@ class RouterSettings:
         metadata={"doc": "AMQP URL of the backend (the router's own user).", "wiring": True}
     )
     kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers.", "wiring": True})
+    amqp_failover_urls: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "doc": "AMQP URLs of the backend cluster's other nodes: the router moves to the next "
+            "when its node dies.",
+            "wiring": True,
+        },
+    )
     gateways: tuple[GatewayAccess, ...] = field(
         default=(),
         metadata={
@@ -179,9 +187,18 @@ class RouterSettings:
         and exactly what the Spark job subscribes to."""
         return kafka_topics(self.rules, self.unmatched_topic, self.deadletter_topic)
 
+    @property
+    def amqp_urls(self) -> tuple[str, ...]:
+        """Every backend node's AMQP URL, amqp_url first."""
+        return (self.amqp_url, *self.amqp_failover_urls)
+
     def validate(self) -> RouterSettings:
-        if not self.amqp_url.startswith(("amqp://", "amqps://")):
-            raise RouterSettingsError(f"amqp_url: must start with amqp:// or amqps://, got {self.amqp_url!r}")
+        for name, url in [
+            ("amqp_url", self.amqp_url),
+            *(("amqp_failover_urls", u) for u in self.amqp_failover_urls),
+        ]:
+            if not url.startswith(("amqp://", "amqps://")):
+                raise RouterSettingsError(f"{name}: must start with amqp:// or amqps://, got {url!r}")
         if not self.kafka_bootstrap:
             raise RouterSettingsError("kafka_bootstrap: missing")
         if self.unknown_device not in ("broadcast", "park"):
@@ -305,7 +322,7 @@ def _settings(values: dict[str, Any]) -> RouterSettings:
                 f"gateways: each needs management_url, a URL or a list of its nodes' ({e})"
             ) from e
     for key, kind in known.items():
-        if key in values and kind in ("int", "float", "bool"):
+        if key in values and kind in ("int", "float", "bool", "tuple[str, ...]"):
             values[key] = coerce(key, kind, values[key], RouterSettingsError)
     for required in ("amqp_url", "kafka_bootstrap"):
         if required not in values:

@@ -65,10 +65,13 @@ def router_config(
     """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
     sec = secrets
     host = settings.host
-    backend = next(n for n in nodes if n.spec.role == ROLE_BACKEND)
+    backends = region_nodes((n.spec for n in nodes), ROLE_BACKEND)
+    amqp = [f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{b.ports['amqp']}/%2F" for b in backends]
     routers = sorted((n for n in nodes if n.spec.role == ROLE_ROUTER), key=lambda n: n.name)
     return {
-        "amqp_url": f"amqp://{c.ROUTER_USER}:{sec['router']}@{host}:{backend.spec.ports['amqp']}/%2F",
+        # the first backend node, then the others (a cluster): the router moves on when one dies
+        "amqp_url": amqp[0],
+        "amqp_failover_urls": amqp[1:],
         "kafka_bootstrap": kafka_bootstrap(nodes),
         "kafka_replication": settings.kafka_replication,
         "metrics_host": host,

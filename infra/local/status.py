@@ -108,7 +108,8 @@ def endpoints(
     """Connection details for clients (demo, tests, benchmarks)."""
     sec = secrets
     host = settings.host
-    b = next(n for n in nodes if n.spec.role == ROLE_BACKEND).spec.ports
+    backends = region_nodes((n.spec for n in nodes), ROLE_BACKEND)
+    b = backends[0].ports
     router = next((n for n in nodes if isinstance(n, RouterNode) and n.name == ROUTER_NODE), None)
     return {
         "host": host,
@@ -116,6 +117,8 @@ def endpoints(
             "amqp": b["amqp"],
             "management": b["management"],
             "url": f"amqp://{c.ADMIN_USER}:{sec['admin']}@{host}:{b['amqp']}/%2F",
+            # every node's (a cluster: backend.amqp.connect tries them in turn)
+            "urls": [f"amqp://{c.ADMIN_USER}:{sec['admin']}@{host}:{n.ports['amqp']}/%2F" for n in backends],
         },
         # a region's first node's ports, and under "nodes" every node's of its cluster
         "gateways": {

@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import pika.exceptions
+
 from backend import contract as c
 from backend.amqp import send_command
 from backend.kafka_read import read_records
@@ -177,18 +179,26 @@ def backend_queue_depths(federation: Any) -> dict[str, int]:
 class CommandSender(threading.Thread):
     """A backend service sending each device a numbered command, round after round."""
 
-    def __init__(self, url: str, devices: list[str], every: float = 0.25):
+    def __init__(self, url: str | list[str], devices: list[str], every: float = 0.25):
         super().__init__(daemon=True)
         self.url, self.devices, self.every = url, devices, every
         self.sent: dict[str, list[int]] = {d: [] for d in devices}
+        #: sends the backend refused (never promised)
+        self.refused = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
         n = 0
         while not self.stop.is_set():
             for d in self.devices:
-                # returns once the backend confirmed it: from here on it is promised
-                send_command(self.url, d, c.device_command_topic(d, "set"), json.dumps({"n": n}).encode())
+                # returns once the backend confirmed it: from here on it is promised.  Refused
+                # (its node died, a queue's leader moves: nack) it was never promised: the
+                # sender tries the next number, as a service would retry.
+                try:
+                    send_command(self.url, d, c.device_command_topic(d, "set"), json.dumps({"n": n}).encode())
+                except (pika.exceptions.AMQPError, OSError):
+                    self.refused += 1
+                    continue
                 self.sent[d].append(n)
             n += 1
             time.sleep(self.every)

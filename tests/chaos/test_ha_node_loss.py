@@ -171,17 +171,23 @@ def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_
         assert set(q.get("members") or []) == nodes, f"{q['name']}: replicas on {q.get('members')}"
 
 
+@pytest.mark.parametrize("which", ["running-links", "first"])
 def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_nothing(
-    ha_federation, ha_endpoints, uid
+    ha_federation, ha_endpoints, uid, which
 ):
-    """SIGKILL the backend node that runs the uplink's federation links (not the first node,
-    which the routers and the gateways' links connect to: moving those is the next step); keep
-    it down 15 s while devices publish QoS 1 and get a command every 0.25 s; start it again."""
+    """SIGKILL a backend node; keep it down 15 s while devices publish QoS 1 and get a command
+    every 0.25 s; start it again.  running-links: the node (not the first) that runs most of
+    the uplink's federation links.  first: `backend`, the node the routers, their lease
+    connections, the command sender and the gateways' downlink links dial first -- each must
+    move to another node."""
     fed, ep = ha_federation, ha_endpoints
-    admin = fed.backend().admin()
-    link_nodes = [lk.get("node", "") for lk in admin.federation_links()]
-    others = [n for n in fed.nodes() if n.spec.role == "backend" and n.name != "backend"]
-    victim = max(others, key=lambda n: link_nodes.count(n.erlang_node))
+    backends = [n for n in fed.nodes() if n.spec.role == "backend"]
+    if which == "first":
+        victim = fed.backend()
+    else:
+        link_nodes = [lk.get("node", "") for lk in fed.backend().admin().federation_links()]
+        others = [n for n in backends if n.name != "backend"]
+        victim = max(others, key=lambda n: link_nodes.count(n.erlang_node))
     cmd_ids = [f"hab-cmd-{uid}-{r}" for r in ("local-eu", "local-us")]
     receivers = [device(ep, r, d) for r, d in zip(("local-eu", "local-us"), cmd_ids, strict=True)]
     try:
@@ -192,7 +198,7 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
         with (
             KafkaWrites(ep) as writes,
             Fleet.on_both_gateways(ep, f"hab-{uid}", per_region=2) as fleet,
-            CommandSender(ep["backend"]["url"], cmd_ids) as commands,
+            CommandSender(ep["backend"]["urls"], cmd_ids) as commands,
         ):
             time.sleep(2.0)
             killed_at = time.monotonic()
@@ -222,6 +228,7 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
     record_counts(
         killed=victim.name,
         commands_sent=sum(len(v) for v in commands.sent.values()),
+        commands_refused_at_send=commands.refused,
         commands_lost=commands_lost,
         commands_twice=commands_twice,
     )

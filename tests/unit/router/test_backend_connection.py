@@ -1,0 +1,38 @@
+"""The router's backend connection picks a node per attempt: the first, then round the list."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from router.backend_connection import ClusterConnection, connect_cluster
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:  # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_each_connection_attempt_after_the_first_dials_the_next_node():
+    async def attempts() -> list[int | None]:
+        conn = ClusterConnection([f"amqp://u:p@127.0.0.1:{p}/" for p in (1, 2, 3)])
+        seen = []
+        for _ in range(4):
+            conn.transport = None  # what the robust connection does before each attempt
+            seen.append(conn.url.port)
+        conn.transport = object()  # connected ...
+        conn.__dict__["_cluster_transport"] = None  # ... and lost (_on_connection_close)
+        conn.transport = None
+        seen.append(conn.url.port)
+        return seen
+
+    assert asyncio.run(attempts()) == [1, 2, 3, 1, 2]
+
+
+def test_connecting_to_a_cluster_none_of_whose_nodes_answers_fails_fast_with_the_last_error():
+    urls = [f"amqp://u:p@127.0.0.1:{_dead_port()}/" for _ in range(2)]
+    with pytest.raises(OSError):
+        asyncio.run(asyncio.wait_for(connect_cluster(urls, timeout=2), 20))
