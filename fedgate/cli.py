@@ -44,6 +44,7 @@ from backend.errors import FedgateError
 from infra.device_registry import DeviceRegistry
 from infra.local.driver import LocalFederation, NodeStatus
 from infra.local.settings import LocalSettings, SettingsError, describe_settings, load_settings
+from infra.local.status import format_clusters
 from infra.regions import RegionDriver, RegionRow, all_drivers, driver_for, format_status
 
 log = logging.getLogger("fedgate.cli")
@@ -113,6 +114,7 @@ def status_json(fed: LocalFederation, rows: list[NodeStatus]) -> dict[str, Any]:
         "state_dir": str(fed.state_dir),
         "secrets_file": str(fed.secrets_file),
         "nodes": [r.to_json() for r in rows],
+        "clusters": [cl.to_json() for cl in fed.clusters(rows)],
     }
 
 
@@ -137,8 +139,10 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     rows = ctx.fed.status()
     if args.json:
         print(json.dumps(status_json(ctx.fed, rows), indent=2))
-    else:
+    elif rows:
         print(format_status(rows))
+        print()
+        print(format_clusters(ctx.fed.clusters(rows)))
     return 0 if all(r.state == "running" for r in rows) else 3
 
 

@@ -129,7 +129,7 @@ def all_drivers(
 
 def format_status(rows: list[NodeStatus]) -> str:
     """The node table of `fedgate up`, `status` and `gateway add local-…`."""
-    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "CONNS", "MSGS", "RSS_MB", "VERSION")
+    header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "PID", "CONNS", "MSGS", "RSS_MB", "VERSION")
     lines = [header]
     for r in rows:
         ports = " ".join(f"{k}={v}" for k, v in r.ports.items() if k not in ("dist", "controller"))
@@ -140,6 +140,7 @@ def format_status(rows: list[NodeStatus]) -> str:
                 r.region or "-",
                 ports,
                 r.state,
+                "-" if r.pid is None else str(r.pid),
                 "-" if r.connections is None else str(r.connections),
                 "-" if r.messages is None else str(r.messages),
                 "-" if r.rss_mb is None else str(r.rss_mb),

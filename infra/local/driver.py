@@ -50,7 +50,7 @@ from infra.local.nodes import Node, NodeError, RabbitNode, start_and_wait, stop_
 from infra.local.regions import RegionChanges
 from infra.local.services import NODE_CLASSES, KafkaNode, RouterNode, SparkNode
 from infra.local.settings import LocalSettings
-from infra.local.status import NodeStatus
+from infra.local.status import ClusterStatus, NodeStatus
 
 # Imported from here by the CLI, the tests and the benchmarks.
 __all__ = ["FederationError", "LocalFederation", "NodeStatus", "gateway_node_name", "port_layout"]
@@ -330,6 +330,10 @@ class LocalFederation:
 
     def status(self) -> list[NodeStatus]:
         return status.status_rows(self.nodes())
+
+    def clusters(self, rows: list[NodeStatus] | None = None) -> list[ClusterStatus]:
+        """Each cluster (backend, each region's gateways, Kafka): members, running, under-replicated."""
+        return status.cluster_rows(self.nodes(), rows if rows is not None else self.status())
 
     def endpoints(self) -> dict[str, Any]:
         """Connection details for clients (demo, tests, benchmarks)."""

@@ -97,6 +97,93 @@ def status_rows(nodes: list[Node]) -> list[NodeStatus]:
     return [node_status(n) for n in nodes]
 
 
+@dataclass
+class ClusterStatus:
+    """One engine's cluster: the backend's RabbitMQ nodes, a region's gateways, Kafka's brokers."""
+
+    name: str
+    members: list[str]
+    running: list[str]
+    #: quorum queues with a replica offline or missing (RabbitMQ), partitions whose in-sync
+    #: replicas are fewer than their replicas (Kafka); None when no member answered
+    under_replicated: int | None
+    #: what is under-replicated, the first few
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def cluster_rows(nodes: list[Node], rows: list[NodeStatus]) -> list[ClusterStatus]:
+    """Each cluster of the federation: its members, which run, and what lacks a replica."""
+    state = {r.name: r.state for r in rows}
+    out = []
+    groups = [("backend", ROLE_BACKEND, None)] + [
+        (f"gateways {r}", ROLE_GATEWAY, r)
+        for r in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
+    ]
+    by_name = {n.name: n for n in nodes}
+    for name, role, region in groups:
+        members = [by_name[s.name] for s in region_nodes((n.spec for n in nodes), role, region)]
+        running = [m for m in members if state.get(m.name) == "running"]
+        under, detail = _under_replicated_queues(running, len(members))
+        out.append(ClusterStatus(name, [m.name for m in members], [m.name for m in running], under, detail))
+    brokers = [n for n in nodes if isinstance(n, KafkaNode)]
+    if brokers:
+        running = [b for b in brokers if state.get(b.name) == "running"]
+        under, detail = _under_replicated_partitions(kafka_bootstrap(nodes)) if running else (None, "")
+        out.append(
+            ClusterStatus("kafka", [b.name for b in brokers], [b.name for b in running], under, detail)
+        )
+    return out
+
+
+def _under_replicated_queues(running: list[Node], size: int) -> tuple[int | None, str]:
+    for n in running:
+        assert isinstance(n, RabbitNode)
+        try:
+            queues = [q for q in n.admin(timeout=3).queues() if q.get("type") == "quorum"]
+        except AdminError:
+            continue
+        short = [
+            q["name"] for q in queues if len(q.get("online") or []) < max(size, len(q.get("members") or []))
+        ]
+        return len(short), ", ".join(short[:3]) + (" ..." if len(short) > 3 else "")
+    return None, ""
+
+
+def _under_replicated_partitions(bootstrap: str) -> tuple[int | None, str]:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5)
+    except Exception as e:  # noqa: BLE001 -- confluent-kafka raises KafkaException and others
+        return None, f"no broker answered ({e})"
+    short = [
+        f"{t}[{p}]"
+        for t, tm in md.topics.items()
+        for p, pm in tm.partitions.items()
+        if len(pm.isrs) < len(pm.replicas)
+    ]
+    return len(short), ", ".join(short[:3]) + (" ..." if len(short) > 3 else "")
+
+
+def format_clusters(clusters: list[ClusterStatus]) -> str:
+    """The clusters under the node table of `fedgate status`."""
+    lines = []
+    for cl in clusters:
+        under = "?" if cl.under_replicated is None else str(cl.under_replicated)
+        what = "under-replicated partitions" if cl.name == "kafka" else "under-replicated quorum queues"
+        down = sorted(set(cl.members) - set(cl.running))
+        lines.append(
+            f"{cl.name}: {len(cl.running)}/{len(cl.members)} running"
+            + (f" ({', '.join(down)} down)" if down else "")
+            + f"; {what}: {under}"
+            + (f" ({cl.detail})" if cl.detail else "")
+        )
+    return "\n".join(lines)
+
+
 def _gateway_ports(spec: NodeSpec, tls: bool) -> dict[str, int]:
     keys = ("mqtt", "amqp", "management", *(("mqtts",) if tls else ()))
     return {k: spec.ports[k] for k in keys}

@@ -263,6 +263,8 @@ def test_each_region_is_a_gateway_cluster_of_three_and_the_backends_links_reach_
         assert link_queues, "the backend's links read the gateway through federation queues"
         for q in link_queues:
             assert q.get("type") == "quorum" and set(q.get("members") or []) == running, q
+    for cl in ha_federation.clusters():  # what `fedgate status` shows under its node table
+        assert cl.running == cl.members and len(cl.members) == 3 and cl.under_replicated == 0, cl
     upstream = (
         ha_federation.backend()
         .admin()
@@ -303,6 +305,8 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
             victim.kill()
             acked_at_kill = fleet.total_acked
             moved_after = _all_moved(fleet.devices + receivers, victim.spec.ports["mqtt"], killed_at)
+            # what `fedgate status` tells the operator meanwhile
+            seen_by_status = {cl.name: cl for cl in fed.clusters()}[f"gateways {region}"]
             time.sleep(max(0.0, 15 - (time.monotonic() - killed_at)))
             acked_while_down = fleet.total_acked - acked_at_kill
             fed.start_node(victim.name)
@@ -342,6 +346,8 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
         longest_kafka_stall_s=stall,
     )
     assert on_victim, "devices were connected to the node that was killed"
+    assert victim.name not in seen_by_status.running and len(seen_by_status.running) == 2
+    assert seen_by_status.under_replicated, "status named the quorum queues that lost a replica"
     assert commands_lost == 0, f"{commands_lost} confirmed commands never reached their device"
 
 

@@ -41,6 +41,7 @@ def test_status_table_has_one_row_per_node_with_ports_and_state():
         "REGION",
         "PORTS",
         "STATE",
+        "PID",
         "CONNS",
         "MSGS",
         "RSS_MB",
@@ -53,12 +54,13 @@ def test_status_table_has_one_row_per_node_with_ports_and_state():
         "amqp=1",
         "management=2",
         "running",
+        "10",
         "4",
         "0",
         "150",
         "4.0.5",
     ]
-    assert lines[2].split() == ["gw-local-eu", "gateway", "local-eu", "mqtt=5", "stopped", "-", "-", "-", "-"]
+    assert lines[2].split() == ["gw-local-eu", "gateway", "local-eu", "mqtt=5", "stopped", "-", "-", "-", "-", "-"]
 
 
 def test_cli_has_the_subcommands_the_makefile_wraps():
@@ -218,3 +220,22 @@ def test_send_takes_a_deadline_and_a_wait_with_a_default_and_refuses_nonsense(ca
         with pytest.raises(SystemExit):
             p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", *bad])
     assert "a positive number of seconds" in capsys.readouterr().err
+
+
+def test_status_names_each_clusters_members_down_and_what_lacks_a_replica():
+    from infra.local.status import ClusterStatus, format_clusters
+
+    text = format_clusters(
+        [
+            ClusterStatus(
+                "backend", ["backend", "backend-2", "backend-3"], ["backend", "backend-2"], 2, "q1, q2"
+            ),
+            ClusterStatus("kafka", ["kafka"], ["kafka"], 0),
+            ClusterStatus("gateways local-eu", ["gw-local-eu"], [], None),
+        ]
+    )
+    assert text.splitlines() == [
+        "backend: 2/3 running (backend-3 down); under-replicated quorum queues: 2 (q1, q2)",
+        "kafka: 1/1 running; under-replicated partitions: 0",
+        "gateways local-eu: 0/1 running (gw-local-eu down); under-replicated quorum queues: ?",
+    ]
