@@ -23,14 +23,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import army_bench, router_bench, spark_bench
+from bench import army_bench, ha_bench, router_bench, spark_bench
 from bench.router_bench import progress
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER, ROLE_SPARK
 from infra.local.settings import PROJECT_ROOT, load_settings
 
 #: In the order they run.
-BENCHMARKS: dict[str, ModuleType] = {"spark": spark_bench, "router": router_bench, "army": army_bench}
+BENCHMARKS: dict[str, ModuleType] = {
+    "spark": spark_bench,
+    "router": router_bench,
+    "army": army_bench,
+    # last: it boots a federation of the HA profile of its own beside this one
+    "ha": ha_bench,
+}
 #: The army runs two routers, as a production backend would.
 ROUTERS = 2
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"

@@ -16,7 +16,7 @@ from fedgate.army.plan import ArmyPlan, DeviceSpec
 from fedgate.army.verify import CommandOpener
 
 
-def router_commands(url: str) -> CommandOpener:
+def router_commands(url: str | list[str]) -> CommandOpener:
     """Commands through fedgate's router: fedgate.commands on the backend, publisher confirms."""
 
     def opener() -> tuple[Callable[[str, bytes], None], Callable[[], None]]:
@@ -79,12 +79,20 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
     ids = [f"{plan.prefix}-{i:05d}" for i in range(plan.devices)]
     say(f"registering {len(ids)} devices (fedgate devices add --rotate)")
     secrets = fed.add_devices(ids, rotate=True)
+
+    def nodes_of(region: str, i: int) -> list[tuple[str, str, int]]:
+        # a region's gateway cluster (the ha profile): devices spread over its nodes, each
+        # moving to the next node of its region before another region
+        members = ep["gateways"][region].get("nodes") or [ep["gateways"][region]]
+        k = i % len(members)
+        return [(region, ep["host"], m[port_kind]) for m in members[k:] + members[:k]]
+
     specs = []
     for i, d in enumerate(ids):
         home = regions[i % len(regions)]
         order = [home] + [r for r in all_regions if r != home]
         specs.append(
-            DeviceSpec(d, secrets[d], tuple((r, ep["host"], ep["gateways"][r][port_kind]) for r in order))
+            DeviceSpec(d, secrets[d], tuple(e for r in order for e in nodes_of(r, i // len(regions))))
         )
     tls = ep.get("tls") if plan.tls else None
     return Target(
@@ -92,7 +100,7 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
         specs,
         regions,
         ep["kafka"]["bootstrap"],
-        commands=router_commands(ep["backend"]["url"]),
+        commands=router_commands(ep["backend"]["urls"]),
         ca_file=tls["ca"] if tls else None,
         kill=lambda region: fed.node(gateway_node_name(region)).kill(),
         restart=lambda region: fed.start_node(gateway_node_name(region)),

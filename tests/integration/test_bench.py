@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import army_bench, router_bench, spark_bench
+from bench import army_bench, ha_bench, router_bench, spark_bench
 from bench.suite import run_suite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")  # clear of the test federation and `make bench`
     results = run_suite(quick=True)
-    assert list(results) == ["spark", "router", "army"]
+    assert list(results) == ["spark", "router", "army", "ha"]
     for name, r in results.items():
         files = [Path(f) for f in r["files"]]
         assert json.loads(files[0].read_text())["quick"] is True, name
@@ -85,3 +85,15 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     md = army_bench.to_markdown(r)
     assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md
     assert "| QoS 1 command subscription |" in md and "Where the gateway's memory goes" in md
+
+    # ha: the same army against a federation of the HA profile, beside the single one's figures
+    r = results["ha"]
+    for profile in ("single", "ha"):
+        p = r[profile]
+        assert [s["offered"] for s in p["steps"]] == [200, 400], profile
+        assert all(s["lost"] == 0 and s["acked"] > 0 for s in p["steps"]), f"{profile} lost readings"
+        assert p["downlink"]["received"] == p["downlink"]["sent"] > 0, f"{profile}: every command arrived"
+        assert p["rss_idle_mb"] > 0
+    assert r["ha"]["nodes"] > r["single"]["nodes"]
+    assert r["ratios"]["rss_idle_ha_vs_single"] > 1, "three nodes of each engine hold more memory than one"
+    assert "| sustained QoS 1" in ha_bench.to_markdown(r)

@@ -60,7 +60,18 @@ def test_status_table_has_one_row_per_node_with_ports_and_state():
         "150",
         "4.0.5",
     ]
-    assert lines[2].split() == ["gw-local-eu", "gateway", "local-eu", "mqtt=5", "stopped", "-", "-", "-", "-", "-"]
+    assert lines[2].split() == [
+        "gw-local-eu",
+        "gateway",
+        "local-eu",
+        "mqtt=5",
+        "stopped",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+    ]
 
 
 def test_cli_has_the_subcommands_the_makefile_wraps():

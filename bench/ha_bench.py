@@ -1,0 +1,144 @@
+"""The price of no single point of failure: the army against the single and the HA profile.
+
+One run, one machine, the same devices and offered load for both:
+
+single  the benchmarks' federation: one gateway node, one backend node, one Kafka broker
+ha      a federation of the HA profile booted for this benchmark (FEDGATE_PROFILE=ha): the
+        region's gateway a cluster of 3 RabbitMQ nodes (devices spread over them), the
+        backend a cluster of 3, Kafka 3 brokers with replication 3 and min.insync.replicas 2
+
+Each runs the uplink in steps of offered QoS 1 load (the army counts every reading in
+Kafka) and a downlink of commands; the profiles run one after the other, never side by
+side, since they share the two cores.  Reported per profile: the sustained rate (the
+highest step carried with nothing lost, bench/army_bench.carried), the latency at the
+first step, commands delivered, and the resident memory of all the engines' processes,
+idle and holding the devices; then HA / single as ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.army_bench import _brief, _plan, _ratio, _subset, carried, sustained
+from bench.router_bench import progress
+from fedgate import army
+from infra.local import processes
+from infra.local.driver import LocalFederation
+from infra.local.settings import load_settings
+
+#: The HA federation's ports: beside the benchmarks' block (FEDGATE_BENCH_PORT_BASE).
+HA_PORT_OFFSET = 2000
+SERVICES = {"routers": True, "spark": False}
+
+
+def ha_federation(fed: LocalFederation, workdir: Path) -> LocalFederation:
+    """A federation of the HA profile with the regions and routers of `fed`."""
+    s = fed.settings
+    settings = load_settings(
+        env={},
+        state_dir=workdir / "ha-state",
+        port_base=s.port_base + HA_PORT_OFFSET,
+        regions=",".join(s.regions),
+        routers=s.routers,
+        spark=0,
+        profile="ha",
+    )
+    return LocalFederation(settings, progress=progress)
+
+
+def engines_rss_mb(fed: LocalFederation) -> float:
+    """Resident memory of every process of the federation (brokers, Kafka, routers), MB."""
+    return round(processes.rss_bytes(fed.leftover_pids()) / 2**20, 1)
+
+
+def measure(fed: LocalFederation, name: str, quick: bool) -> dict[str, Any]:
+    """The same steps and commands as army_bench's, on one profile."""
+    devices = 100 if quick else 500
+    rates = [200, 400] if quick else [500, 1000, 2000, 3000]
+    step_s = 3 if quick else 15
+    cmd_rate, cmd_s = (20, 3) if quick else (100, 15)
+    out: dict[str, Any] = {"nodes": len(fed.specs()), "steps": []}
+    time.sleep(2.0)  # the nodes settle after their boot
+    out["rss_idle_mb"] = engines_rss_mb(fed)
+    target = army.federation_target(fed, _plan(devices, quick, prefix=f"ha-bench-{name}"), progress)
+    for rate in rates:
+        progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
+        r = army.run_fleet(
+            _subset(target, devices),
+            _plan(devices, quick, rate=rate, duration_s=step_s, prefix=f"ha-bench-{name}"),
+        )
+        out["steps"].append({"offered": rate, **_brief(r)})
+        out["rss_busy_mb"] = max(out.get("rss_busy_mb", 0.0), engines_rss_mb(fed))
+        if not carried(out["steps"][-1]) and not quick:
+            break  # past its ceiling: the next step says nothing more
+    progress(f"{name}: {cmd_rate} commands/s for {cmd_s} s to {devices} devices")
+    r = army.run_fleet(
+        _subset(target, devices),
+        _plan(devices, quick, rate=0, duration_s=cmd_s, commands_per_s=cmd_rate, prefix=f"ha-bench-{name}"),
+    )
+    out["downlink"] = {k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated", "latency_ms")}
+    out["sustained_per_s"] = sustained(out["steps"])
+    out["latency_at_moderate_ms"] = out["steps"][0]["latency_ms"]
+    return out
+
+
+def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
+    results: dict[str, Any] = {"quick": quick, "machine": {"cpus": os.cpu_count()}}
+    results["single"] = measure(fed, "single", quick)
+    # the single profile's routers and brokers stay up but idle while the HA profile runs
+    ha = ha_federation(fed, workdir)
+    t0 = time.monotonic()
+    try:
+        ha.up()
+        results["ha_boot_s"] = round(time.monotonic() - t0, 1)
+        results["ha"] = measure(ha, "ha", quick)
+    finally:
+        ha.down()
+    s, h = results["single"], results["ha"]
+    results["ratios"] = {
+        "sustained_ha_vs_single": _ratio(h["sustained_per_s"], s["sustained_per_s"]),
+        "p99_ha_vs_single": _ratio(h["latency_at_moderate_ms"]["p99"], s["latency_at_moderate_ms"]["p99"]),
+        "rss_idle_ha_vs_single": _ratio(h["rss_idle_mb"], s["rss_idle_mb"]),
+        "rss_busy_ha_vs_single": _ratio(h["rss_busy_mb"], s["rss_busy_mb"]),
+    }
+    return results
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    s, h, q = r["single"], r["ha"], r["ratios"]
+    lines = [
+        f"# The HA profile's cost ({'quick' if r['quick'] else 'full'}, {r['machine']['cpus']} cores)",
+        "",
+        "| | single | ha | ha / single |",
+        "|---|---:|---:|---:|",
+        f"| nodes (brokers, Kafka, routers, epmd) | {s['nodes']} | {h['nodes']} | |",
+        f"| sustained QoS 1 readings/s, nothing lost | {s['sustained_per_s']} | {h['sustained_per_s']} | "
+        f"{q['sustained_ha_vs_single']} |",
+        f"| p99 ms at {s['steps'][0]['offered']}/s | {s['latency_at_moderate_ms']['p99']} | "
+        f"{h['latency_at_moderate_ms']['p99']} | {q['p99_ha_vs_single']} |",
+        f"| resident memory, idle (MB) | {s['rss_idle_mb']} | {h['rss_idle_mb']} | "
+        f"{q['rss_idle_ha_vs_single']} |",
+        f"| resident memory, busy (MB) | {s['rss_busy_mb']} | {h['rss_busy_mb']} | "
+        f"{q['rss_busy_ha_vs_single']} |",
+        f"| commands delivered of sent | {s['downlink']['received']}/{s['downlink']['sent']} | "
+        f"{h['downlink']['received']}/{h['downlink']['sent']} | |",
+        "",
+        f"The HA federation booted in {r['ha_boot_s']} s. Per step (acknowledged/s, lost, p99 ms):",
+        "",
+        "| offered/s | single | ha |",
+        "|---:|---|---|",
+    ]
+    by_rate = {x["offered"]: x for x in s["steps"]}
+    ha_by_rate = {x["offered"]: x for x in h["steps"]}
+
+    def cell(x: dict[str, Any] | None) -> str:
+        if x is None:
+            return "-"
+        return f"{x['acked_per_s']}/s, {x['lost']} lost, p99 {x['latency_ms']['p99']}"
+
+    for rate in sorted(set(by_rate) | set(ha_by_rate)):
+        lines.append(f"| {rate} | {cell(by_rate.get(rate))} | {cell(ha_by_rate.get(rate))} |")
+    return "\n".join(lines) + "\n"
