@@ -27,6 +27,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from backend import contract as c
+from backend.amqp import send_command
+from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.layout import kafka_broker_id
 from tests.chaos.counting import CommandSender, Fleet, check, read_back
@@ -434,3 +436,42 @@ def test_one_node_of_every_engine_killed_at_once_loses_nothing(ha_federation, ha
     )
     assert commands_lost == 0, f"{commands_lost} confirmed commands never reached their device"
     assert stall < 15, f"records stopped reaching Kafka for {stall} s: the survivors did not take over"
+
+
+def test_a_fourth_region_joins_as_a_cluster_of_its_own_and_leaves_the_others_majorities_alone(
+    ha_federation, ha_endpoints, uid
+):
+    """`make gateway REGION=local-ap` in the HA profile: three more gateway nodes that form a
+    cluster of their own -- the other regions' clusters keep their three members, so no
+    majority changes -- and carry a device's reading and command; removed, none is left."""
+    fed, region = ha_federation, "local-ap"
+    before = {n.name: n.pid() for n in fed.nodes()}
+    fed.add_region(region)
+    try:
+        clusters = {cl.name: cl for cl in fed.clusters()}
+        new = clusters[f"gateways {region}"]
+        assert len(new.members) == 3 and new.running == new.members and new.under_replicated == 0
+        for name in ("gateways local-eu", "gateways local-us", "backend"):
+            assert len(clusters[name].members) == 3 and clusters[name].running == clusters[name].members
+        assert {n: p for n, p in ((n.name, n.pid()) for n in fed.nodes()) if n in before} == before, (
+            "nothing restarted"
+        )
+        joined = {n["name"] for n in fed.node(f"gw-{region}").admin().get("nodes")}
+        assert joined == {g.erlang_node for g in fed.gateways() if g.spec.region == region}
+        ep = {**ha_endpoints, **fed.endpoints()}
+        dev_id = f"ha-ap-{uid}"
+        d = device(ep, region, dev_id, node=2)
+        try:
+            d.subscribe(c.device_command_topic(dev_id, "#"))
+            wait_present(ep, dev_id, region)
+            send_command(ep["backend"]["urls"], dev_id, c.device_command_topic(dev_id, "hello"), b"hi")
+            assert [r.payload for r in d.wait_for(1)] == [b"hi"], "a routed command reached the new region"
+            d.publish(f"devices/{dev_id}/telemetry", {"seq": 1})
+        finally:
+            d.close()
+        got = read_back(ep["kafka"]["bootstrap"], {dev_id}, 1, timeout=30)
+        assert got[dev_id] == [1], "its reading reached Kafka"
+    finally:
+        fed.remove_region(region)
+    assert not any(g.spec.region == region for g in fed.gateways())
+    assert processes.marked_pids(processes.marker(fed.state_dir, f"gw-{region}-n2")) == []

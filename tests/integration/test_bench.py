@@ -94,6 +94,7 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
         assert all(s["lost"] == 0 and s["acked"] > 0 for s in p["steps"]), f"{profile} lost readings"
         assert p["downlink"]["received"] == p["downlink"]["sent"] > 0, f"{profile}: every command arrived"
         assert p["rss_idle_mb"] > 0
+        assert p["steps"][0]["cpu_cores"]["gateway"] > 0, f"{profile}: the CPU each kind of node used"
     assert r["ha"]["nodes"] > r["single"]["nodes"]
     assert r["ratios"]["rss_idle_ha_vs_single"] > 1, "three nodes of each engine hold more memory than one"
     assert "| sustained QoS 1" in ha_bench.to_markdown(r)
