@@ -75,3 +75,16 @@ async def connect_cluster(urls: Sequence[str], *, timeout: float = 10.0) -> Clus
             await connection.close()
     assert last is not None
     raise last
+
+
+class QuietChannelRestore(logging.Filter):
+    """Drops aio-pika's traceback for a channel it tries to reopen before its connection is back.
+
+    When the backend connection dies, each robust channel's close callback reopens it at once,
+    finds no transport and logs that at ERROR with a traceback (aio_pika.tools); the reconnect
+    then restores every channel anyway.  An operator reading the log after a node's death
+    should see the one line that says where the router reconnects, not a traceback per channel."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and "No active transport in channel" in str(exc))

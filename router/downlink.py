@@ -165,11 +165,14 @@ class Downlink(Lifecycle):
 
     async def _found(self, session: Session) -> None:
         """A live session no event had given (presence_feed `reconcile`; the lock is held):
-        what waits for its device goes now, as on a takeover; its filters are not known."""
+        what waits for its device and matches what it subscribes to goes now, as on a
+        takeover (everything, when its gateway could not say what it subscribes to)."""
         if not self.waiting.has_pending(session.client_id):
             return
         if self.leading:
-            await self.waiting.deliver(session, ["#"])
+            filters = self.subscriptions.filters(session.connection)
+            if filters is None or filters:
+                await self.waiting.deliver(session, ["#"] if filters is None else filters)
         else:
             self._missed[session.client_id] = time.monotonic()
 

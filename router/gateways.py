@@ -154,6 +154,27 @@ class Gateways:
             filters += mqtt_plugin.filters_of_bindings(bindings)
         return filters
 
+    async def subscribed(self, region: str) -> dict[str, dict[str, int]] | None:
+        """What every MQTT session of the region subscribes to now, from one listing of the
+        bindings of its gateways' `amq.topic`: client id -> {filter: QoS}; None when the
+        gateway could not be asked."""
+        client = self.clients.get(region)
+        if client is None:
+            return None
+        try:
+            bindings = await self._call(client.get, "exchanges/%2F/amq.topic/bindings/source")
+        except AdminError as e:
+            log.warning("subscriptions at %s: %s", region, e)
+            return None
+        out: dict[str, dict[str, int]] = {}
+        for b in bindings:
+            queue = b.get("destination", "")
+            client_id = mqtt_plugin.client_id_of_queue(queue)
+            if client_id is not None and b.get("destination_type") == "queue":
+                qos = int(queue[-1])
+                out.setdefault(client_id, {})[mqtt_plugin.filter_of_binding_key(b["routing_key"])] = qos
+        return out
+
     # --- one live session per client id -------------------------------------------------
 
     def close_soon(self, older: Session, presence: PresenceTable) -> None:

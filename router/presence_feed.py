@@ -213,6 +213,8 @@ class PresenceFeed:
             if self.store is not None:
                 await confirmed_later(self.store.offline_soon(s.client_id))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="ended")
+        subscribed: dict[str, dict[str, int]] | None = None
+        asked = False
         for s in listed:
             if self.presence.get(s.client_id) is not None:
                 continue  # the table's session, wherever it is, came from an event or is newer
@@ -221,6 +223,17 @@ class PresenceFeed:
             log.warning("presence reconcile: %s is connected at %s; no event said so", s.client_id, region)
             self.presence.connected(s)
             self.known.add(s.client_id)
+            if not asked:  # one listing of the region's subscriptions, only when it is needed
+                subscribed, asked = await self.gateways.subscribed(region), True
+            if subscribed is not None:
+                # What it subscribes to now, and nothing more: a device whose events lag
+                # behind (a connect wave) has often not subscribed yet, and a command sent
+                # to it now would be dropped by MQTT unseen.  Held instead, it goes out with
+                # the binding event that follows.  (A gateway that cannot say: subscribed
+                # to everything, as before.)
+                self.subscriptions.opened(s.connection)
+                for topic_filter, qos in subscribed.get(s.client_id, {}).items():
+                    self.subscriptions.add(s.connection, [topic_filter], qos)
             if self.store is not None:
                 await confirmed_later(self.store.save_soon(s))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="found")

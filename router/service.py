@@ -27,7 +27,7 @@ import aio_pika
 import aio_pika.exceptions
 
 from backend.errors import FedgateError
-from router.backend_connection import connect_cluster
+from router.backend_connection import QuietChannelRestore, connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
     logging.getLogger("aiormq").setLevel(logging.WARNING)
+    logging.getLogger("aio_pika.tools").addFilter(QuietChannelRestore())
     try:
         settings = load_router_settings(args.config)
     except RouterSettingsError as e:

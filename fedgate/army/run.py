@@ -158,7 +158,8 @@ def run_fleet(
         deadline = time.monotonic() + plan.drain_timeout_s
         while time.monotonic() < deadline:
             pump(0.2)
-            if total("commands") >= (commands.total if commands else 0) and total("inflight") == 0:
+            # distinct commands: copies the router sent again (at least once) do not count
+            if total("commands_distinct") >= (commands.total if commands else 0) and total("inflight") == 0:
                 break
             tick_line("draining")
         time.sleep(plan.settle_s / 3)  # a duplicate command would arrive now

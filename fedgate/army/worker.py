@@ -138,6 +138,8 @@ class ArmyDevice:
         if sent_ms < self.w.born_ms:
             self.w.count["stale_commands"] += 1
             return
+        if n not in self.commands:  # the drain waits for every command once, not for copies
+            self.w.count["commands_distinct"] += 1
         self.commands.append(n)
         self.w.count["commands"] += 1
         self.w.downlink_ms.append(time.time() * 1000 - sent_ms)

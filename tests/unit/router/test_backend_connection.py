@@ -36,3 +36,20 @@ def test_connecting_to_a_cluster_none_of_whose_nodes_answers_fails_fast_with_the
     urls = [f"amqp://u:p@127.0.0.1:{_dead_port()}/" for _ in range(2)]
     with pytest.raises(OSError):
         asyncio.run(asyncio.wait_for(connect_cluster(urls, timeout=2), 20))
+
+
+def test_a_channel_reopened_before_its_connection_is_back_logs_no_traceback():
+    import logging
+
+    from aiormq.exceptions import ChannelInvalidStateError
+
+    from router.backend_connection import QuietChannelRestore
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord(
+            "aio_pika.tools", logging.ERROR, "", 0, "Callback error", (), (type(exc), exc, None)
+        )
+
+    quiet = QuietChannelRestore()
+    assert not quiet.filter(record(ChannelInvalidStateError("No active transport in channel")))
+    assert quiet.filter(record(RuntimeError("something else"))), "other errors are still logged"

@@ -20,8 +20,18 @@ NODE = "fedgate-gw-local-us@localhost"
 class _Admin:
     """A gateway's management API as the router's client sees it: a tracked connection list."""
 
-    def __init__(self, connections: list[dict[str, str]] | None):
+    def __init__(
+        self, connections: list[dict[str, str]] | None, bindings: list[dict[str, str]] | None = None
+    ):
         self.listing = connections
+        #: the bindings of its amq.topic: what each MQTT session subscribes to
+        self.bindings = bindings or []
+
+    def get(self, path: str) -> list[dict[str, str]]:
+        if self.listing is None:
+            raise AdminError(f"GET {path}: connection refused", retriable=True)
+        assert path == "exchanges/%2F/amq.topic/bindings/source", path
+        return list(self.bindings)
 
     def connections(self) -> list[dict[str, str]]:
         if self.listing is None:
@@ -44,7 +54,9 @@ class _Event:
         self.headers = headers
 
 
-def _feed(listing: list[dict[str, str]] | None) -> tuple[PresenceFeed, PresenceTable, list[Session], Metrics]:
+def _feed(
+    listing: list[dict[str, str]] | None, bindings: list[dict[str, str]] | None = None
+) -> tuple[PresenceFeed, PresenceTable, list[Session], Metrics]:
     presence, metrics, found = PresenceTable(), Metrics(), []
 
     async def found_one(session: Session) -> None:
@@ -53,7 +65,7 @@ def _feed(listing: list[dict[str, str]] | None) -> tuple[PresenceFeed, PresenceT
     feed = PresenceFeed(
         presence,
         None,
-        Gateways({"local-us": _Admin(listing)}, metrics),  # type: ignore[dict-item]
+        Gateways({"local-us": _Admin(listing, bindings)}, metrics),  # type: ignore[dict-item]
         Subscriptions(),
         set(),
         asyncio.Lock(),
@@ -132,3 +144,40 @@ def test_a_gateway_that_stopped_answering_is_suspect_until_its_list_comes_back()
     feed.gateways.clients["local-us"].listing = [_conn("pump-1", "p:1 -> g:1883")]  # type: ignore[attr-defined]
     asyncio.run(feed.reconcile())
     assert feed.gateways.suspect == set() and presence.get("pump-1") is not None
+
+
+def test_a_session_found_before_its_events_arrive_is_taken_as_subscribed_to_what_its_gateway_binds():
+    """A connect wave outruns the router's events: the list shows connections whose
+    connection.created has not been read yet.  Before, such a session counted as subscribed to
+    everything, and a command sent before the device subscribed was dropped by MQTT unseen
+    (196 of 2,001 in an army run on the HA profile).  Now it subscribes to what its gateway's
+    amq.topic binds for it: nothing yet (the command is held for the binding event), or the
+    filters it has, with their QoS."""
+    bindings = [
+        {
+            "source": "amq.topic",
+            "destination": "mqtt-subscription-pump-2qos0",
+            "destination_type": "queue",
+            "routing_key": "devices.pump-2.commands.#",
+        }
+    ]
+    listing = [_conn("pump-1", "p:1 -> g:1883"), _conn("pump-2", "p:2 -> g:1883")]
+    feed, presence, found, metrics = _feed(listing, bindings)
+    asyncio.run(feed.reconcile())
+    subs = feed.subscriptions
+    assert subs.filters("p:1 -> g:1883") == [], "not subscribed yet: commands wait for its binding event"
+    assert not subs.covers("p:1 -> g:1883", "devices/pump-1/commands/reboot")
+    assert subs.filters("p:2 -> g:1883") == ["devices/pump-2/commands/#"]
+    assert subs.delivery("p:2 -> g:1883", "devices/pump-2/commands/reboot") == "qos0", "the device acks it"
+
+
+def test_a_session_found_while_its_gateway_cannot_list_subscriptions_counts_as_subscribed():
+    feed, presence, found, metrics = _feed([_conn("pump-1", "p:1 -> g:1883")])
+    feed.gateways.clients["local-us"].get = _refuse  # type: ignore[attr-defined]
+    asyncio.run(feed.reconcile())
+    assert presence.get("pump-1") is not None
+    assert feed.subscriptions.filters("p:1 -> g:1883") is None, "unknown: taken as subscribed to all"
+
+
+def _refuse(path: str) -> list[dict[str, str]]:
+    raise AdminError(f"GET {path}: connection refused", retriable=True)
