@@ -12,9 +12,8 @@ Node kinds:
            two local federations (the demo and the tests) never share one and
            `down` leaves no daemon behind
   backend  the backend RabbitMQ node (a cluster of 3 in the ha profile)
-  gateway  the RabbitMQ nodes of a local region (one, or a cluster of 3 in the ha
-           profile), with the MQTT listener
-  kafka    a single-node Kafka broker in KRaft mode (Apache Kafka's own jars)
+  gateway  a region's RabbitMQ node (3 in the ha profile), with the MQTT listener
+  kafka    a Kafka broker in KRaft mode (3 in the ha profile; Apache Kafka's jars)
   router   the router service (python -m router)
   spark    the streaming job that keeps the analysts' tables (python -m spark.job)
 """
@@ -338,9 +337,8 @@ class RabbitNode(Node):
         return tuple(erlang_node_name(m.name) for m in self.cluster_members())
 
     def boot_retries(self) -> int:
-        """A node of a cluster whose nodes restart together may fail its boot on a race inside
-        RabbitMQ 4.0 (seen here: `badmatch` in mirrored_supervisor while its peers boot too);
-        started again, it joins them."""
+        # a cluster's nodes booting together can fail on a race in RabbitMQ 4.0 (`badmatch` in
+        # mirrored_supervisor); started again, the node joins its peers
         return 2 if len(self.cluster_members()) > 1 else 0
 
     def admin(self, timeout: float = 10.0) -> RabbitAdmin:

@@ -17,6 +17,7 @@ from bench.suite import run_suite
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@pytest.mark.timeout(900)  # four benchmarks, the last with a federation of the HA profile of its own
 def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")  # clear of the test federation and `make bench`
     results = run_suite(quick=True)
