@@ -179,6 +179,18 @@ def subscription_from_event(headers: Mapping[str, Any]) -> SubscriptionMade | No
     return SubscriptionMade(cid, region, filter_of_binding_key(text(headers.get("routing_key", ""))), qos)
 
 
+def subscriptions_of_bindings(bindings: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """The bindings of a gateway's amq.topic (management API) -> what each MQTT session
+    subscribes to: client id -> {filter: QoS}."""
+    out: dict[str, dict[str, int]] = {}
+    for b in bindings:
+        queue = str(b.get("destination", ""))
+        cid, qos = client_id_of_queue(queue), qos_of_queue(queue)
+        if cid is not None and qos is not None and b.get("destination_type") == "queue":
+            out.setdefault(cid, {})[filter_of_binding_key(b["routing_key"])] = qos
+    return out
+
+
 def filters_of_bindings(bindings: list[dict[str, Any]]) -> list[str]:
     """The MQTT filters of a session queue's bindings (management API), the default binding left out."""
     return [filter_of_binding_key(b["routing_key"]) for b in bindings if b.get("source")]

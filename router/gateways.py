@@ -166,14 +166,7 @@ class Gateways:
         except AdminError as e:
             log.warning("subscriptions at %s: %s", region, e)
             return None
-        out: dict[str, dict[str, int]] = {}
-        for b in bindings:
-            queue = b.get("destination", "")
-            client_id = mqtt_plugin.client_id_of_queue(queue)
-            if client_id is not None and b.get("destination_type") == "queue":
-                qos = int(queue[-1])
-                out.setdefault(client_id, {})[mqtt_plugin.filter_of_binding_key(b["routing_key"])] = qos
-        return out
+        return mqtt_plugin.subscriptions_of_bindings(bindings)
 
     # --- one live session per client id -------------------------------------------------
 

@@ -191,16 +191,26 @@ class PresenceFeed:
             # every connection, a device's or not: an operator's MQTT tool logged in as
             # fedgate-admin is listed without its client id, and is alive all the same
             alive = {(str(conn.get("node") or ""), str(conn.get("name") or "")) for conn in conns}
+            # Sessions the table lacks get what their gateway binds for them (see below):
+            # asked here, off the lock, and only when the list has such a session.
+            subscribed = None
+            if any(self.presence.get(s.client_id) is None for s in listed):
+                subscribed = await self.gateways.subscribed(region)
             async with confirm_later() as pending, self._lock:
                 if region in self.gateways.regions:
-                    await self._reconcile_region(region, listed, alive, asked_at)
+                    await self._reconcile_region(region, listed, alive, asked_at, subscribed)
             if pending:
                 await _wait_bounded(all_confirmed(pending), self.metrics)
         horizon = time.time() - CLOSES_REMEMBERED_S
         self._closed_at = {k: at for k, at in self._closed_at.items() if at > horizon}
 
     async def _reconcile_region(
-        self, region: str, listed: list[Session], alive: set[tuple[str, str]], asked_at: float
+        self,
+        region: str,
+        listed: list[Session],
+        alive: set[tuple[str, str]],
+        asked_at: float,
+        subscribed: dict[str, dict[str, int]] | None,
     ) -> None:
         old = (asked_at - LISTING_LAG_S) * 1000
         for s in self.presence.sessions():
@@ -213,8 +223,6 @@ class PresenceFeed:
             if self.store is not None:
                 await confirmed_later(self.store.offline_soon(s.client_id))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="ended")
-        subscribed: dict[str, dict[str, int]] | None = None
-        asked = False
         for s in listed:
             if self.presence.get(s.client_id) is not None:
                 continue  # the table's session, wherever it is, came from an event or is newer
@@ -223,14 +231,12 @@ class PresenceFeed:
             log.warning("presence reconcile: %s is connected at %s; no event said so", s.client_id, region)
             self.presence.connected(s)
             self.known.add(s.client_id)
-            if not asked:  # one listing of the region's subscriptions, only when it is needed
-                subscribed, asked = await self.gateways.subscribed(region), True
             if subscribed is not None:
                 # What it subscribes to now, and nothing more: a device whose events lag
                 # behind (a connect wave) has often not subscribed yet, and a command sent
                 # to it now would be dropped by MQTT unseen.  Held instead, it goes out with
-                # the binding event that follows.  (A gateway that cannot say: subscribed
-                # to everything, as before.)
+                # the binding event that follows.  (A gateway that cannot say, or a session
+                # gone from the table after the bindings were asked: subscribed to everything.)
                 self.subscriptions.opened(s.connection)
                 for topic_filter, qos in subscribed.get(s.client_id, {}).items():
                     self.subscriptions.add(s.connection, [topic_filter], qos)

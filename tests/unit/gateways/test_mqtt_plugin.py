@@ -116,3 +116,25 @@ def test_a_clean_sessions_queue_is_auto_delete_on_310_and_exclusive_on_40():
     assert is_clean_session_queue({"auto_delete": False, "exclusive": True, "durable": True})
     persistent = {"auto_delete": False, "exclusive": False, "arguments": {"x-expires": 86400000}}
     assert not is_clean_session_queue(persistent)
+
+
+def test_the_bindings_of_amq_topic_say_what_each_session_subscribes_to_with_its_qos():
+    from gateways.mqtt_plugin import subscriptions_of_bindings
+
+    bindings = [
+        {
+            "destination": "mqtt-subscription-pump-1qos0",
+            "destination_type": "queue",
+            "routing_key": "devices.pump-1.commands.#",
+        },
+        {
+            "destination": "mqtt-subscription-pump-1qos1",
+            "destination_type": "queue",
+            "routing_key": "devices.pump-1.config",
+        },
+        {"destination": "federation: amq.topic -> b:t", "destination_type": "queue", "routing_key": "#"},
+        {"destination": "fedgate.downlink", "destination_type": "exchange", "routing_key": "#"},
+    ]
+    assert subscriptions_of_bindings(bindings) == {
+        "pump-1": {"devices/pump-1/commands/#": 0, "devices/pump-1/config": 1}
+    }
