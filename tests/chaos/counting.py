@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pika.exceptions
@@ -176,6 +177,19 @@ def backend_queue_depths(federation: Any) -> dict[str, int]:
     return {q: n for q, n in sorted(depths.items()) if n}
 
 
+@dataclass(frozen=True)
+class DeliveredCommands:
+    """The count of a CommandSender's commands at their devices."""
+
+    received: int
+    lost: int
+    twice: int
+
+
+def _command_numbers(d: SimDevice) -> list[int]:
+    return [json.loads(r.payload)["n"] for r in list(d.received)]
+
+
 class CommandSender(threading.Thread):
     """A backend service sending each device a numbered command, round after round."""
 
@@ -202,6 +216,23 @@ class CommandSender(threading.Thread):
                 self.sent[d].append(n)
             n += 1
             time.sleep(self.every)
+
+    def delivered(self, devices: Iterable[SimDevice], timeout: float = 60.0) -> DeliveredCommands:
+        """What each device received, once every confirmed command is there (or `timeout`
+        passed) and a second more, for a copy to arrive."""
+        devices = list(devices)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(set(self.sent[d.device_id]) <= set(_command_numbers(d)) for d in devices):
+                break
+            time.sleep(0.5)
+        time.sleep(1.0)  # a duplicate would arrive now
+        got = {d.device_id: _command_numbers(d) for d in devices}
+        return DeliveredCommands(
+            received=sum(len(v) for v in got.values()),
+            lost=sum(len(set(self.sent[d]) - set(v)) for d, v in got.items()),
+            twice=sum(len(v) - len(set(v)) for v in got.values()),
+        )
 
     def __enter__(self) -> CommandSender:
         self.start()
