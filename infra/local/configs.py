@@ -14,10 +14,10 @@ from typing import Any
 from backend import contract as c
 from infra.local.layout import (
     ROLE_BACKEND,
-    ROLE_GATEWAY,
     ROLE_ROUTER,
     SPARK_NODE,
     StateFiles,
+    gateway_clusters,
     region_nodes,
 )
 from infra.local.nodes import Node
@@ -85,13 +85,10 @@ def router_config(
         "gateways": {
             region: {
                 # every node of the region's cluster: the router asks the next when one is down
-                "management_url": [f"http://{host}:{s.ports['management']}" for s in members]
-                if len(members) > 1
-                else f"http://{host}:{members[0].ports['management']}",
+                "management_url": [f"http://{host}:{s.ports['management']}" for s in members],
                 "user": c.ADMIN_USER,
                 "password": sec["admin"],
             }
-            for region in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
-            if region and (members := region_nodes((n.spec for n in nodes), ROLE_GATEWAY, region))
+            for region, members in gateway_clusters(n.spec for n in nodes).items()
         },
     }

@@ -119,6 +119,13 @@ def region_nodes(specs: Iterable[NodeSpec], role: str, region: str | None = None
     )
 
 
+def gateway_clusters(specs: Iterable[NodeSpec]) -> dict[str, list[NodeSpec]]:
+    """Each region's gateway cluster (as region_nodes orders it), regions in the order met."""
+    specs = list(specs)
+    regions = dict.fromkeys(s.region for s in specs if s.role == ROLE_GATEWAY and s.region)
+    return {r: region_nodes(specs, ROLE_GATEWAY, r) for r in regions}
+
+
 class FederationError(FedgateError):
     """`up` could not bring the federation up; nothing it started is left running."""
 

@@ -14,7 +14,7 @@ from typing import Any
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
 from infra.local import processes
-from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROUTER_NODE, NodeSpec, region_nodes
+from infra.local.layout import ROLE_BACKEND, ROUTER_NODE, NodeSpec, gateway_clusters, region_nodes
 from infra.local.nodes import Node, RabbitNode
 from infra.local.services import KafkaNode, RouterNode, SparkNode, kafka_bootstrap
 from infra.local.settings import LocalSettings
@@ -118,13 +118,13 @@ def cluster_rows(nodes: list[Node], rows: list[NodeStatus]) -> list[ClusterStatu
     """Each cluster of the federation: its members, which run, and what lacks a replica."""
     state = {r.name: r.state for r in rows}
     out = []
-    groups = [("backend", ROLE_BACKEND, None)] + [
-        (f"gateways {r}", ROLE_GATEWAY, r)
-        for r in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
-    ]
+    specs = [n.spec for n in nodes]
+    groups = {"backend": region_nodes(specs, ROLE_BACKEND)} | {
+        f"gateways {r}": members for r, members in gateway_clusters(specs).items()
+    }
     by_name = {n.name: n for n in nodes}
-    for name, role, region in groups:
-        members = [by_name[s.name] for s in region_nodes((n.spec for n in nodes), role, region)]
+    for name, cluster in groups.items():
+        members = [by_name[s.name] for s in cluster]
         running = [m for m in members if state.get(m.name) == "running"]
         under, detail = _under_replicated_queues(running, len(members))
         out.append(ClusterStatus(name, [m.name for m in members], [m.name for m in running], under, detail))
@@ -213,8 +213,7 @@ def endpoints(
                 **_gateway_ports(members[0], settings.tls),
                 "nodes": [{"name": m.name, **_gateway_ports(m, settings.tls)} for m in members],
             }
-            for region in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
-            if (members := region_nodes((n.spec for n in nodes), ROLE_GATEWAY, region))
+            for region, members in gateway_clusters(n.spec for n in nodes).items()
         },
         "kafka": {"bootstrap": kafka_bootstrap(nodes)},
         "router": {"metrics": router.metrics_url if router else None},

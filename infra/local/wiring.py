@@ -20,7 +20,7 @@ from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry
-from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY, region_nodes
+from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY, gateway_clusters, region_nodes
 from infra.local.nodes import Node, RabbitNode, erlang_node_name
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
@@ -57,8 +57,7 @@ def wire(
         wait_for_cluster(backend, [n.name for n in backends], progress)
     backend_eps = [link_endpoint(settings, tls_dir, n) for n in backends]
     links = []
-    for region in dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY):
-        assert region
+    for region in gateway_clusters(n.spec for n in nodes):
         members = cluster(nodes, ROLE_GATEWAY, region)
         gw = members[0]  # definitions are the cluster's: applied through its first node
         if len(members) > 1:
@@ -145,8 +144,7 @@ def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
 def wait_for_links(nodes: list[Node], timeout: float = 60) -> None:
     """Block until every federation link is running: 2 per region on the backend, 1 on each
     region's gateways (a cluster's management API lists the links of all its nodes: asked once)."""
-    regions = dict.fromkeys(n.spec.region for n in nodes if n.spec.role == ROLE_GATEWAY)
-    gateways = [cluster(nodes, ROLE_GATEWAY, r)[0].name for r in regions]
+    gateways = [members[0].name for members in gateway_clusters(n.spec for n in nodes).values()]
     want = {BACKEND_NODE: 2 * len(gateways), **dict.fromkeys(gateways, 1)}
     deadline = time.monotonic() + timeout
     while True:
