@@ -43,6 +43,12 @@ HELP = {
     ),
     "fedgate_router_leading": "1 on the router that routes commands (router/leadership.py), else 0.",
     "fedgate_router_elected_total": "Times this router took over routing commands.",
+    "fedgate_router_federation_links_absent": (
+        "Federation links the wiring makes that a cluster does not list, per cluster (the leader's watch)."
+    ),
+    "fedgate_router_federation_link_repairs_total": (
+        "Policies applied anew to start federation links RabbitMQ lost, per cluster (router/link_keeper.py)."
+    ),
     "fedgate_router_bridged_total": "Device messages stored in Kafka, per topic.",
     "fedgate_router_deadlettered_total": "Device messages sent to the dead-letter topic.",
     "fedgate_router_kafka_errors_total": "Records Kafka refused (returned to RabbitMQ).",

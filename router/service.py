@@ -27,12 +27,14 @@ import aio_pika
 import aio_pika.exceptions
 
 from backend.errors import FedgateError
+from backend.rabbitmq_admin import RabbitAdmin
 from router.backend_connection import QuietChannelRestore, connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
 from router.leadership import Leadership
 from router.lifecycle import Lifecycle
+from router.link_keeper import LinkKeeper
 from router.metrics import HttpEndpoint, Metrics, json_response
 from router.outcomes import OUTCOMES_TOPIC, CommandOutcomes
 from router.parking import ParkingLot
@@ -90,9 +92,17 @@ class Router(Lifecycle):
             PresenceStore(self.presence_table),
             outcomes=CommandOutcomes(self.producer, self.metrics, settings),
         )
+        bm = settings.backend_management
+        #: the leader's watch over the federation links (router/link_keeper.py)
+        self.link_keeper = LinkKeeper(
+            RabbitAdmin(bm.management_urls, bm.user, bm.password) if bm else None,
+            lambda: self.downlink.gateways.clients,
+            settings.link_repair_after_s,
+            self.metrics,
+        )
         #: which router routes commands (router/leadership.py); all with `downlink` stand
         self.leadership = Leadership(
-            settings.amqp_urls, settings.router_id, self.metrics, self.downlink.lead, self.downlink.stand_by
+            settings.amqp_urls, settings.router_id, self.metrics, self._elected, self._deposed
         )
         self.http: HttpEndpoint | None = None
         self.connection: aio_pika.abc.AbstractRobustConnection | None = None
@@ -178,6 +188,17 @@ class Router(Lifecycle):
             len(self.presence),
         )
 
+    async def _elected(
+        self, channel: aio_pika.abc.AbstractChannel, connection: aio_pika.abc.AbstractConnection
+    ) -> None:
+        """This router leads: it routes commands and watches the federation links."""
+        await self.downlink.lead(channel, connection)
+        self.link_keeper.lead()
+
+    async def _deposed(self) -> None:
+        await self.link_keeper.stand_by()
+        await self.downlink.stand_by()
+
     def reload(self, settings: RouterSettings) -> None:
         """Take a new set of gateways (regions) without a restart; other settings need one."""
         before = set(self.settings.regions)
@@ -234,6 +255,7 @@ class Router(Lifecycle):
         log.info("stopping: intake")
         # uplink first: its deliveries are held from now on, and what is in flight drains
         await self.bridge.stop_intake()
+        await self.link_keeper.stand_by()
         await self.downlink.stop()
         # the next router leads from here (what this one had not acked goes to it)
         await self.leadership.stop()

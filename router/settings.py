@@ -43,7 +43,7 @@ class RouterSettingsError(FedgateError, ValueError):
 
 
 def _urls(value: object) -> tuple[str, ...]:
-    """A gateway's management_url: one URL, or a list of the cluster nodes' URLs."""
+    """A management_url: one URL, or a list of the cluster nodes' URLs."""
     urls = (value,) if isinstance(value, str) else tuple(value)  # type: ignore[arg-type]
     if not urls or not all(isinstance(u, str) and u for u in urls):
         raise ValueError(f"not a URL or a list of URLs: {value!r}")
@@ -54,6 +54,15 @@ def _urls(value: object) -> tuple[str, ...]:
 class GatewayAccess:
     region: str
     #: the management API of every node of the region's gateway cluster (any one answers for all)
+    management_urls: tuple[str, ...]
+    user: str
+    password: str
+
+
+@dataclass(frozen=True)
+class ManagementAccess:
+    """A cluster's management API: every node's URL (any one answers for all)."""
+
     management_urls: tuple[str, ...]
     user: str
     password: str
@@ -77,6 +86,14 @@ class RouterSettings:
         default=(),
         metadata={
             "doc": "Each region's gateway management API (presence rebuild, closing sessions).",
+            "wiring": True,
+        },
+    )
+    backend_management: ManagementAccess | None = field(
+        default=None,
+        metadata={
+            "doc": "The backend cluster's management API (management_url, user, password): the "
+            "leader watches its federation links (router/link_keeper.py).",
             "wiring": True,
         },
     )
@@ -110,6 +127,14 @@ class RouterSettings:
             "doc": "Every this many seconds, each answering gateway's connection list is checked against "
             "presence: a session no event brought back (its gateway stopped answering for a while) is taken "
             "in and gets what waited for it; one no list shows any more is dropped.  0: never."
+        },
+    )
+    link_repair_after_s: float = field(
+        default=20.0,
+        metadata={
+            "doc": "A federation link absent from its cluster this long gets its policy applied anew, "
+            "which starts it (RabbitMQ 4.0 can lose a link when its node dies after another restarted; "
+            "router/link_keeper.py).  0: never."
         },
     )
     max_payload_bytes: int = field(
@@ -220,6 +245,10 @@ class RouterSettings:
         ):
             if getattr(self, name) <= 0:
                 raise RouterSettingsError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.link_repair_after_s < 0:
+            raise RouterSettingsError(
+                f"link_repair_after_s: must be 0 (off) or positive, got {self.link_repair_after_s}"
+            )
         if self.presence_reconcile_s < 0:
             raise RouterSettingsError(
                 f"presence_reconcile_s: must be 0 (off) or positive, got {self.presence_reconcile_s}"
@@ -237,7 +266,7 @@ class RouterSettings:
 #: The router's own behaviour: every field but the wiring (the [router] table's keys).
 BEHAVIOUR = tuple(f.name for f in fields(RouterSettings) if not f.metadata.get("wiring"))
 #: Tables: only a config file can hold them, not a FEDGATE_ROUTER_* variable.
-_TABLES = ("gateways", "rules")
+_TABLES = ("gateways", "backend_management", "rules")
 _ENV_PREFIX = "FEDGATE_ROUTER_"
 #: What the wiring gets while a [router] table is checked on its own.
 _STAND_IN_WIRING = {"amqp_url": "amqp://stand-in", "kafka_bootstrap": "stand-in:0"}
@@ -320,6 +349,16 @@ def _settings(values: dict[str, Any]) -> RouterSettings:
         except (KeyError, AttributeError, TypeError, ValueError) as e:
             raise RouterSettingsError(
                 f"gateways: each needs management_url, a URL or a list of its nodes' ({e})"
+            ) from e
+    if "backend_management" in values:
+        b = values["backend_management"]
+        try:
+            values["backend_management"] = ManagementAccess(
+                _urls(b["management_url"]), b.get("user", c.ADMIN_USER), b.get("password", "")
+            )
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            raise RouterSettingsError(
+                f"backend_management: needs management_url, a URL or a list of the nodes' ({e})"
             ) from e
     for key, kind in known.items():
         if key in values and kind in ("int", "float", "bool", "tuple[str, ...]"):

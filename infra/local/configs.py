@@ -82,6 +82,12 @@ def router_config(
         "uplink_shards": settings.uplink_shards,
         "downlink": True,  # all stand for routing commands; one leads (router/leadership.py)
         **settings.router,  # the [router] table, unchanged: router/settings.py defines and checks it
+        # the leader watches the backend's federation links through it (router/link_keeper.py)
+        "backend_management": {
+            "management_url": [f"http://{host}:{b.ports['management']}" for b in backends],
+            "user": c.ADMIN_USER,
+            "password": sec["admin"],
+        },
         "gateways": {
             region: {
                 # every node of the region's cluster: the router asks the next when one is down

@@ -1,17 +1,19 @@
 """One node of a cluster dies while the rest carry on: the HA profile (FEDGATE_PROFILE=ha).
 
 Every test here shares one HA federation (module scope: the two cores carry
-it beside the session's federation only while this module runs).  Each one
-has real devices publishing QoS 1 readings on both gateways, kills one node
-with SIGKILL, keeps it down, and counts: sent (acknowledged by the gateway),
-in Kafka, lost, duplicated, and the longest time Kafka took no record of
-theirs after the kill.  Lost must be 0.
+it beside the session's federation only while this module runs), Spark job
+included.  Each one has real devices publishing QoS 1 readings on both
+gateways, kills one node with SIGKILL, keeps it down, and counts: sent
+(acknowledged by the gateway), in Kafka, in telemetry_raw, lost, duplicated,
+and the longest time Kafka took no record of theirs after the kill.  Lost
+must be 0, and telemetry_raw hold each reading once.
 
-So far the HA profile clusters Kafka (3 KRaft brokers, replication 3,
+The HA profile clusters Kafka (3 KRaft brokers, replication 3,
 min.insync.replicas 2), the backend (3 RabbitMQ nodes, every quorum queue a
 replica on each) and each region's gateways (3 RabbitMQ nodes, devices
-spread over them); routers that move to another backend node when theirs
-dies come next (docs/operations.md).
+spread over them); routers and clients move to another node when theirs
+dies, and the leading router starts federation links RabbitMQ lost
+(router/link_keeper.py; docs/operations.md).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from confluent_kafka.admin import AdminClient
 
 from backend import contract as c
 from backend.amqp import send_command
+from backend.rabbitmq_admin import AdminError
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.layout import kafka_broker_id
 from tests.chaos.counting import CommandSender, Fleet, check, read_back
+from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval
 from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation
 from tests.helpers import DeviceCredentials, _metrics, device, leader_url, record_counts, wait_present
 
@@ -42,7 +46,7 @@ HA_PORT_BASE = TEST_PORT_BASE + 2000
 @pytest.fixture(scope="module")
 def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     fed = make_federation(
-        tmp_path_factory.mktemp("ha-federation"), HA_PORT_BASE, profile="ha", router=ROUTER_TABLE, spark=0
+        tmp_path_factory.mktemp("ha-federation"), HA_PORT_BASE, profile="ha", router=ROUTER_TABLE
     )
     try:
         fed.up()
@@ -151,6 +155,7 @@ def test_a_kafka_broker_killed_while_devices_publish_loses_nothing(ha_federation
     check(
         fleet,
         got,
+        spark_federation=fed,
         max_duplicates=0,
         device_prefix=f"hak-{uid}-",
         killed=victim.name,
@@ -174,23 +179,40 @@ def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_
         assert set(q.get("members") or []) == nodes, f"{q['name']}: replicas on {q.get('members')}"
 
 
-@pytest.mark.parametrize("which", ["running-links"])
+def _repairs(endpoints: dict) -> float:
+    """Federation link repairs so far, summed over the routers that answer (router/link_keeper.py)."""
+    total = 0.0
+    for url in endpoints["routers"].values():
+        try:
+            m = _metrics(url)
+        except OSError:
+            continue
+        total += sum(v for k, v in m.items() if k.startswith("fedgate_router_federation_link_repairs_total"))
+    return total
+
+
+@pytest.mark.parametrize("which", ["running-links", "lost-records"])
 def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_nothing(
     ha_federation, ha_endpoints, uid, which
 ):
     """SIGKILL a backend node; keep it down 15 s while devices publish QoS 1 and get a command
     every 0.25 s; start it again.  running-links: the node (not the first) that runs most of
-    the uplink's federation links.  first: `backend`, the node the routers, their lease
-    connections, the command sender and the gateways' downlink links dial first -- each must
-    move to another node."""
+    the uplink's federation links.  lost-records: the node that runs them, after RabbitMQ lost
+    the links' records as 4.0.5 does when a node restarts before it sees its peers (no node
+    takes the links over: the leading router's watch applies their policies anew).  first:
+    `backend`, the node the routers, their lease connections, the command sender and the
+    gateways' downlink links dial first -- each must move to another node."""
     fed, ep = ha_federation, ha_endpoints
     backends = [n for n in fed.nodes() if n.spec.role == "backend"]
+    link_nodes = [lk.get("node", "") for lk in fed.backend().admin().federation_links()]
     if which == "first":
         victim = fed.backend()
+    elif which == "lost-records":
+        victim = max(backends, key=lambda n: link_nodes.count(n.erlang_node))
     else:
-        link_nodes = [lk.get("node", "") for lk in fed.backend().admin().federation_links()]
         others = [n for n in backends if n.name != "backend"]
         victim = max(others, key=lambda n: link_nodes.count(n.erlang_node))
+    repairs_before = _repairs(ep)
     cmd_ids = [f"hab-cmd-{uid}-{r}" for r in ("local-eu", "local-us")]
     receivers = [device(ep, r, d) for r, d in zip(("local-eu", "local-us"), cmd_ids, strict=True)]
     try:
@@ -204,13 +226,17 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
             CommandSender(ep["backend"]["urls"], cmd_ids) as commands,
         ):
             time.sleep(2.0)
+            if which == "lost-records":
+                rabbitmq_eval(fed, victim.name, LOSE_EXCHANGE_LINK_RECORDS)
             killed_at = time.monotonic()
             victim.kill()
             acked_at_kill = fleet.total_acked
-            time.sleep(15)
+            links_back_after = _links_running(fed, 4, killed_at, timeout=15)
+            time.sleep(max(0.0, 15 - (time.monotonic() - killed_at)))
             acked_while_down = fleet.total_acked - acked_at_kill
             fed.start_node(victim.name)
             fed.wait_for_links(timeout=60)
+            links_back_after = links_back_after or round(time.monotonic() - killed_at, 1)
             time.sleep(2.0)
         stall = writes.longest_stall_after(killed_at)
         delivered = commands.delivered(receivers)
@@ -221,6 +247,8 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
     got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
     record_counts(
         killed=victim.name,
+        links_running_again_after_s=links_back_after,
+        link_repairs=_repairs(ep) - repairs_before,
         commands_sent=sum(len(v) for v in commands.sent.values()),
         commands_refused_at_send=commands.refused,
         commands_lost=delivered.lost,
@@ -229,6 +257,7 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
     check(
         fleet,
         got,
+        spark_federation=fed,
         max_duplicates=len(fleet.acked) * 1000,  # a link moving to another node resends what it had
         device_prefix=f"hab-{uid}-",
         killed=victim.name,
@@ -236,6 +265,24 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
         longest_kafka_stall_s=stall,
     )
     assert delivered.lost == 0, f"{delivered.lost} confirmed commands never reached their device"
+    if which == "lost-records":
+        assert _repairs(ep) > repairs_before, (
+            "no node took the links over: the leader applied their policies anew"
+        )
+
+
+def _links_running(fed: LocalFederation, want: int, since: float, timeout: float) -> float | None:
+    """Seconds after `since` until `want` backend links run again (on the nodes left), or None."""
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        try:
+            running = [lk for lk in fed.backend().admin().federation_links() if lk.get("status") == "running"]
+        except AdminError:
+            running = []
+        if len(running) >= want:
+            return round(time.monotonic() - since, 1)
+        time.sleep(0.5)
+    return None
 
 
 def test_each_region_is_a_gateway_cluster_of_three_and_the_backends_links_reach_every_node(ha_federation):
@@ -318,6 +365,7 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
     check(
         fleet,
         got,
+        spark_federation=fed,
         max_duplicates=len(fleet.acked) * 1000,  # a link moving to another node resends what it had
         device_prefix=f"hag-{uid}-",
         killed=victim.name,
@@ -397,6 +445,7 @@ def test_one_node_of_every_engine_killed_at_once_loses_nothing(ha_federation, ha
     check(
         fleet,
         got,
+        spark_federation=fed,
         max_duplicates=len(fleet.acked) * 1000,  # links and routers moving resend what was unconfirmed
         device_prefix=f"haall-{uid}-",
         killed="+".join(v.name for v in victims),
@@ -447,17 +496,8 @@ def test_a_fourth_region_joins_as_a_cluster_of_its_own_and_leaves_the_others_maj
     assert processes.marked_pids(processes.marker(fed.state_dir, f"gw-{region}-n2")) == []
 
 
-#: Seen twice (a fresh-clone run and a by-hand rerun, 2026-11-24), never with this case alone:
-#: after the running-links case restarted backend-2, the backend's federation links ran on
-#: `backend`; killed, one or all of them were not started on another node, nor when it came
-#: back (no link connection reached a gateway for 80 s; wait_for_links: 0/4 and 3/4 running).
-#: RabbitMQ's exchange federation links live under a mirrored supervisor; what leaves them
-#: stopped is not found yet.  Readings wait on the gateways meanwhile (nothing is lost), but
-#: the uplink stops, and the links stay down for whatever runs next: so this case runs last.
-LINKS_STUCK = "the backend's federation links are sometimes not restarted after their node's death"
-
-
-@pytest.mark.xfail(reason=LINKS_STUCK, strict=False)
+#: Runs last: twice (2026-11-24, before router/link_keeper.py) the backend's links were not
+#: started anywhere after `backend` died, and stayed down for whatever ran next.
 def test_the_first_backend_node_killed_while_devices_publish_and_get_commands_loses_nothing(
     ha_federation, ha_endpoints, uid
 ):
