@@ -62,7 +62,13 @@ def missing_java() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for marker, reason in (("integration", missing_runtime()), ("spark", missing_java())):
+    from infra.dns.powerdns import missing as missing_powerdns
+
+    for marker, reason in (
+        ("integration", missing_runtime()),
+        ("spark", missing_java()),
+        ("dns", missing_powerdns()),
+    ):
         needing = [item for item in items if marker in item.keywords]
         if reason is None or not needing:
             continue

@@ -16,6 +16,9 @@
 #   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
 #   4. Spark's Kafka source jars matching the installed pyspark into
 #      .cache/jars/spark-kafka-<v>/
+#   (1. also installs PowerDNS, the devices' DNS server: pdns-server and
+#      pdns-backend-bind; their package would start a system-wide server,
+#      which policy-rc.d below keeps from starting)
 #
 # Environment: FEDGATE_VENV (default .venv), FEDGATE_CACHE (default .cache),
 # PYTHON (interpreter used to create the venv, default python3).
@@ -44,6 +47,10 @@ fi
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federation's CA (TLS)
+# the DNS server devices resolve mqtt.<domain> at (infra/dns): PowerDNS Authoritative
+# with LUA records, the bind backend reading the zone file fedgate writes
+[[ -x /usr/sbin/pdns_server ]] || need_pkgs+=(pdns-server)
+compgen -G "/usr/lib/*/pdns/libbindbackend.so" >/dev/null || need_pkgs+=(pdns-backend-bind)
 if ((${#need_pkgs[@]})); then
     step "installing Debian packages: ${need_pkgs[*]}"
     [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"
@@ -64,7 +71,7 @@ if ((${#need_pkgs[@]})); then
     [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
     trap - EXIT
 else
-    step "Debian packages present (java, maven, openssl)"
+    step "Debian packages present (java, maven, openssl, pdns-server)"
 fi
 # RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
 # root on Debian 12 (infra/setup/rabbitmq4.sh says why)

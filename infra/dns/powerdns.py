@@ -1,0 +1,101 @@
+"""A PowerDNS Authoritative server that serves one zone (infra/dns/zone.py) from a folder of
+its own: its configuration, the zone file and its control socket.  Debian's `pdns-server`
+and `pdns-backend-bind` (`make setup` installs them); the zone is read by the bind backend, so
+a change is a rewritten file and a `bind-reload-now`, with no database."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.dns.zone import ZoneSpec, zone_file
+
+PDNS_SERVER = Path("/usr/sbin/pdns_server")
+PDNS_CONTROL = Path("/usr/bin/pdns_control")
+
+
+class PowerDNSError(RuntimeError):
+    pass
+
+
+def missing() -> str | None:
+    """Why PowerDNS cannot run here, or None."""
+    for program in (PDNS_SERVER, PDNS_CONTROL):
+        if not program.exists():
+            return (
+                f"{program} not found: run `make setup` (installs Debian's pdns-server and pdns-backend-bind)"
+            )
+    if not Path("/usr/lib/x86_64-linux-gnu/pdns/libbindbackend.so").exists() and not list(
+        Path("/usr/lib").glob("*/pdns/libbindbackend.so")
+    ):
+        return "PowerDNS's bind backend is missing: install pdns-backend-bind (`make setup` does)"
+    return None
+
+
+@dataclass
+class PowerDNS:
+    """The server's files under `folder`; `argv()` runs it in the foreground."""
+
+    folder: Path
+    spec: ZoneSpec
+    address: str = "127.0.0.1"
+    port: int = 5353
+    #: seconds between two TCP checks of each gateway address (the cloud's health_check_interval)
+    health_check_interval: int = 2
+
+    @property
+    def zone_path(self) -> Path:
+        return self.folder / f"{self.spec.domain}.zone"
+
+    def write(self, serial: int = 1) -> None:
+        """(Re)write the configuration and the zone."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "named.conf").write_text(
+            f'zone "{self.spec.domain}" {{ type master; file "{self.zone_path}"; }};\n'
+        )
+        self.zone_path.write_text(zone_file(self.spec, serial))
+        (self.folder / "pdns.conf").write_text(
+            "\n".join(
+                [
+                    "launch=bind",
+                    f"bind-config={self.folder / 'named.conf'}",
+                    f"local-address={self.address}",
+                    f"local-port={self.port}",
+                    "enable-lua-records=yes",
+                    f"lua-health-checks-interval={self.health_check_interval}",
+                    # the answer must follow health within TTL + interval: no packet cache
+                    "cache-ttl=0",
+                    "negquery-cache-ttl=0",
+                    "query-cache-ttl=0",
+                    "zone-cache-refresh-interval=0",
+                    f"socket-dir={self.folder}",
+                    "guardian=no",
+                    "daemon=no",
+                    "disable-syslog=yes",
+                    "log-timestamp=yes",
+                    "webserver=no",
+                    "security-poll-suffix=",
+                    "",
+                ]
+            )
+        )
+
+    def argv(self) -> list[str]:
+        return [str(PDNS_SERVER), f"--config-dir={self.folder}"]
+
+    def reload(self, spec: ZoneSpec, serial: int) -> None:
+        """Serve `spec` from now on (a region added or removed): the zone rewritten, then read
+        again by the running server."""
+        self.spec = spec
+        self.zone_path.write_text(zone_file(spec, serial))
+        control = shutil.which("pdns_control") or str(PDNS_CONTROL)
+        done = subprocess.run(
+            [control, f"--config-dir={self.folder}", "bind-reload-now", spec.domain],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if done.returncode != 0 or "parsed into memory" not in done.stdout:
+            raise PowerDNSError(f"reloading {spec.domain}: {(done.stdout + done.stderr).strip()}")
