@@ -156,3 +156,29 @@ def test_a_region_added_is_answered_to_its_network_within_one_health_check_inter
     answered = until("local-ap", GATEWAY["local-ap"], timeout=INTERVAL * 2 + 1)
     record_counts(health_check_interval_s=INTERVAL, new_region_answered_after_s=answered)
     assert ask("local-eu")[0] == [GATEWAY["local-eu"]], "the others keep theirs"
+
+
+def test_a_devices_resolver_gets_its_regions_gateway_from_its_own_address_and_keeps_it_for_the_ttl(
+    server, gateways
+):
+    from fedgate.dns_resolver import DnsResolver, DnsServer
+
+    gateways["local-eu"].start()
+    gateways["local-us"].start()
+    until("local-us", GATEWAY["local-us"], timeout=INTERVAL * 3 + 1)
+    until("local-eu", GATEWAY["local-eu"], timeout=INTERVAL * 3 + 1)
+    regions = {a: r for r, a in GATEWAY.items()}
+    device = DnsResolver(
+        DnsServer("127.0.0.1", DNS_PORT),
+        "mqtt.fedgate.test",
+        MQTT_PORT,
+        source=CLIENT["local-us"],
+        regions=regions,
+    )
+    assert device.resolve().region == "local-us"
+    gateways["local-us"].stop()
+    time.sleep(INTERVAL + 0.5)
+    assert device.resolve().region == "local-us" and device.questions == 1, "kept for the TTL"
+    time.sleep(TTL)
+    assert device.resolve().region == "local-eu", "asked again once the TTL ran out: the next region"
+    assert device.questions == 2
