@@ -285,7 +285,13 @@ def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, p
     try:
         wait_ready(port, proc)
         # connected once the router is ready: it learns of the device from the connect event
-        dev = SimDevice("bench-dev", ep["host"], ep["gateways"]["local-eu"]["mqtt"], "bench-dev", secret)
+        dev = SimDevice(
+            "bench-dev",
+            ep["gateways"]["local-eu"]["address"],
+            ep["gateways"]["local-eu"]["mqtt"],
+            "bench-dev",
+            secret,
+        )
         dev.connect().subscribe(c.device_command_topic("bench-dev", "#"))
         deadline = time.monotonic() + 15
         while not _present(port, "bench-dev"):

@@ -106,7 +106,7 @@ def steady_publish(
     ep = fed.endpoints()
     gw = ep["gateways"]["local-eu"]
     secrets = fed.add_devices([f"{prefix}{i}" for i in range(devices)], rotate=True)
-    fleet = [SimDevice(d, ep["host"], gw["mqtt"], d, secret).connect() for d, secret in secrets.items()]
+    fleet = [SimDevice(d, gw["address"], gw["mqtt"], d, secret).connect() for d, secret in secrets.items()]
     job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
     log.poll()
     since_ms = int(time.time() * 1000)

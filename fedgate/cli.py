@@ -42,6 +42,7 @@ from typing import Any
 from backend.devices import DeviceRegistryError
 from backend.errors import FedgateError
 from infra.device_registry import DeviceRegistry
+from infra.local.dns_node import DnsNode
 from infra.local.driver import LocalFederation, NodeStatus
 from infra.local.settings import LocalSettings, SettingsError, describe_settings, load_settings
 from infra.local.status import format_clusters
@@ -115,6 +116,8 @@ def status_json(fed: LocalFederation, rows: list[NodeStatus]) -> dict[str, Any]:
         "secrets_file": str(fed.secrets_file),
         "nodes": [r.to_json() for r in rows],
         "clusters": [cl.to_json() for cl in fed.clusters(rows)],
+        # what the DNS server answers each region's devices now
+        "dns": {n.name: n.answers() for n in fed.nodes() if isinstance(n, DnsNode) and n.is_running()},
     }
 
 
@@ -143,6 +146,9 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         print(format_status(rows))
         print()
         print(format_clusters(ctx.fed.clusters(rows)))
+        for node in ctx.fed.nodes():
+            if isinstance(node, DnsNode):
+                print(node.status_line())
     return 0 if all(r.state == "running" for r in rows) else 3
 
 

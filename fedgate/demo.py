@@ -37,6 +37,7 @@ from backend.amqp import Tap, send_and_wait, send_command
 from backend.command_outcomes import Outcome, read_outcomes
 from backend.kafka_read import read_records
 from fedgate.devices import SimDevice, publish_properties
+from fedgate.dns_resolver import resolver_for
 from infra.local.driver import LocalFederation
 
 READINGS_PER_DEVICE = 5
@@ -187,26 +188,36 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     monitors: dict[str, SimDevice] = {}
     with Tap(url, c.TELEMETRY_EXCHANGE) as tap:
         try:
-            # 1. devices connect where they live
+            # 1. devices connect where they live: each asks DNS for mqtt.<domain> from its own
+            #    address, in its region's client network, and connects to what it is answered
+            answered: dict[str, SimDevice] = {}
             for region in regions:
-                port = ep["gateways"][region]["mqtt"]
                 for dev_id in _device_ids(region):
                     five = _speaks_mqtt5(dev_id)
-                    d = SimDevice(dev_id, host, port, dev_id, secrets[dev_id], mqtt5=five).connect()
+                    resolver = resolver_for(ep, region, dev_id)
+                    d = SimDevice.nearest(dev_id, resolver, dev_id, secrets[dev_id], mqtt5=five).connect()
                     d.subscribe(c.device_command_topic(dev_id, "#"), qos=0 if five else 1)
                     devices[dev_id] = d
+                    answered[region] = d
                 # the operator's view of every command: a device may only see its own
-                mon = SimDevice(f"monitor-{region}", host, port, admin_user, admin_pass).connect()
+                gw = ep["gateways"][region]
+                mon = SimDevice(
+                    f"monitor-{region}", gw["address"], gw["mqtt"], admin_user, admin_pass
+                ).connect()
                 mon.subscribe("devices/+/commands/#")
                 monitors[region] = mon
+            dns_ep = ep["dns"]
             say(
                 f"\n1. {len(devices)} devices connected; * MQTT 5, commands at QoS 0 and acknowledged,"
-                " the others MQTT 3.1.1:"
+                " the others MQTT 3.1.1.  Each asked the DNS server "
+                f"{dns_ep['host']}:{dns_ep['port']} for {dns_ep['name']} from its region's network:"
             )
             for region in regions:
+                d = answered[region]
                 say(
-                    f"   {region:10} gateway mqtt://{host}:{ep['gateways'][region]['mqtt']}  "
-                    + ", ".join(d + ("*" if _speaks_mqtt5(d) else "") for d in _device_ids(region))
+                    f"   {region:10} from {dns_ep['client_networks'][region]:16} answered {d.host} "
+                    f"({d.region}): "
+                    + ", ".join(x + ("*" if _speaks_mqtt5(x) else "") for x in _device_ids(region))
                 )
             firmware = threading.Thread(
                 target=_firmware,
@@ -375,7 +386,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     if ep.get("tls"):
         first = ep["gateways"][regions[0]]
         say(
-            f"   MQTT over TLS: {host}:{first['mqtts']} ({regions[0]}), CA {ep['tls']['ca']}, "
+            f"   MQTT over TLS: {first['address']}:{first['mqtts']} ({regions[0]}), CA {ep['tls']['ca']}, "
             f"e.g. mosquitto_pub --cafile <CA> -p {first['mqtts']} -u my-sensor -P <secret> ..."
         )
     say(

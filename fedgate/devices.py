@@ -20,7 +20,8 @@ from paho.mqtt.properties import Properties
 
 from backend import contract as c
 from backend.errors import FedgateError
-from fedgate.resolver import Endpoint, NearestHealthyResolver
+from fedgate.dns_resolver import DnsResolver
+from fedgate.resolver import Endpoint
 
 
 class DeviceError(FedgateError):
@@ -81,11 +82,14 @@ class SimDevice:
         clean_session: bool = True,
         keepalive: int = 30,
         auto_reconnect: bool = True,
-        resolver: NearestHealthyResolver | None = None,
+        resolver: DnsResolver | None = None,
         tls_ca: str | None = None,
         mqtt5: bool = False,
+        source: str | None = None,
     ):
         self.device_id = device_id
+        #: the device's own address (its connections leave from it); None: the system's choice
+        self.source = source
         self.mqtt5 = mqtt5
         self.clean_session = clean_session
         self.host, self.port = host, port
@@ -174,10 +178,16 @@ class SimDevice:
 
     @classmethod
     def nearest(
-        cls, device_id: str, resolver: NearestHealthyResolver, username: str, password: str, **kw: Any
+        cls,
+        device_id: str,
+        resolver: DnsResolver,
+        username: str,
+        password: str,
+        **kw: Any,
     ) -> SimDevice:
         """A device that picks its gateway the way a device would: the nearest healthy region."""
         ep = resolver.endpoints[0]
+        kw.setdefault("source", resolver.source)
         return cls(device_id, ep.host, ep.port, username, password, resolver=resolver, **kw)
 
     @property
@@ -196,6 +206,8 @@ class SimDevice:
                 kw["properties"] = Properties(PacketTypes.CONNECT)
                 kw["properties"].SessionExpiryInterval = 86_400
         try:
+            if self.source:
+                kw["bind_address"] = self.source
             self.client.connect(self.host, self.port, keepalive=self.keepalive, **kw)
         except OSError as e:
             raise DeviceError(f"{self.device_id}: cannot reach {self.host}:{self.port}: {e}") from e

@@ -10,54 +10,23 @@ connects to the answer it holds until the TTL runs out, then asks again.
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-
-import dns.exception
-import dns.message
-import dns.query
-import dns.rcode
-import dns.rdatatype
+from typing import Any
 
 from fedgate.resolver import Endpoint, NoHealthyGatewayError
+from infra.dns.query import DnsQueryError, DnsServer, ask_server
 
 #: (addresses, ttl) for one question; raises on no answer.
 Ask = Callable[[], tuple[list[str], int]]
 
 
-@dataclass(frozen=True)
-class DnsServer:
-    host: str
-    port: int
-
-
-def ask_server(
-    server: DnsServer, name: str, source: str | None, timeout: float = 2.0
-) -> tuple[list[str], int]:
-    """One A question to `server`, from `source` (the device's address): (addresses, TTL)."""
-    query = dns.message.make_query(name, dns.rdatatype.A)
-    try:
-        reply = dns.query.udp(query, server.host, port=server.port, source=source, timeout=timeout)
-    except (dns.exception.Timeout, OSError) as e:
-        raise NoHealthyGatewayError(
-            f"DNS server {server.host}:{server.port} did not answer {name}: {e}"
-        ) from e
-    if reply.rcode() != dns.rcode.NOERROR:
-        raise NoHealthyGatewayError(
-            f"{name}: {dns.rcode.to_text(reply.rcode())} from {server.host}:{server.port}"
-        )
-    answers = [rrset for rrset in reply.answer if rrset.rdtype == dns.rdatatype.A]
-    addresses = [rr.address for rrset in answers for rr in rrset]
-    if not addresses:
-        raise NoHealthyGatewayError(f"{name}: no address in the answer of {server.host}:{server.port}")
-    return addresses, min(rrset.ttl for rrset in answers)
-
-
 class DnsResolver:
-    """A device's resolver: the answer for `name`, kept for its TTL (the interface of
-    fedgate.resolver.NearestHealthyResolver: `resolve(exclude)` gives the endpoint to dial)."""
+    """A device's resolver: the answer for `name`, kept for its TTL; `resolve(exclude)` gives
+    the endpoint to dial (SimDevice asks it at every connect)."""
 
     def __init__(
         self,
@@ -69,8 +38,12 @@ class DnsResolver:
         regions: Mapping[str, str] | None = None,
         ask: Ask | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pick: int = 0,
     ):
         self.server, self.name, self.mqtt_port, self.source = server, name, mqtt_port, source
+        #: which address of an answer with several (a region's gateway cluster) this device
+        #: dials: the answer sorted, then this index (devices spread over a cluster's nodes)
+        self.pick = pick
         #: gateway address -> region, to name the region of an answer (tests, the army's report)
         self.regions = dict(regions or {})
         self._ask = ask or (lambda: ask_server(server, name, source))
@@ -92,7 +65,10 @@ class DnsResolver:
         with self._lock:
             now = self._clock()
             if self._cached is None or now >= self._cached[1]:
-                addresses, ttl = self._ask()
+                try:
+                    addresses, ttl = self._ask()
+                except DnsQueryError as e:
+                    raise NoHealthyGatewayError(str(e)) from e
                 self.questions += 1
                 self._cached = (addresses, now + ttl)
             return list(self._cached[0])
@@ -102,6 +78,30 @@ class DnsResolver:
         the device just lost; the first anyway when the answer holds nothing else: a device
         dials what DNS gave it until DNS gives something else."""
         skip = {(e.host, e.port) for e in exclude}
-        answer = self._answer()
-        fresh = [a for a in answer if (a, self.mqtt_port) not in skip]
-        return self._endpoint((fresh or answer)[0])
+        answer = sorted(self._answer(), key=ipaddress.ip_address)
+        fresh = [a for a in answer if (a, self.mqtt_port) not in skip] or answer
+        return self._endpoint(fresh[self.pick % len(fresh)])
+
+
+def device_address(network: str, device_id: str) -> str:
+    """A device's own address in its client network (the same one every time for an id)."""
+    net = ipaddress.ip_network(network)
+    return str(net.network_address + 1 + zlib.crc32(device_id.encode()) % (net.num_addresses - 2))
+
+
+def resolver_for(endpoints: Mapping[str, Any], region: str, device_id: str, *, pick: int = 0) -> DnsResolver:
+    """The resolver of a device that lives in `region` of a local federation (its
+    `endpoints()`): it asks the federation's DNS server from an address of the region's client
+    network."""
+    dns_ep = endpoints["dns"]
+    regions = {
+        node["address"]: r for r, gw in endpoints["gateways"].items() for node in (gw.get("nodes") or [gw])
+    }
+    return DnsResolver(
+        DnsServer(dns_ep["host"], dns_ep["port"]),
+        dns_ep["name"],
+        endpoints["gateways"][region]["mqtt"],
+        source=device_address(dns_ep["client_networks"][region], device_id),
+        regions=regions,
+        pick=pick,
+    )

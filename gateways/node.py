@@ -29,6 +29,8 @@ class GatewayNodeConfig:
 
     region: str
     host: str
+    #: where devices reach it: MQTT (and MQTT over TLS) listen here, the rest on `host`
+    mqtt_host: str
     #: amqp, management, prometheus and mqtt (mqtts and amqps: the TLS listeners, added apart)
     ports: Mapping[str, int]
     admin_user: str
@@ -84,6 +86,7 @@ class GatewayNodeConfig:
             region=self.region,
             cluster_name=self.cluster_name,
             host=self.host,
+            mqtt_host=self.mqtt_host,
             amqp_port=p["amqp"],
             management_port=p["management"],
             prometheus_port=p["prometheus"],
@@ -102,7 +105,7 @@ class GatewayNodeConfig:
             admin.get("health/checks/virtual-hosts")
         except AdminError:
             return False
-        return listener_open(self.host, self.ports["mqtt"])
+        return listener_open(self.mqtt_host, self.ports["mqtt"])
 
 
 def listener_open(host: str, port: int, timeout: float = 0.5) -> bool:

@@ -132,7 +132,11 @@ def format_status(rows: list[NodeStatus]) -> str:
     header = ("NODE", "ROLE", "REGION", "PORTS", "STATE", "PID", "CONNS", "MSGS", "RSS_MB", "VERSION")
     lines = [header]
     for r in rows:
-        ports = " ".join(f"{k}={v}" for k, v in r.ports.items() if k not in ("dist", "controller"))
+        ports = " ".join(
+            f"{k}={r.address}:{v}" if r.address and k in ("mqtt", "mqtts") else f"{k}={v}"
+            for k, v in r.ports.items()
+            if k not in ("dist", "controller")
+        )
         lines.append(
             (
                 r.name,

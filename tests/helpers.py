@@ -12,7 +12,7 @@ from confluent_kafka import Message
 from backend import contract as c
 from backend.kafka_read import Match, read_records
 from fedgate.devices import SimDevice
-from fedgate.resolver import Endpoint, NearestHealthyResolver
+from fedgate.dns_resolver import resolver_for
 from infra.local.driver import LocalFederation
 
 
@@ -30,17 +30,14 @@ class DeviceCredentials:
 
 
 def device(endpoints: dict[str, Any], region: str, client_id: str, *, node: int = 0, **kw: Any) -> SimDevice:
-    """A connected paho-mqtt device on `region`'s gateway, logged in with its own secret.
+    """A connected paho-mqtt device that lives in `region`, logged in with its own secret.
 
-    A region whose gateway is a cluster (the ha profile): the device knows every node of it,
-    connects to node `node` (0-based) and moves to the next when that one dies."""
-    ep = endpoints
-    user, secret = ep["credentials"](client_id)
-    members = ep["gateways"][region].get("nodes") or [ep["gateways"][region]]
-    if len(members) == 1:
-        return SimDevice(client_id, ep["host"], members[0]["mqtt"], user, secret, **kw).connect()
-    order = members[node % len(members) :] + members[: node % len(members)]
-    resolver = NearestHealthyResolver([Endpoint(region, ep["host"], m["mqtt"]) for m in order], ordered=True)
+    It finds its gateway as a device does: it asks the federation's DNS server for
+    mqtt.<domain> from an address of its region's client network, keeps the answer for its
+    TTL, and connects there -- to the answer's address `node` (0-based, of them sorted) when a
+    region's gateway is a cluster; when it loses its gateway it dials what DNS answers next."""
+    user, secret = endpoints["credentials"](client_id)
+    resolver = resolver_for(endpoints, region, client_id, pick=node)
     return SimDevice.nearest(client_id, resolver, user, secret, **kw).connect()
 
 
@@ -50,7 +47,12 @@ def operator_client(endpoints: dict[str, Any], region: str, client_id: str, **kw
     ep = endpoints
     admin = ep["admin"]
     return SimDevice(
-        client_id, ep["host"], ep["gateways"][region]["mqtt"], admin["user"], admin["password"], **kw
+        client_id,
+        ep["gateways"][region]["address"],
+        ep["gateways"][region]["mqtt"],
+        admin["user"],
+        admin["password"],
+        **kw,
     ).connect()
 
 

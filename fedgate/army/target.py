@@ -85,7 +85,7 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
         # moving to the next node of its region before another region
         members = ep["gateways"][region].get("nodes") or [ep["gateways"][region]]
         k = i % len(members)
-        return [(region, ep["host"], m[port_kind]) for m in members[k:] + members[:k]]
+        return [(region, m["address"], m[port_kind]) for m in members[k:] + members[:k]]
 
     specs = []
     for i, d in enumerate(ids):

@@ -60,8 +60,6 @@ class ZoneSpec:
         labels = self.domain.split(".")
         if not self.domain or not all(lb and lb.replace("-", "").isalnum() for lb in labels):
             raise ZoneError(f"domain: not a DNS name: {self.domain!r}")
-        if not self.regions:
-            raise ZoneError("no region to answer with")
         for region, addresses in self.regions.items():
             c.validate_region(region)
             if not addresses:
@@ -138,13 +136,12 @@ def zone_file(spec: ZoneSpec, serial: int = 1) -> str:
     """The zone in BIND format (PowerDNS's bind backend reads it)."""
     spec.check()
     d = spec.domain.rstrip(".") + "."
-    return "\n".join(
-        [
-            f"$TTL {spec.ttl}",
-            f"@ IN SOA ns1.{d} hostmaster.{d} {serial} 3600 600 86400 {spec.ttl}",
-            f"@ IN NS ns1.{d}",
-            f"ns1 IN A {spec.nameserver}",
-            f'{MQTT_LABEL} {spec.ttl} IN LUA A ";{lua_answer(spec)}"',
-            "",
-        ]
-    )
+    lines = [
+        f"$TTL {spec.ttl}",
+        f"@ IN SOA ns1.{d} hostmaster.{d} {serial} 3600 600 86400 {spec.ttl}",
+        f"@ IN NS ns1.{d}",
+        f"ns1 IN A {spec.nameserver}",
+    ]
+    if spec.regions:  # a federation without a region has no gateway to name
+        lines.append(f'{MQTT_LABEL} {spec.ttl} IN LUA A ";{lua_answer(spec)}"')
+    return "\n".join([*lines, ""])

@@ -35,6 +35,7 @@ from infra.local.layout import (
     BACKEND_NODE,
     KAFKA_NODE,
     ROLE_BACKEND,
+    ROLE_DNS,
     ROLE_EPMD,
     ROLE_GATEWAY,
     ROLE_KAFKA,
@@ -201,7 +202,15 @@ class LocalFederation:
         running = [n for n in nodes if n.is_running()]
         # the router first: it drains its in-flight messages into Kafka and acks them
         # the Spark job first: it finishes or abandons its micro-batch (replayed at the next start)
-        order = {ROLE_SPARK: 0, ROLE_ROUTER: 1, ROLE_KAFKA: 2, ROLE_GATEWAY: 3, ROLE_BACKEND: 4, ROLE_EPMD: 5}
+        order = {
+            ROLE_DNS: 0,
+            ROLE_SPARK: 0,
+            ROLE_ROUTER: 1,
+            ROLE_KAFKA: 2,
+            ROLE_GATEWAY: 3,
+            ROLE_BACKEND: 4,
+            ROLE_EPMD: 5,
+        }
         killed: list[int] = []
         if not running and not self.leftover_pids():
             self.progress("federation already down")

@@ -34,6 +34,7 @@ ROLE_GATEWAY = "gateway"
 ROLE_KAFKA = "kafka"
 ROLE_ROUTER = "router"
 ROLE_SPARK = "spark"
+ROLE_DNS = "dns"
 
 #: Offsets of each node's ports from port_base.
 EPMD_OFFSET = 0
@@ -54,6 +55,9 @@ BACKEND_EXTRA_STRIDE = 5
 GATEWAY_EXTRA_OFFSET = 600
 GATEWAY_EXTRA_STRIDE = 20
 ROUTER_OFFSETS = {"metrics": 30}
+#: the DNS server devices resolve mqtt.<domain> at (infra/dns)
+DNS_OFFSETS = {"dns": 8}
+DNS_NODE = "dns"
 SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
 SPARK_NODE = "spark"
 BACKEND_NODE = "backend"
@@ -71,13 +75,44 @@ class NodeSpec:
     role: str
     region: str | None
     ports: dict[str, int]
+    #: an address of the node's own for what devices reach -- a gateway's MQTT listeners, like
+    #: a host of its own -- or None: the federation's host (settings.host) for everything
+    address: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "region": self.region, "ports": self.ports}
+        out = {"name": self.name, "role": self.role, "region": self.region, "ports": self.ports}
+        return {**out, "address": self.address} if self.address else out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> NodeSpec:
-        return cls(d["name"], d["role"], d.get("region"), {k: int(v) for k, v in d["ports"].items()})
+        ports = {k: int(v) for k, v in d["ports"].items()}
+        return cls(d["name"], d["role"], d.get("region"), ports, d.get("address"))
+
+    def bind_address(self, port: str, host: str) -> str:
+        """Where its `port` listens: the node's own address for MQTT, `host` for the rest."""
+        return self.address if self.address and port in DEVICE_PORTS else host
+
+
+#: The ports devices reach, on a gateway's own address.
+DEVICE_PORTS = ("mqtt", "mqtts")
+
+
+def gateway_address(block: str, slot: int, member: int) -> str:
+    """Node `member` (1-based) of the gateways in region slot `slot` (0-based): 127.X.(slot+1).m."""
+    return f"{block}.{slot + 1}.{member}"
+
+
+def client_network(block: str, slot: int) -> str:
+    """The network the devices of region slot `slot` ask DNS from: 127.X.(101+slot).0/24."""
+    return f"{block}.{101 + slot}.0/24"
+
+
+def gateway_slot(spec: NodeSpec, port_base: int) -> int:
+    """The region slot of a gateway node (its layout place, kept by its AMQP port)."""
+    first = spec.ports["amqp"] - port_base - GATEWAY_OFFSETS["amqp"]
+    if first >= GATEWAY_EXTRA_OFFSET:
+        return (first - GATEWAY_EXTRA_OFFSET) // GATEWAY_EXTRA_STRIDE
+    return (first - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
 
 
 def ports_text(spec: NodeSpec) -> str:
@@ -154,16 +189,27 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
             "grow or shrink here; `fedgate down --purge` first to change the profile"
         )
 
-    def spec(name: str, role: str, region: str | None, offsets: dict[str, int], start: int) -> NodeSpec:
+    def spec(
+        name: str,
+        role: str,
+        region: str | None,
+        offsets: dict[str, int],
+        start: int,
+        address: str | None = None,
+    ) -> NodeSpec:
+        if name in recorded:
+            address = recorded[name].address  # a node recorded without one keeps the host
         # a port kind added since the node was recorded (an upgrade) gets its layout place
         ports = {k: start + off for k, off in offsets.items()}
+        if address is not None:  # a host of its own: the standard device ports
+            ports.update(mqtt=settings.mqtt_port, mqtts=settings.mqtts_port)
         if name in recorded:
             ports.update(recorded[name].ports)
         for k in ports:
             pinned = settings.ports.get(f"{name}.{k}")
             if pinned:
                 ports[k] = pinned
-        return NodeSpec(name, role, region, ports)
+        return NodeSpec(name, role, region, ports, address)
 
     specs = [
         spec(EPMD_NODE, ROLE_EPMD, None, {"epmd": 0}, base + EPMD_OFFSET),
@@ -173,7 +219,7 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         start = base + BACKEND_EXTRA_OFFSET + BACKEND_EXTRA_STRIDE * (i - 2) - BACKEND_OFFSETS["amqp"]
         specs.append(spec(member_name(BACKEND_NODE, i), ROLE_BACKEND, None, BACKEND_OFFSETS, start))
     gateways_recorded = {
-        s.region: s.ports["mqtt"]
+        s.region: gateway_slot(s, base)
         for s in recorded.values()
         if s.role == ROLE_GATEWAY and s.name == gateway_node_name(s.region or "")
     }
@@ -188,24 +234,29 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
             f"settings ask for {settings.gateway_nodes} node(s) a region (profile {settings.profile!r}); "
             "`fedgate down --purge` first to change the profile"
         )
-    used_slots = {(p - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE for p in gateways_recorded.values()}
+    used_slots = set(gateways_recorded.values())
     next_slot = 0
     # Gateways recorded but no longer configured stay part of the federation
     # until they are removed explicitly: `up` must never orphan a running node.
     extra = [r for r in gateways_recorded if r and r not in settings.regions]
     for region in [*settings.regions, *extra]:
         if region in gateways_recorded:
-            slot = (gateways_recorded[region] - base - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+            slot = gateways_recorded[region]
         else:
             while next_slot in used_slots:
                 next_slot += 1
             slot = next_slot
             used_slots.add(slot)
         start = base + GATEWAY_BASE_OFFSET + GATEWAY_STRIDE * slot
-        specs.append(spec(gateway_node_name(region), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
+        block = settings.address_block
+        first = gateway_address(block, slot, 1)
+        specs.append(spec(gateway_node_name(region), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start, first))
         for m in range(2, settings.gateway_nodes + 1):
             start = base + GATEWAY_EXTRA_OFFSET + GATEWAY_EXTRA_STRIDE * slot + GATEWAY_STRIDE * (m - 2)
-            specs.append(spec(gateway_node_name(region, m), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start))
+            address = gateway_address(block, slot, m)
+            specs.append(
+                spec(gateway_node_name(region, m), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start, address)
+            )
     specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
     for i in range(2, settings.kafka_broker_count + 1):
         start = base + KAFKA_EXTRA_OFFSET + KAFKA_EXTRA_STRIDE * (i - 2) - KAFKA_OFFSETS["bootstrap"]
@@ -214,17 +265,19 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
     if settings.spark:
         specs.append(spec(SPARK_NODE, ROLE_SPARK, None, SPARK_OFFSETS, base))
+    specs.append(spec(DNS_NODE, ROLE_DNS, None, DNS_OFFSETS, base))
 
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise FederationError(f"two nodes would be named {', '.join(twice)}: rename a region")
-    seen: dict[int, str] = {}
+    seen: dict[tuple[str, int], str] = {}
     for s in specs:
         for k, p in s.ports.items():
-            if p in seen:
-                raise FederationError(f"port {p} is given to both {seen[p]} and {s.name}.{k}")
-            seen[p] = f"{s.name}.{k}"
+            where = (s.bind_address(k, settings.host), p)
+            if where in seen:
+                raise FederationError(f"port {p} is given to both {seen[where]} and {s.name}.{k}")
+            seen[where] = f"{s.name}.{k}"
     return specs
 
 

@@ -8,14 +8,14 @@ backend/node.py); this file only runs them as local processes.  Kafka, the
 routers and the Spark job are in services.py.
 
 Node kinds:
-  epmd     Erlang's port mapper, one per state dir on a fedgate port, so that
-           two local federations (the demo and the tests) never share one and
-           `down` leaves no daemon behind
+  epmd     Erlang's port mapper, one per state dir on a fedgate port: two federations
+           (the demo and the tests) never share one, `down` leaves no daemon behind
   backend  the backend RabbitMQ node (a cluster of 3 in the ha profile)
   gateway  a region's RabbitMQ node (3 in the ha profile), with the MQTT listener
   kafka    a Kafka broker in KRaft mode (3 in the ha profile; Apache Kafka's jars)
   router   the router service (python -m router)
   spark    the streaming job that keeps the analysts' tables (python -m spark.job)
+  dns      PowerDNS answering devices' mqtt.<domain> (dns_node.py)
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ from infra.local.layout import (  # noqa: F401  (re-exported: the roles and Node
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_listeners_conf
 
-#: Erlang VM flags for several nodes sharing two cores: no busy-waiting
-#: schedulers (they would burn a core each while idle).
+#: Erlang VM flags for several nodes sharing two cores: no busy-waiting schedulers (a core each).
 ERL_SHARED_HOST_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 
@@ -141,9 +140,9 @@ class Node:
     def preflight(self) -> None:
         """Raise NodeError if the node cannot start (missing binary, port taken)."""
         for port_name, port in self.spec.ports.items():
-            if port_in_use(self.host, port):
+            if port_in_use(address := self.spec.bind_address(port_name, self.host), port):
                 raise NodeError(
-                    f"{self.name}: port {port} ({port_name}) on {self.host} is already in use; "
+                    f"{self.name}: port {port} ({port_name}) on {address} is already in use; "
                     "choose other ports with FEDGATE_PORT_BASE or [ports] in fedgate.toml"
                 )
 
@@ -216,8 +215,7 @@ class Node:
 def start_and_wait(
     nodes: list[Node], started: list[Node], *, boot_timeout: float, progress: Callable[[str], None]
 ) -> None:
-    """Start `nodes` together and wait until each is ready; each one started is appended
-    to `started` (for stop_started).  NodeError names a node that died or stayed unready."""
+    """Start `nodes` (each appended to `started`) and wait until each is ready, or NodeError."""
     t0 = time.monotonic()
     for n in nodes:
         progress(f"starting {n.name} ({ports_text(n.spec)})")
@@ -308,6 +306,7 @@ class RabbitNode(Node):
             return GatewayNodeConfig(
                 region=self.spec.region,
                 host=self.host,
+                mqtt_host=self.spec.bind_address("mqtt", self.host),
                 ports=self.spec.ports,
                 admin_user=ADMIN_USER,
                 admin_password=self.secrets["admin"],
@@ -328,8 +327,7 @@ class RabbitNode(Node):
         )
 
     def cluster_members(self) -> list[NodeSpec]:
-        """Every node of this node's RabbitMQ cluster (the backend's or its region's gateways),
-        itself included, the first first."""
+        """Every node of this node's RabbitMQ cluster (the backend's or its region's), itself included."""
         recorded = StateFiles(self.settings.state_dir).recorded() or {self.name: self.spec}
         return region_nodes(recorded.values(), self.spec.role, self.spec.region)
 
@@ -355,9 +353,11 @@ class RabbitNode(Node):
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "rabbitmq.conf").write_text(config.rabbitmq_conf())
         if self.settings.tls:
-            cert = LocalCA(self.settings.state_dir / "tls").node_cert(self.name, self.host)
+            also = (self.spec.address, f"mqtt.{self.settings.dns_domain}") if self.spec.address else ()
+            cert = LocalCA(self.settings.state_dir / "tls").node_cert(self.name, self.host, *also)
             with open(self.dir / "rabbitmq.conf", "a") as conf:
-                conf.write(tls_listeners_conf(self.host, cert, p["amqps"], p.get("mqtts")))
+                mqtts = (self.spec.bind_address("mqtts", self.host), p["mqtts"]) if "mqtts" in p else None
+                conf.write(tls_listeners_conf(self.host, cert, p["amqps"], mqtts))
         (self.dir / "rabbitmq.conf").chmod(0o600)
         shutil.copyfile(config.enabled_plugins, self.dir / "enabled_plugins")
         if isinstance(config, GatewayNodeConfig):

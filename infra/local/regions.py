@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError
+from infra.local.dns_node import DnsNode
 from infra.local.layout import ROLE_GATEWAY, FederationError, gateway_node_name, port_layout
 from infra.local.nodes import Node, NodeError, start_and_wait, stop_started
 from infra.local.services import RouterNode
@@ -65,6 +66,7 @@ class RegionChanges:
             start_and_wait(members, started, boot_timeout=fed.settings.boot_timeout, progress=fed.progress)
             fed.wire(nodes)
             self.reload_routers(nodes)
+            self.reload_dns(nodes)
         except (NodeError, AdminError, TimeoutError) as e:
             fed.progress(f"error: {e}; removing {region} again")
             stop_started(started)
@@ -72,7 +74,7 @@ class RegionChanges:
             raise FederationError(str(e)) from e
         fed.progress(
             f"region {region} joined in {time.monotonic() - t0:.1f}s "
-            f"(MQTT on {fed.settings.host}:{gateway.spec.ports['mqtt']})"
+            f"(MQTT on {gateway.spec.bind_address('mqtt', fed.settings.host)}:{gateway.spec.ports['mqtt']})"
         )
         return fed.status()
 
@@ -91,6 +93,7 @@ class RegionChanges:
             fed.progress(f"stopping {node.name}")
             node.stop()
         self.forget(region)
+        self.reload_dns(fed.nodes())  # its devices' answers move to the next region at once
         for node in members:
             shutil.rmtree(node.dir, ignore_errors=True)
         backend = fed.backend()
@@ -113,6 +116,13 @@ class RegionChanges:
             fed.settings, regions=tuple(r for r in fed.settings.regions if r != region)
         )
         fed.files.forget_gateway(region)
+
+    def reload_dns(self, nodes: list[Node]) -> None:
+        """The DNS server's zone rewritten from federation.json and read again."""
+        for n in nodes:
+            if isinstance(n, DnsNode) and n.is_running():
+                n.reload(serial=int(time.time()))
+                self.fed.progress(f"{n.name} answers for {', '.join(self.fed.settings.regions)}")
 
     def reload_routers(self, nodes: list[Node]) -> None:
         """Re-render every running router's config and make it re-read it (SIGHUP)."""

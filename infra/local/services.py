@@ -19,8 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from infra.local.dns_node import DnsNode
 from infra.local.layout import (
     ROLE_BACKEND,
+    ROLE_DNS,
     ROLE_EPMD,
     ROLE_GATEWAY,
     ROLE_KAFKA,
@@ -281,4 +283,5 @@ NODE_CLASSES: dict[str, type[Node]] = {
     ROLE_KAFKA: KafkaNode,
     ROLE_ROUTER: RouterNode,
     ROLE_SPARK: SparkNode,
+    ROLE_DNS: DnsNode,
 }

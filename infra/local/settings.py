@@ -25,13 +25,11 @@ process as it is, next to what the driver wires in (configs.router_config)::
 from __future__ import annotations
 
 import functools
-import ipaddress
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from backend.contract import InvalidRegionError, validate_region
 from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
 from router.settings import RouterSettings, RouterSettingsError, check_router_table, router_table
@@ -98,7 +96,34 @@ class LocalSettings:
     )
     host: str = field(
         default="127.0.0.1",
-        metadata={"doc": "Address every listener binds to (loopback by default)."},
+        metadata={"doc": "Address every listener binds to (loopback by default), the gateways' MQTT aside."},
+    )
+    gateway_addresses: str = field(
+        default="",
+        metadata={
+            "doc": "127.X: node m of the s-th region's gateways takes MQTT on 127.X.s.m, a host of its "
+            "own, and that region's devices ask DNS from 127.X.(100+s).0/24.  Empty: X = port_base "
+            "/ 100 mod 256 (two federations with other port bases do not meet)."
+        },
+    )
+    mqtt_port: int = field(
+        default=1883, metadata={"doc": "MQTT port of every gateway (on the gateway's own address)."}
+    )
+    mqtts_port: int = field(
+        default=8883, metadata={"doc": "MQTT over TLS port of every gateway (on its own address)."}
+    )
+    dns_domain: str = field(
+        default="fedgate.test",
+        metadata={"doc": "Devices resolve mqtt.<dns_domain> at the federation's DNS server (PowerDNS)."},
+    )
+    dns_ttl: int = field(
+        default=5, metadata={"doc": "Seconds a device keeps the DNS answer (as the cloud's dns_ttl)."}
+    )
+    health_check_interval: int = field(
+        default=2,
+        metadata={
+            "doc": "Seconds between the DNS server's checks of each gateway's MQTT port (as the cloud's)."
+        },
     )
     rabbitmq_memory_mb: int = field(
         default=1024,
@@ -291,66 +316,21 @@ class LocalSettings:
     def spark_kafka_jars(self) -> Path:
         return self.cache_dir / SPARK_KAFKA_JARS
 
+    @property
+    def address_block(self) -> str:
+        """127.X of the gateways' and the devices' own addresses (see gateway_addresses)."""
+        return self.gateway_addresses or f"127.{self.port_base // 100 % 256}"
+
     @functools.cached_property
     def router_settings(self) -> RouterSettings:
         """What the [router] table gives (its rules, topics, limits; the wiring fields are stand-ins)."""
         return check_router_table(self.router)
 
     def validate(self) -> LocalSettings:
-        try:
-            for r in self.regions:
-                validate_region(r)
-        except InvalidRegionError as e:
-            raise SettingsError(f"regions: {e}") from e
-        if len(set(self.regions)) != len(self.regions):
-            raise SettingsError(f"regions: duplicate region in {list(self.regions)}")
-        if not 1024 <= self.port_base <= 65535 - 1000:
-            raise SettingsError(f"port_base: {self.port_base} must be in 1024..64535")
-        low, high = ephemeral_port_range()
-        if self.port_base + PORT_BLOCK > low and self.port_base <= high:
-            # Outgoing connections take their local port from this range: a
-            # node could find its port taken between the check and its boot.
-            raise SettingsError(
-                f"port_base: {self.port_base}..{self.port_base + PORT_BLOCK} overlaps the kernel's ephemeral "
-                f"port range {low}-{high}; pick a port_base below {low - PORT_BLOCK}"
-            )
-        for key, port in self.ports.items():
-            if "." not in key:
-                raise SettingsError(f"ports: key {key!r} must look like '<node>.<port name>'")
-            if not isinstance(port, int) or not 1 <= port <= 65535:
-                raise SettingsError(f"ports: {key} = {port!r} is not a TCP port")
-        for name in ("rabbitmq_memory_mb", "kafka_heap_mb", "gateway_max_fds", "mqtt_tcp_buffer"):
-            if getattr(self, name) <= 0:
-                raise SettingsError(f"{name}: must be positive, got {getattr(self, name)}")
-        if not 0 <= self.routers <= self.uplink_shards:
-            raise SettingsError(f"routers: 0 to uplink_shards ({self.uplink_shards}), got {self.routers}")
-        try:
-            router_table(self.router, env={})
-        except RouterSettingsError as e:
-            raise SettingsError(f"router.{e}") from e
-        if self.profile not in PROFILE_KAFKA_BROKERS:
-            raise SettingsError(f"profile: one of {sorted(PROFILE_KAFKA_BROKERS)}, got {self.profile!r}")
-        if not 0 <= self.kafka_brokers <= MAX_KAFKA_BROKERS:
-            raise SettingsError(
-                f"kafka_brokers: 0 (the profile's) to {MAX_KAFKA_BROKERS}, got {self.kafka_brokers}"
-            )
-        if self.spark not in (0, 1):
-            raise SettingsError(f"spark: 0 or 1, got {self.spark}")
-        if self.rabbitmq_release not in ("4.0", "3.10"):
-            raise SettingsError(f"rabbitmq_release: '4.0' or '3.10', got {self.rabbitmq_release!r}")
-        if self.boot_timeout <= 0:
-            raise SettingsError("boot_timeout: must be positive")
-        for name in ("cloud_admin_cidrs", "cloud_backend_cidrs"):
-            for cidr in getattr(self, name):
-                try:
-                    ipaddress.ip_network(cidr, strict=False)
-                except ValueError as e:
-                    raise SettingsError(f"{name}: {cidr!r} is not a CIDR block") from e
-        if not 1 <= self.cloud_backend_amqp_port <= 65535:
-            raise SettingsError(f"cloud_backend_amqp_port: {self.cloud_backend_amqp_port} is not a TCP port")
-        if self.cloud_node_count < 1:
-            raise SettingsError("cloud_node_count: at least 1")
-        return self
+        """Every field checked (infra/local/settings_check.py); SettingsError names the first wrong one."""
+        from infra.local.settings_check import check_settings
+
+        return check_settings(self)
 
 
 def load_settings(

@@ -14,7 +14,8 @@ from typing import Any
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
 from infra.local import processes
-from infra.local.layout import ROLE_BACKEND, ROUTER_NODE, NodeSpec, gateway_clusters, region_nodes
+from infra.local.dns_node import dns_endpoint
+from infra.local.layout import ROLE_BACKEND, ROLE_DNS, ROUTER_NODE, NodeSpec, gateway_clusters, region_nodes
 from infra.local.nodes import Node, RabbitNode
 from infra.local.services import KafkaNode, RouterNode, SparkNode, kafka_bootstrap
 from infra.local.settings import LocalSettings
@@ -36,6 +37,8 @@ class NodeStatus:
     #: the RabbitMQ version a broker node runs (its management API's overview); None for other nodes
     version: str | None = None
     detail: str = ""
+    #: the node's own address for its device ports (a gateway's MQTT), None: the federation's host
+    address: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -53,6 +56,7 @@ def node_status(n: Node) -> NodeStatus:
         pid,
         None,
         None,
+        address=n.spec.address,
     )
     if pid:
         st.rss_mb = processes.rss_bytes(processes.marked_pids(n.marker)) // (1024 * 1024)
@@ -184,9 +188,10 @@ def format_clusters(clusters: list[ClusterStatus]) -> str:
     return "\n".join(lines)
 
 
-def _gateway_ports(spec: NodeSpec, tls: bool) -> dict[str, int]:
-    keys = ("mqtt", "amqp", "management", *(("mqtts",) if tls else ()))
-    return {k: spec.ports[k] for k in keys}
+def _gateway_ports(spec: NodeSpec, settings: LocalSettings) -> dict[str, Any]:
+    """A gateway node's ports, and `address`: where its MQTT ports listen (its own address)."""
+    keys = ("mqtt", "amqp", "management", *(("mqtts",) if settings.tls else ()))
+    return {**{k: spec.ports[k] for k in keys}, "address": spec.bind_address("mqtt", settings.host)}
 
 
 def endpoints(
@@ -210,12 +215,21 @@ def endpoints(
         # a region's first node's ports, and under "nodes" every node's of its cluster
         "gateways": {
             region: {
-                **_gateway_ports(members[0], settings.tls),
-                "nodes": [{"name": m.name, **_gateway_ports(m, settings.tls)} for m in members],
+                **_gateway_ports(members[0], settings),
+                "nodes": [{"name": m.name, **_gateway_ports(m, settings)} for m in members],
             }
             for region, members in gateway_clusters(n.spec for n in nodes).items()
         },
         "kafka": {"bootstrap": kafka_bootstrap(nodes)},
+        # where devices resolve their gateway (infra/local/dns_node.py)
+        "dns": next(
+            (
+                dns_endpoint(settings, n.spec, [m.spec for m in nodes])
+                for n in nodes
+                if n.spec.role == ROLE_DNS
+            ),
+            None,
+        ),
         "router": {"metrics": router.metrics_url if router else None},
         # every router's, by name: any of them may be the one routing commands
         "routers": {n.name: n.metrics_url for n in nodes if isinstance(n, RouterNode)},

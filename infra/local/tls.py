@@ -45,15 +45,16 @@ def tls_server_name(host: str) -> str:
 TLS_CONF_TEMPLATE = Path(__file__).resolve().parents[2] / "gateways" / "templates" / "tls.conf"
 
 
-def tls_listeners_conf(host: str, cert: NodeCert, amqps_port: int, mqtts_port: int | None) -> str:
-    """rabbitmq.conf lines for the node's TLS listeners: AMQPS (federation links), MQTT over TLS."""
+def tls_listeners_conf(host: str, cert: NodeCert, amqps_port: int, mqtts: tuple[str, int] | None) -> str:
+    """rabbitmq.conf lines for the node's TLS listeners: AMQPS (federation links), MQTT over TLS
+    (`mqtts`: its address and port, a gateway's own)."""
     return Template(TLS_CONF_TEMPLATE.read_text()).substitute(
         host=host,
         amqps_port=amqps_port,
         cacertfile=cert.ca,
         certfile=cert.cert,
         keyfile=cert.key,
-        mqtts_listener="" if mqtts_port is None else f"mqtt.listeners.ssl.1 = {host}:{mqtts_port}",
+        mqtts_listener="" if mqtts is None else f"mqtt.listeners.ssl.1 = {mqtts[0]}:{mqtts[1]}",
     )
 
 
@@ -104,17 +105,19 @@ class LocalCA:
         )  # fmt: skip
         return self.ca_cert
 
-    def node_cert(self, node: str, host: str) -> NodeCert:
-        """`node`'s certificate for `host` (and 127.0.0.1, localhost), made on first use."""
+    def node_cert(self, node: str, host: str, *more: str | None) -> NodeCert:
+        """`node`'s certificate for `host` and `more` (addresses or names: a gateway's own address,
+        the name devices resolve), and 127.0.0.1, localhost; made on first use."""
         self.ensure_ca()
         cert, key = self.folder / f"{node}.pem", self.folder / f"{node}.key"
         if cert.exists() and key.exists():
             return NodeCert(cert, key, self.ca_cert)
         names = {"DNS:localhost", "IP:127.0.0.1"}
-        try:
-            names.add(f"IP:{ipaddress.ip_address(host)}")
-        except ValueError:
-            names.add(f"DNS:{host}")
+        for name in (host, *(m for m in more if m)):
+            try:
+                names.add(f"IP:{ipaddress.ip_address(name)}")
+            except ValueError:
+                names.add(f"DNS:{name}")
         _new_key(key)
         csr = self.folder / f"{node}.csr"
         ext = self.folder / f"{node}.ext"

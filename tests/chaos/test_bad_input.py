@@ -85,7 +85,7 @@ def hostile_inputs(client_id: bytes, user: bytes, secret: bytes) -> dict[str, by
 
 def test_hostile_bytes_at_the_mqtt_port_are_refused_and_the_gateway_keeps_serving(federation, endpoints, uid):
     region = "local-eu"
-    host, port = endpoints["host"], endpoints["gateways"][region]["mqtt"]
+    host, port = endpoints["gateways"][region]["address"], endpoints["gateways"][region]["mqtt"]
     gateway = federation.node(f"gw-{region}")
     pid_before = gateway.pid()
     log_before = gateway.log_file.stat().st_size

@@ -3,9 +3,10 @@
 Tried: a region `local-gk` whose 6 devices find it nearest, each publishing
 numbered QoS 1 readings and subscribed to its commands, while a backend
 service sends every device a numbered command every 0.25 s.  The gateway's
-RabbitMQ is SIGKILLed.  The devices fail over to the next nearest healthy
-gateway (local-eu), which they find after 3 s (their health probe is held
-back that long), and renew their subscriptions there.  Commands keep
+RabbitMQ is SIGKILLed.  The devices live in local-gk's client network and
+find their gateway by DNS: once the DNS server's health check has seen the
+gateway dead and their answer's TTL ran out, they are answered the next
+nearest region (local-eu), connect there and renew their subscriptions.  Commands keep
 coming for 12 s more; then the killed gateway is started again, so that the
 readings it had acknowledged and not yet passed on (its durable federation
 queue, on its disk) flow to the backend.
@@ -24,7 +25,8 @@ import pytest
 
 from backend import contract as c
 from fedgate.devices import SimDevice
-from fedgate.resolver import Endpoint, NearestHealthyResolver, tcp_connect_probe
+from fedgate.dns_resolver import resolver_for
+from fedgate.resolver import Endpoint
 from infra.local.driver import gateway_node_name
 from tests.chaos.counting import CommandSender, Fleet, check, read_back
 from tests.helpers import leader_url, record_counts, wait_present
@@ -46,25 +48,13 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
     federation.add_region(REGION)
     try:
         ep = federation.endpoints()
-        near = Endpoint(REGION, ep["host"], ep["gateways"][REGION]["mqtt"])
-        fallback = Endpoint(FALLBACK, ep["host"], ep["gateways"][FALLBACK]["mqtt"])
-        real = tcp_connect_probe(timeout=0.5)
-        #: local-eu looks down until then: the devices take 3 s to fail over, as over a real network
-        fallback_from = [float("inf")]
-
-        def probe(e: Endpoint) -> float | None:
-            # health is real (the gateway answers or not); local-gk is made to look nearest
-            if e == fallback and time.monotonic() < fallback_from[0]:
-                return None
-            lat = real(e)
-            return None if lat is None else lat + (0.0 if e == near else 0.05)
-
+        near = Endpoint(REGION, ep["gateways"][REGION]["address"], ep["gateways"][REGION]["mqtt"])
         ids = [f"gk-{uid}-{i}" for i in range(DEVICES)]
         secrets = federation.add_devices(ids)
+        # the devices live in local-gk's client network: DNS answers them local-gk while its
+        # gateway is healthy, the next region (local-eu) when it is not
         devices = [
-            SimDevice.nearest(
-                d, NearestHealthyResolver([fallback, near], probe), d, secrets[d], keepalive=5
-            ).connect()
+            SimDevice.nearest(d, resolver_for(ep, REGION, d), d, secrets[d], keepalive=5).connect()
             for d in ids
         ]
         for d in devices:
@@ -75,7 +65,6 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         with Fleet(devices, interval=0.05) as fleet, CommandSender(ep["backend"]["url"], ids) as commands:
             time.sleep(3)
             acked_before = fleet.total_acked
-            fallback_from[0] = time.monotonic() + 3
             federation.node(gateway_node_name(REGION)).kill()  # SIGKILL, every process of it
             killed_at = time.monotonic()
             deadline = killed_at + 60
@@ -97,6 +86,7 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         got = read_back(ep["kafka"]["bootstrap"], set(ids), fleet.total_acked, timeout=120)
         record_counts(
             failover_s=round(failover_s, 1),
+            dns_ttl_plus_health_check_s=ep["dns"]["ttl"] + ep["dns"]["health_check_interval"],
             acked_before_kill=acked_before,
             commands_sent=sum(len(v) for v in commands.sent.values()),
             commands_received=delivered.received,

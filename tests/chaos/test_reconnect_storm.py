@@ -53,8 +53,8 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
     ids = [f"storm-{uid}-{i}" for i in range(DEVICES)]
     secrets = federation.add_devices(ids)
     ep = endpoints
-    port = ep["gateways"][REGION]["mqtt"]
-    fleet = [SimDevice(d, ep["host"], port, d, secrets[d], auto_reconnect=False) for d in ids]
+    host, port = ep["gateways"][REGION]["address"], ep["gateways"][REGION]["mqtt"]
+    fleet = [SimDevice(d, host, port, d, secrets[d], auto_reconnect=False) for d in ids]
 
     def connect(dev: SimDevice) -> None:
         dev.connect(timeout=30)
@@ -66,7 +66,7 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
 
         # the storm: everyone drops at once, then everyone comes back at once
         list(pool.map(lambda d: d.close(), fleet))
-        fleet = [SimDevice(d, ep["host"], port, d, secrets[d], auto_reconnect=False) for d in ids]
+        fleet = [SimDevice(d, host, port, d, secrets[d], auto_reconnect=False) for d in ids]
         start = threading.Barrier(DEVICES)
 
         def reconnect(dev: SimDevice) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fedgate.demo import run_demo
@@ -18,4 +20,9 @@ def test_demo_scene_passes_every_check_and_says_how_to_stop(federation, capsys):
     assert "spark: 20/20 readings in telemetry_raw, each once" in out
     assert "from local-eu    10 messages" in out and "from local-us    10 messages" in out
     assert "make down" in out
+    # each region's devices asked the DNS server from their own network and got their region's gateway
+    for n, region in ((1, "local-eu"), (2, "local-us")):
+        assert re.search(
+            rf"{region}\s+from 127\.\d+\.10{n}\.0/24\s+answered 127\.\d+\.{n}\.1 \({region}\)", out
+        ), out
     assert "answered the sender's question" in out and "'firmware': '2.1.0'" in out

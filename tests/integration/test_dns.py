@@ -161,7 +161,8 @@ def test_a_region_added_is_answered_to_its_network_within_one_health_check_inter
 def test_a_devices_resolver_gets_its_regions_gateway_from_its_own_address_and_keeps_it_for_the_ttl(
     server, gateways
 ):
-    from fedgate.dns_resolver import DnsResolver, DnsServer
+    from fedgate.dns_resolver import DnsResolver
+    from infra.dns.query import DnsServer
 
     gateways["local-eu"].start()
     gateways["local-us"].start()

@@ -132,7 +132,13 @@ def test_devices_need_credentials(endpoints):
     from fedgate.devices import DeviceError
 
     ep = endpoints
-    d = SimDevice("intruder", ep["host"], ep["gateways"]["local-eu"]["mqtt"], "device", "wrong")
+    d = SimDevice(
+        "intruder",
+        ep["gateways"]["local-eu"]["address"],
+        ep["gateways"]["local-eu"]["mqtt"],
+        "device",
+        "wrong",
+    )
     with pytest.raises(DeviceError, match="refused|no CONNACK"):
         d.connect(timeout=5)
 

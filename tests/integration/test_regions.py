@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.request
 
@@ -12,10 +11,12 @@ import pytest
 from backend import contract as c
 from backend.amqp import Tap, send_command
 from fedgate.devices import SimDevice
-from fedgate.resolver import Endpoint, NearestHealthyResolver, tcp_connect_probe
+from fedgate.dns_resolver import device_address, resolver_for
+from fedgate.resolver import Endpoint
+from infra.dns.query import DnsServer, ask_server
 from infra.local import processes
 from infra.local.driver import gateway_node_name
-from tests.helpers import device, kafka_records, leader_url, wait_present
+from tests.helpers import device, kafka_records, leader_url, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -66,55 +67,62 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
     assert sorted(s for _, s in federation.link_states()["backend"]) == ["running"] * 4
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _answered(ep: dict, region: str, want: str, timeout: float) -> float:
+    """Seconds until the DNS server answers a client of `region`'s network `want` (no cache)."""
+    dns_ep = ep["dns"]
+    server, source = (
+        DnsServer(dns_ep["host"], dns_ep["port"]),
+        device_address(dns_ep["client_networks"][region], "q"),
+    )
+    t0 = time.monotonic()
+    while (got := ask_server(server, dns_ep["name"], source)[0]) != [want]:
+        assert time.monotonic() - t0 < timeout, f"answered {got}, not {want}, after {timeout} s"
+        time.sleep(0.1)
+    return round(time.monotonic() - t0, 1)
 
 
-def test_the_tcp_probe_measures_a_listening_gateway_and_fails_a_closed_port(endpoints):
-    probe = tcp_connect_probe(timeout=1.0)
-    latency = probe(Endpoint("local-eu", endpoints["host"], endpoints["gateways"]["local-eu"]["mqtt"]))
-    assert latency is not None and 0 < latency < 1.0
-    assert probe(Endpoint("local-us", "127.0.0.1", _closed_port())) is None
-
-
-def test_a_device_fails_over_to_the_next_gateway_when_its_gateway_dies_and_its_commands_follow(
+def test_a_device_finds_its_region_by_dns_and_the_next_when_its_gateway_dies_and_its_commands_follow(
     federation, uid
 ):
+    """`make gateway REGION=local-fo`: its client network is answered its gateway within a
+    health-check interval.  A device there resolves mqtt.<domain> and connects; its gateway
+    stopped, DNS answers the next region (local-eu) once the health check saw it and the
+    device's TTL ran out: the device reconnects there and a command sent then reaches it.
+    The gateway back, new resolutions return to it."""
     region = "local-fo"
     federation.add_region(region)
     try:
         ep = federation.endpoints()
-        near = Endpoint(region, ep["host"], ep["gateways"][region]["mqtt"])
-        nxt = Endpoint("local-eu", ep["host"], ep["gateways"]["local-eu"]["mqtt"])
-        real = tcp_connect_probe(timeout=0.5)
-
-        def probe(e: Endpoint) -> float | None:
-            # health is real (the gateway answers or not); the new region is made to look nearer
-            lat = real(e)
-            return None if lat is None else lat + (0.0 if e == near else 0.05)
-
+        dns_ep, own = ep["dns"], ep["gateways"][region]
+        interval, ttl = dns_ep["health_check_interval"], dns_ep["ttl"]
+        new_region_after = _answered(ep, region, own["address"], timeout=interval * 2 + 2)
+        near = Endpoint(region, own["address"], own["mqtt"])
         dev_id = f"fo-{uid}"
-        dev = SimDevice.nearest(
-            dev_id,
-            NearestHealthyResolver([nxt, near], probe),
-            dev_id,
-            federation.add_devices([dev_id])[dev_id],
-            keepalive=5,
-        )
-        with dev:
+        secret = federation.add_devices([dev_id])[dev_id]
+        dev = SimDevice.nearest(dev_id, resolver_for(ep, region, dev_id), dev_id, secret, keepalive=5)
+        with dev.connect():
             assert dev.region == region
             wait_present(ep, dev_id, region)
             federation.node(gateway_node_name(region)).stop()  # the gateway dies
-            deadline = time.monotonic() + 30
+            stopped_at = time.monotonic()
+            deadline = stopped_at + ttl + interval + 20
             while not (dev.connected and dev.region == "local-eu") and time.monotonic() < deadline:
                 time.sleep(0.05)
+            moved_after = round(time.monotonic() - stopped_at, 1)
             assert dev.region == "local-eu" and dev.connected, "device did not fail over to local-eu"
             assert dev.failovers == [near]
             dev.subscribe(c.device_command_topic(dev_id, "#"))
             wait_present(ep, dev_id, "local-eu")
             send_command(ep["backend"]["url"], dev_id, c.device_command_topic(dev_id, "hello"), b"hi")
             assert [r.payload for r in dev.wait_for(1)] == [b"hi"], "its command followed it to local-eu"
+            federation.start_node(gateway_node_name(region))
+            back_after = _answered(ep, region, own["address"], timeout=interval * 2 + 2)
+        record_counts(
+            dns_ttl_s=ttl,
+            health_check_interval_s=interval,
+            new_region_answered_after_s=new_region_after,
+            device_on_the_next_region_after_s=moved_after,
+            answered_its_gateway_again_after_s=back_after,
+        )
     finally:
         federation.remove_region(region)

@@ -28,7 +28,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 def mqtt(endpoints, region: str, client_id: str, user: str | None, secret: str | None, **kw) -> SimDevice:
     ep = endpoints
-    d = SimDevice(client_id, ep["host"], ep["gateways"][region]["mqtt"], user or "", secret or "", **kw)
+    d = SimDevice(
+        client_id,
+        ep["gateways"][region]["address"],
+        ep["gateways"][region]["mqtt"],
+        user or "",
+        secret or "",
+        **kw,
+    )
     if user is None:
         d.client.username_pw_set(None)  # no user name at all: anonymous
     return d

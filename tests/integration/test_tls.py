@@ -23,7 +23,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 def tls_device(endpoints, region: str, dev_id: str, ca: str, **kw) -> SimDevice:
     user, secret = endpoints["credentials"](dev_id)
     ep = endpoints
-    return SimDevice(dev_id, ep["host"], ep["gateways"][region]["mqtts"], user, secret, tls_ca=ca, **kw)
+    return SimDevice(
+        dev_id,
+        ep["gateways"][region]["address"],
+        ep["gateways"][region]["mqtts"],
+        user,
+        secret,
+        tls_ca=ca,
+        **kw,
+    )
 
 
 def test_a_device_over_tls_checks_the_gateway_and_its_readings_arrive(endpoints, uid):
@@ -42,7 +50,14 @@ def test_a_device_over_tls_checks_the_gateway_and_its_readings_arrive(endpoints,
 def test_plain_mqtt_at_the_tls_port_is_refused(endpoints, uid):
     user, secret = endpoints["credentials"](f"plain-{uid}")
     ep = endpoints
-    d = SimDevice(user, ep["host"], ep["gateways"]["local-eu"]["mqtts"], user, secret, auto_reconnect=False)
+    d = SimDevice(
+        user,
+        ep["gateways"]["local-eu"]["address"],
+        ep["gateways"]["local-eu"]["mqtts"],
+        user,
+        secret,
+        auto_reconnect=False,
+    )
     with pytest.raises(DeviceError):
         d.connect(timeout=5)
 

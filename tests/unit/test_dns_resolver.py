@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from fedgate.dns_resolver import DnsResolver, DnsServer
+from fedgate.dns_resolver import DnsResolver
 from fedgate.resolver import Endpoint, NoHealthyGatewayError
+from infra.dns.query import DnsQueryError, DnsServer
 
 
 class Answers:
@@ -18,7 +19,7 @@ class Answers:
 
     def ask(self) -> tuple[list[str], int]:
         if not self.answers:
-            raise NoHealthyGatewayError("no answer")
+            raise DnsQueryError("no answer")
         return self.answers.pop(0)
 
 

@@ -48,11 +48,14 @@ def test_the_zone_has_its_soa_ns_and_one_lua_record_with_the_ttl():
     )
 
 
+def test_a_federation_without_a_region_has_no_record_to_answer():
+    assert " LUA " not in zone_file(spec(regions={}, client_networks=[]))
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
         ({"domain": "fedgate test"}, "domain"),
-        ({"regions": {}}, "no region"),
         ({"regions": {"local-eu": ["127.0.1.1'); os.exit() --"]}}, "not an IP address"),
         ({"regions": {"Local EU": ["127.0.1.1"]}}, "region"),
         ({"client_networks": [("127.10.1.0/33", ["local-eu"])]}, "client network"),

@@ -13,7 +13,12 @@ def _ports(specs):
     return [p for s in specs for p in s.ports.values()]
 
 
-def test_every_node_gets_distinct_ports_clear_of_the_standard_ones():
+def _host_ports(specs, host="127.0.0.1"):
+    """(address, port) of every listener: a gateway's MQTT ports are on its own address."""
+    return [(s.bind_address(k, host), p) for s in specs for k, p in s.ports.items()]
+
+
+def test_every_node_gets_distinct_ports_clear_of_the_standard_ones_but_gateways_mqtt_on_their_own_address():
     specs = port_layout(load_settings(env={}))
     names = [s.name for s in specs]
     assert names == [
@@ -25,18 +30,28 @@ def test_every_node_gets_distinct_ports_clear_of_the_standard_ones():
         "router-0",
         "router-1",
         "spark",
+        "dns",
     ]
-    ports = _ports(specs)
-    assert len(ports) == len(set(ports))
-    assert not set(ports) & STANDARD_PORTS
-    gw = {s.region: s.ports for s in specs if s.role == "gateway"}
-    assert set(gw["local-eu"]) == {"mqtt", "mqtts", "amqp", "amqps", "management", "dist", "prometheus"}
+    listeners = _host_ports(specs)
+    assert len(listeners) == len(set(listeners))
+    on_host = [p for a, p in listeners if a == "127.0.0.1"]
+    assert not set(on_host) & STANDARD_PORTS, "a system broker on the machine does not clash"
+    gw = {s.region: s for s in specs if s.role == "gateway"}
+    assert set(gw["local-eu"].ports) == {"mqtt", "mqtts", "amqp", "amqps", "management", "dist", "prometheus"}
+    # each gateway a host of its own with the standard device ports, as a DNS answer needs
+    assert [(g.address, g.ports["mqtt"], g.ports["mqtts"]) for g in gw.values()] == [
+        ("127.170.1.1", 1883, 8883),
+        ("127.170.2.1", 1883, 8883),
+    ]
 
 
-def test_port_base_moves_the_whole_block():
-    a = _ports(port_layout(load_settings(env={}, port_base=20000)))
-    b = _ports(port_layout(load_settings(env={}, port_base=30000)))
-    assert [p - 20000 for p in a] == [p - 30000 for p in b]
+def test_port_base_moves_the_whole_block_and_the_gateways_addresses():
+    a = port_layout(load_settings(env={}, port_base=20000))
+    b = port_layout(load_settings(env={}, port_base=30000))
+    on_host = [(x, y) for x, y in zip(_host_ports(a), _host_ports(b), strict=True) if x[0] == "127.0.0.1"]
+    assert on_host and all(x[1] - 20000 == y[1] - 30000 for x, y in on_host)
+    assert {s.address for s in a if s.address} == {"127.200.1.1", "127.200.2.1"}
+    assert {s.address for s in b if s.address} == {"127.44.1.1", "127.44.2.1"}
 
 
 def test_a_pinned_port_wins():
@@ -51,18 +66,21 @@ def test_recorded_nodes_keep_their_ports_when_a_region_is_added():
     second = {s.name: s for s in port_layout(load_settings(env={}, regions="local-us,local-ap"), first)}
     assert second["gw-local-us"].ports == first["gw-local-us"].ports
     assert "gw-local-eu" in second
-    taken = set(_ports([first["gw-local-eu"], first["gw-local-us"]]))
-    assert not set(second["gw-local-ap"].ports.values()) & taken
+    taken = set(_host_ports([first["gw-local-eu"], first["gw-local-us"]]))
+    assert not set(_host_ports([second["gw-local-ap"]])) & taken
+    assert second["gw-local-ap"].address == "127.170.3.1", "the next free slot: a host of its own"
 
 
 def test_two_nodes_on_one_port_is_refused():
     with pytest.raises(FederationError, match="given to both"):
-        port_layout(load_settings(env={}, ports={"kafka.bootstrap": 17100}))
+        port_layout(load_settings(env={}, ports={"kafka.bootstrap": 17101}))
 
 
 def test_node_spec_round_trips_through_json():
-    s = NodeSpec("gw-x", "gateway", "local-x", {"mqtt": 1})
+    s = NodeSpec("gw-x", "gateway", "local-x", {"mqtt": 1}, "127.0.1.1")
     assert NodeSpec.from_json(s.to_json()) == s
+    old = NodeSpec("gw-y", "gateway", "local-y", {"mqtt": 2})
+    assert NodeSpec.from_json(old.to_json()) == old and "address" not in old.to_json()
 
 
 def test_kraft_cluster_ids_never_start_with_a_dash_and_are_one_per_federation():
@@ -80,14 +98,21 @@ def test_a_node_recorded_before_a_port_kind_existed_gets_it_at_its_layout_place(
     """An upgrade adds mqtts/amqps: recorded gateways keep their ports and gain the new ones in their slot."""
     s = load_settings(env={}, port_base=20000, regions="local-eu,local-us")
     fresh = {x.name: x for x in port_layout(s)}
+    # recorded before too: MQTT at its layout place on the federation's host, no address of its own
     old = {
         name: NodeSpec(
-            x.name, x.role, x.region, {k: v for k, v in x.ports.items() if k not in ("mqtts", "amqps")}
+            x.name,
+            x.role,
+            x.region,
+            {k: v for k, v in x.ports.items() if k not in ("mqtts", "amqps")}
+            | ({"mqtt": x.ports["amqp"] - 1} if x.role == "gateway" else {}),
         )
         for name, x in fresh.items()
     }
     upgraded = {x.name: x for x in port_layout(s, old)}
-    assert upgraded["gw-local-us"].ports == fresh["gw-local-us"].ports
+    us = upgraded["gw-local-us"]
+    assert us.address is None and us.ports["mqtt"] == old["gw-local-us"].ports["mqtt"], "kept where it was"
+    assert us.ports["mqtts"] == us.ports["amqp"] + 4, "the new kind at its layout place, on the host"
     assert upgraded["backend"].ports["amqps"] == fresh["backend"].ports["amqps"]
 
 
@@ -118,8 +143,10 @@ def test_the_ha_profile_makes_each_region_a_gateway_cluster_of_three_with_ports_
     assert [(s.name, s.region) for s in gateways] == [
         (f"gw-{r}{suffix}", r) for r in ("r-a", "r-b", "r-c") for suffix in ("", "-n2", "-n3")
     ]
-    ports = _ports(specs)
-    assert len(ports) == len(set(ports)) and max(ports) < 21000 + 1000, "one block, each port once"
+    listeners = _host_ports(specs)
+    on_host = [p for a, p in listeners if a == "127.0.0.1"]
+    assert len(listeners) == len(set(listeners)) and max(on_host) < 21000 + 1000, "one block, each port once"
+    assert [s.address for s in gateways][:3] == ["127.210.1.1", "127.210.1.2", "127.210.1.3"], "a host each"
     # a fourth region added later: the recorded nodes keep their ports, the new one gets three nodes
     recorded = {s.name: s for s in specs}
     grown = port_layout(dataclasses.replace(ha, regions=("r-a", "r-b", "r-c", "r-d")), recorded)

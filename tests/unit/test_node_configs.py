@@ -10,6 +10,7 @@ PORTS = {"amqp": 5672, "management": 15672, "prometheus": 15692, "mqtt": 1883}
 GATEWAY = dict(
     region="local-eu",
     host="127.0.0.1",
+    mqtt_host="127.0.1.1",
     ports=PORTS,
     admin_user="fedgate-admin",
     admin_password="pw",
@@ -23,7 +24,8 @@ BACKEND = dict(host="127.0.0.1", ports=PORTS, admin_user="fedgate-admin", admin_
 def test_a_gateway_conf_has_its_mqtt_listener_buffers_and_cluster_name():
     gw = GatewayNodeConfig(**GATEWAY)
     conf = gw.rabbitmq_conf()
-    assert "mqtt.listeners.tcp.1 = 127.0.0.1:1883" in conf
+    assert "mqtt.listeners.tcp.1 = 127.0.1.1:1883" in conf, "devices reach it on its own address"
+    assert "listeners.tcp.1 = 127.0.0.1:5672" in conf, "the federation links on the federation's host"
     assert "mqtt.tcp_listen_options.sndbuf = 32768" in conf
     assert f"cluster_name = {gw.cluster_name}" in conf
     assert "vm_memory_high_watermark.absolute = 512MB" in conf
@@ -34,7 +36,7 @@ def test_40_nodes_deny_the_deprecated_statistics_collection_and_310_knows_no_suc
     line = "deprecated_features.permit.management_metrics_collection = false"
     assert line in GatewayNodeConfig(**GATEWAY).rabbitmq_conf().splitlines()
     old = GatewayNodeConfig(**GATEWAY, broker_release="3.10").rabbitmq_conf()
-    assert "deprecated_features" not in old and "mqtt.listeners.tcp.1 = 127.0.0.1:1883" in old
+    assert "deprecated_features" not in old and "mqtt.listeners.tcp.1 = 127.0.1.1:1883" in old
     assert line in BackendNodeConfig(**BACKEND).rabbitmq_conf().splitlines()
     assert "deprecated_features" not in BackendNodeConfig(**BACKEND, broker_release="3.10").rabbitmq_conf()
 

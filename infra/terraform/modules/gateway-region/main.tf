@@ -244,6 +244,7 @@ module "nodes" {
     region          = var.region
     cluster_name    = var.region
     host            = "0.0.0.0"
+    mqtt_host       = "0.0.0.0"
     amqp_port       = local.amqp_port
     management_port = local.management_port
     prometheus_port = local.prometheus_port
