@@ -10,6 +10,7 @@ the running server reads it again.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -131,3 +132,30 @@ class DnsNode(Node):
         """The zone rewritten from the federation's record and read again (a region added or removed)."""
         server = self.server()
         server.reload(server.spec, serial)
+        self.settle()
+
+    def settle(self) -> bool:
+        """Wait until each region's network is answered its own region's gateways: PowerDNS
+        starts checking an address at the first question that needs it and counts it down
+        until then, so a region just added (or a server just started) would send its devices
+        to the next region for one check interval.  False if that did not happen in time."""
+        specs = list(StateFiles(self.settings.state_dir).recorded().values())
+        zone = zone_spec(self.settings, specs)
+        ep = dns_endpoint(self.settings, self.spec, specs)
+        server = DnsServer(self.host, self.spec.ports["dns"])
+        deadline = time.monotonic() + 2 * self.settings.health_check_interval + 3
+        while True:
+            try:
+                wrong = [
+                    r
+                    for r, cidr in ep["client_networks"].items()
+                    if not set(ask_server(server, ep["name"], cidr.rsplit(".", 1)[0] + ".1")[0])
+                    <= set(zone.regions[r])
+                ]
+            except DnsQueryError:
+                wrong = ["?"]
+            if not wrong:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)

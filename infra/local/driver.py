@@ -31,6 +31,7 @@ from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint
 from infra.device_registry import DeviceRegistry
 from infra.local import configs, devices, processes, status, wiring
+from infra.local.dns_node import DnsNode
 from infra.local.layout import (
     BACKEND_NODE,
     KAFKA_NODE,
@@ -164,6 +165,9 @@ class LocalFederation:
             # The brokers boot in parallel; a gateway's first boot takes ~11 s.
             self._start_and_wait(brokers, started)
             self.wire(nodes)
+            for dns in (n for n in to_start if isinstance(n, DnsNode)):
+                if not dns.settle():  # its checks have seen every gateway: devices get their own region
+                    self.progress(f"{dns.name}: not every region's network is answered its own gateways yet")
             # The router last: it needs the wired backend, the gateways and Kafka.
             routers = [n for n in to_start if n.spec.role == ROLE_ROUTER]
             for r in routers:

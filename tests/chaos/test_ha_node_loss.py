@@ -315,9 +315,7 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
             CommandSender(ep["backend"]["url"], cmd_ids) as commands,
         ):
             time.sleep(2.0)
-            on_victim = [
-                d.device_id for d in [*fleet.devices, *receivers] if d.host == victim.spec.address
-            ]
+            on_victim = [d.device_id for d in [*fleet.devices, *receivers] if d.host == victim.spec.address]
             killed_at = time.monotonic()
             victim.kill()
             acked_at_kill = fleet.total_acked
