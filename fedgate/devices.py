@@ -102,9 +102,16 @@ class SimDevice:
         #: filters this device subscribed to: a clean session loses them, so a failover renews them
         self.subscriptions: dict[str, int] = {}
         # MQTT 5 has no clean-session flag at CONNECT's construction: clean_start goes with connect()
+        # paho reconnects by itself (to the same gateway) only for a device without a resolver:
+        # one with a resolver moves on by itself (_fail_over), and a second reconnect racing it
+        # -- or reviving a device told not to reconnect -- would be a second session
+        paho_reconnects = auto_reconnect and resolver is None
         if mqtt5:
             self.client = mqtt.Client(
-                mqtt.CallbackAPIVersion.VERSION2, client_id=device_id, protocol=mqtt.MQTTv5
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id=device_id,
+                protocol=mqtt.MQTTv5,
+                reconnect_on_failure=paho_reconnects,
             )
         else:
             self.client = mqtt.Client(
@@ -112,6 +119,7 @@ class SimDevice:
                 client_id=device_id,
                 clean_session=clean_session,
                 protocol=mqtt.MQTTv311,
+                reconnect_on_failure=paho_reconnects,
             )
         self.client.username_pw_set(username, password)
         if tls_ca:

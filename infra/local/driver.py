@@ -165,9 +165,14 @@ class LocalFederation:
             # The brokers boot in parallel; a gateway's first boot takes ~11 s.
             self._start_and_wait(brokers, started)
             self.wire(nodes)
-            for dns in (n for n in to_start if isinstance(n, DnsNode)):
-                if not dns.settle():  # its checks have seen every gateway: devices get their own region
-                    self.progress(f"{dns.name}: not every region's network is answered its own gateways yet")
+            # a DNS server or a gateway (re)started: wait until the server's checks have seen every
+            # gateway, so that a device asking now is answered its own region
+            if any(n.spec.role in (ROLE_DNS, ROLE_GATEWAY) for n in to_start):
+                for dns in (n for n in nodes if isinstance(n, DnsNode)):
+                    if not dns.settle():
+                        self.progress(
+                            f"{dns.name}: not every region's network is answered its own gateways yet"
+                        )
             # The router last: it needs the wired backend, the gateways and Kafka.
             routers = [n for n in to_start if n.spec.role == ROLE_ROUTER]
             for r in routers:

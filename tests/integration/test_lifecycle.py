@@ -36,13 +36,25 @@ def test_status_json_gives_every_nodes_role_region_and_ports(federation):
     out = fedgate(federation.state_dir, TEST_PORT_BASE, "status", "--json")
     assert out.returncode == 0, out.stderr
     nodes = {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
-    assert {n["role"] for n in nodes.values()} == {"epmd", "backend", "gateway", "kafka", "router", "spark"}
+    assert {n["role"] for n in nodes.values()} == {
+        "epmd",
+        "backend",
+        "gateway",
+        "kafka",
+        "router",
+        "spark",
+        "dns",
+    }
+    assert nodes["dns"]["ports"] == {"dns": TEST_PORT_BASE + 8}
+    answers = json.loads(out.stdout)["dns"]["dns"]
+    assert set(answers) == {"local-eu", "local-us"}, "what the DNS server answers each region's devices"
     assert nodes["spark"]["ports"] == {"driver": TEST_PORT_BASE + 40, "block_manager": TEST_PORT_BASE + 41}
     assert nodes["router-0"]["ports"]["metrics"] == TEST_PORT_BASE + 30
     for name, region in (("gw-local-eu", "local-eu"), ("gw-local-us", "local-us")):
         gw = nodes[name]
         assert gw["region"] == region and gw["state"] == "running"
         assert {"mqtt", "amqp", "management"} <= set(gw["ports"])
+        assert gw["address"] and answers[region] == gw["address"], "a host of its own, which DNS answers"
         assert isinstance(gw["connections"], int)
     # every broker node reports the RabbitMQ it runs: the release the federation was set up with
     release = federation.settings.rabbitmq_release
