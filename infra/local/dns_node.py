@@ -10,6 +10,7 @@ the running server reads it again.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -51,22 +52,32 @@ def zone_spec(settings: LocalSettings, specs: Iterable[NodeSpec]) -> ZoneSpec:
 
 def dns_endpoint(settings: LocalSettings, node: NodeSpec, specs: Iterable[NodeSpec]) -> dict[str, Any]:
     """What a device needs to resolve its gateway: the server, the name, each region's network."""
-    clusters = gateway_clusters(specs)
+    zone = zone_spec(settings, specs)
     return {
         "host": settings.host,
         "port": node.ports["dns"],
         "name": f"{MQTT_LABEL}.{settings.dns_domain}",
         "ttl": settings.dns_ttl,
         "health_check_interval": settings.health_check_interval,
-        "client_networks": {
-            r: client_network(settings.address_block, gateway_slot(members[0], settings.port_base))
-            for r, members in clusters.items()
-        },
+        # each network's regions start with its own (zone_spec)
+        "client_networks": {order[0]: cidr for cidr, order in zone.client_networks},
     }
 
 
 class DnsNode(Node):
     """PowerDNS in the foreground, its files in the node's folder."""
+
+    def _ask_each_network(self) -> tuple[ZoneSpec, dict[str, list[str]]]:
+        """The zone, and what the server answers each region's network now (DnsQueryError if
+        it does not answer), asked from the network's first address."""
+        zone = zone_spec(self.settings, StateFiles(self.settings.state_dir).recorded().values())
+        server = DnsServer(self.host, self.spec.ports["dns"])
+        name = f"{MQTT_LABEL}.{zone.domain}"
+        answers = {
+            order[0]: ask_server(server, name, str(ipaddress.ip_network(cidr).network_address + 1))[0]
+            for cidr, order in zone.client_networks
+        }
+        return zone, answers
 
     def server(self) -> PowerDNS:
         specs = StateFiles(self.settings.state_dir).recorded().values()
@@ -93,27 +104,19 @@ class DnsNode(Node):
         """It answers the name: from each region's client network once, which also starts the
         health checks of that network's gateways (PowerDNS starts a check at its first question
         and counts the address down until the check ran)."""
-        server = DnsServer(self.host, self.spec.ports["dns"])
-        specs = StateFiles(self.settings.state_dir).recorded().values()
         try:
-            for cidr in dns_endpoint(self.settings, self.spec, specs)["client_networks"].values():
-                ask_server(server, f"{MQTT_LABEL}.{self.settings.dns_domain}", cidr.rsplit(".", 1)[0] + ".1")
+            self._ask_each_network()
         except DnsQueryError:
             return False
         return True
 
     def answers(self) -> dict[str, str]:
         """What it answers each region's client network now (`fedgate status`)."""
-        specs = list(StateFiles(self.settings.state_dir).recorded().values())
-        ep = dns_endpoint(self.settings, self.spec, specs)
-        server = DnsServer(self.host, self.spec.ports["dns"])
-        out = {}
-        for region, cidr in ep["client_networks"].items():
-            try:
-                out[region] = ", ".join(ask_server(server, ep["name"], cidr.rsplit(".", 1)[0] + ".1")[0])
-            except DnsQueryError as e:
-                out[region] = f"no answer ({e})"
-        return out
+        try:
+            return {r: ", ".join(a) for r, a in self._ask_each_network()[1].items()}
+        except DnsQueryError as e:
+            specs = StateFiles(self.settings.state_dir).recorded().values()
+            return dict.fromkeys(gateway_clusters(specs), f"no answer ({e})")
 
     def status_line(self) -> str:
         """One line for `fedgate status`: the name, the server, and each network's answer."""
@@ -139,19 +142,11 @@ class DnsNode(Node):
         starts checking an address at the first question that needs it and counts it down
         until then, so a region just added (or a server just started) would send its devices
         to the next region for one check interval.  False if that did not happen in time."""
-        specs = list(StateFiles(self.settings.state_dir).recorded().values())
-        zone = zone_spec(self.settings, specs)
-        ep = dns_endpoint(self.settings, self.spec, specs)
-        server = DnsServer(self.host, self.spec.ports["dns"])
         deadline = time.monotonic() + 2 * self.settings.health_check_interval + 3
         while True:
             try:
-                wrong = [
-                    r
-                    for r, cidr in ep["client_networks"].items()
-                    if not set(ask_server(server, ep["name"], cidr.rsplit(".", 1)[0] + ".1")[0])
-                    <= set(zone.regions[r])
-                ]
+                zone, answers = self._ask_each_network()
+                wrong = [r for r, got in answers.items() if not set(got) <= set(zone.regions[r])]
             except DnsQueryError:
                 wrong = ["?"]
             if not wrong:

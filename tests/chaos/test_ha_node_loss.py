@@ -178,16 +178,21 @@ def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_
         assert set(q.get("members") or []) == nodes, f"{q['name']}: replicas on {q.get('members')}"
 
 
-def _repairs(endpoints: dict) -> float:
-    """Federation link repairs so far, summed over the routers that answer (router/link_keeper.py)."""
-    total = 0.0
-    for url in endpoints["routers"].values():
+def _per_router(endpoints: dict, metric: str) -> dict[str, float]:
+    """A counter of every router that answers (all its labels summed), by router name."""
+    out = {}
+    for name, url in endpoints["routers"].items():
         try:
             m = _metrics(url)
         except OSError:
-            continue
-        total += sum(v for k, v in m.items() if k.startswith("fedgate_router_federation_link_repairs_total"))
-    return total
+            continue  # a router being restarted
+        out[name] = sum(v for k, v in m.items() if k.startswith(metric))
+    return out
+
+
+def _repairs(endpoints: dict) -> float:
+    """Federation link repairs so far, summed over the routers (router/link_keeper.py)."""
+    return sum(_per_router(endpoints, "fedgate_router_federation_link_repairs_total").values())
 
 
 @pytest.mark.parametrize("which", ["running-links", "lost-records"])
@@ -370,15 +375,6 @@ def _all_moved(devices, address: str, since: float, timeout: float = 30.0) -> fl
     raise AssertionError(f"devices never moved off the dead node: {stuck}")
 
 
-def _bridged_by(endpoints: dict) -> dict[str, float]:
-    """Readings each router has stored in Kafka since it started, by router name."""
-    out = {}
-    for name, url in endpoints["routers"].items():
-        m = _metrics(url)
-        out[name] = sum(v for k, v in m.items() if k.startswith("fedgate_router_bridged_total"))
-    return out
-
-
 def test_the_router_bridging_most_shards_killed_the_other_takes_them_and_nothing_is_lost(
     ha_federation, ha_endpoints, uid
 ):
@@ -388,9 +384,9 @@ def test_the_router_bridging_most_shards_killed_the_other_takes_them_and_nothing
     fed, ep = ha_federation, ha_endpoints
     with KafkaWrites(ep) as writes, Fleet.on_both_gateways(ep, f"har-{uid}", per_region=3) as fleet:
         time.sleep(1.0)
-        before = _bridged_by(ep)
+        before = _per_router(ep, "fedgate_router_bridged_total")
         time.sleep(2.0)
-        after = _bridged_by(ep)
+        after = _per_router(ep, "fedgate_router_bridged_total")
         name = max(after, key=lambda r: after[r] - before.get(r, 0.0))
         victim = fed.node(name)
         killed_at = time.monotonic()
