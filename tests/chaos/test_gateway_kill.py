@@ -105,7 +105,7 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         )
         assert delivered.lost == 0, f"{delivered.lost} confirmed commands never reached their device"
         assert returned > 0, "commands sent while the devices were away came back from the dead region"
-        assert all(d.failovers == [near] for d in devices)
+        assert all(d.failovers == [near] for d in devices), [(d.device_id, d.failovers) for d in devices]
     finally:
         federation.remove_region(REGION)
 
