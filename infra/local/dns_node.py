@@ -21,9 +21,8 @@ from infra.dns.zone import MQTT_LABEL, ZoneSpec
 from infra.local.layout import (
     NodeSpec,
     StateFiles,
-    client_network,
+    client_network_of,
     gateway_clusters,
-    gateway_slot,
 )
 from infra.local.nodes import Node, NodeError
 from infra.local.settings import LocalSettings
@@ -35,7 +34,7 @@ def zone_spec(settings: LocalSettings, specs: Iterable[NodeSpec]) -> ZoneSpec:
     regions = {r: [m.bind_address("mqtt", settings.host) for m in members] for r, members in clusters.items()}
     networks = [
         (
-            client_network(settings.address_block, gateway_slot(members[0], settings.port_base)),
+            client_network_of(members[0], settings.address_block, settings.port_base),
             [r, *(o for o in clusters if o != r)],
         )
         for r, members in clusters.items()

@@ -107,6 +107,20 @@ def client_network(block: str, slot: int) -> str:
     return f"{block}.{101 + slot}.0/24"
 
 
+def client_network_of(gateway: NodeSpec, block: str, port_base: int) -> str:
+    """The client network of the region whose first gateway node is `gateway`.
+
+    Read from the node's recorded address (127.X.(slot+1).1 -> 127.X.(101+slot).0/24), so a
+    command run with only the state folder named -- the port base and address block of its
+    own settings the defaults -- still finds it; a node recorded before gateways had
+    addresses of their own falls back to the layout's arithmetic on `block` and `port_base`.
+    """
+    if gateway.address:
+        a, b, slot_plus_one, _ = gateway.address.split(".")
+        return client_network(f"{a}.{b}", int(slot_plus_one) - 1)
+    return client_network(block, gateway_slot(gateway, port_base))
+
+
 def gateway_slot(spec: NodeSpec, port_base: int) -> int:
     """The region slot of a gateway node (its layout place, kept by its AMQP port)."""
     first = spec.ports["amqp"] - port_base - GATEWAY_OFFSETS["amqp"]

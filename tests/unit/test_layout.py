@@ -168,3 +168,17 @@ def test_a_nodes_process_marker_is_no_prefix_of_another_nodes(tmp_path):
     assert not marker(tmp_path, "backend-2").startswith(marker(tmp_path, "backend"))
     assert not marker(tmp_path, "gw-eu-n2").startswith(marker(tmp_path, "gw-eu"))
     assert marker(tmp_path, "gw-eu").startswith(marker(tmp_path, "")), "the federation's marker covers all"
+
+
+def test_the_client_networks_come_from_the_record_not_from_the_readers_port_base():
+    """`fedgate army|presence` given only FEDGATE_STATE_DIR read the record with the default
+    port base; the client networks must still be the ones the zone was written with (CI saw
+    '127.170.576.0/24' for a federation at 27000)."""
+    from infra.local.dns_node import dns_endpoint
+
+    at_27000 = load_settings(env={}, port_base=27000)
+    specs = port_layout(at_27000)
+    dns = next(s for s in specs if s.role == "dns")
+    written = dns_endpoint(at_27000, dns, specs)["client_networks"]
+    read = dns_endpoint(load_settings(env={}), dns, specs)["client_networks"]
+    assert read == written == {"local-eu": "127.14.101.0/24", "local-us": "127.14.102.0/24"}
