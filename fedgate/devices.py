@@ -98,7 +98,13 @@ class SimDevice:
         self.endpoint: Endpoint | None = None
         #: gateways this device lost, oldest first (failover tests read it)
         self.failovers: list[Endpoint] = []
-        self._failing_over = threading.Lock()
+        #: one failover at a time: a connection that drops while a failover is connecting is
+        #: that failover's to retry, not a second one's (two would each dial, and the second
+        #: would stop the first's connection and count a gateway it never lost)
+        self._failover_guard = threading.Lock()
+        self._failover_running = False
+        #: set when the connection being opened or held drops; connect() stops waiting at once
+        self._attempt_dropped = threading.Event()
         #: filters this device subscribed to: a clean session loses them, so a failover renews them
         self.subscriptions: dict[str, int] = {}
         # MQTT 5 has no clean-session flag at CONNECT's construction: clean_start goes with connect()
@@ -149,10 +155,15 @@ class SimDevice:
         self._connected.clear()
         if getattr(rc, "is_failure", False) or rc not in (0, None):
             self.dropped.set()
+            self._attempt_dropped.set()
             if self.resolver is not None and self.auto_reconnect:
                 # paho would retry the same gateway; a device re-resolves instead.
                 # The loop thread cannot stop itself: a helper thread moves on.
                 client.disconnect()
+                with self._failover_guard:
+                    if self._failover_running:
+                        return  # its attempt failed: the running failover tries the next
+                    self._failover_running = True
                 threading.Thread(
                     target=self._fail_over, name=f"failover-{self.device_id}", daemon=True
                 ).start()
@@ -167,7 +178,9 @@ class SimDevice:
             self._cond.notify_all()
 
     def _fail_over(self) -> None:
-        with self._failing_over:
+        """Connect to what DNS answers now, for up to a minute; again if that connection drops
+        before this thread is done (the callback left it to this one)."""
+        while True:
             self.client.loop_stop()
             lost = self.endpoint
             if lost is not None:
@@ -178,9 +191,13 @@ class SimDevice:
                     self.connect(exclude=[lost] if lost else [])
                     for topic_filter, qos in list(self.subscriptions.items()):
                         self.subscribe(topic_filter, qos)
-                    return
+                    break
                 except (DeviceError, ConnectionError):
                     time.sleep(0.5)
+            with self._failover_guard:
+                if self.connected or time.monotonic() >= deadline or not self.auto_reconnect:
+                    self._failover_running = False
+                    return
 
     # --- API ---------------------------------------------------------------------
 
@@ -207,6 +224,7 @@ class SimDevice:
             self.endpoint = self.resolver.resolve(exclude or [])
             self.host, self.port = self.endpoint.host, self.endpoint.port
         self._connected.clear()
+        self._attempt_dropped.clear()
         kw: dict[str, Any] = {}
         if self.mqtt5:
             kw["clean_start"] = self.clean_session
@@ -220,9 +238,16 @@ class SimDevice:
         except OSError as e:
             raise DeviceError(f"{self.device_id}: cannot reach {self.host}:{self.port}: {e}") from e
         self.client.loop_start()
-        if not self._connected.wait(timeout):
-            self.close()
-            raise DeviceError(f"{self.device_id}: no CONNACK from {self.host}:{self.port} in {timeout}s")
+        waited = time.monotonic() + timeout
+        while not self._connected.wait(0.05):
+            if self._attempt_dropped.is_set() or time.monotonic() > waited:
+                self.close()
+                why = (
+                    "closed before its CONNACK"
+                    if self._attempt_dropped.is_set()
+                    else f"no CONNACK in {timeout}s"
+                )
+                raise DeviceError(f"{self.device_id}: {self.host}:{self.port}: {why}")
         if self._connect_rc != 0 and getattr(self._connect_rc, "is_failure", True):
             rc = self._connect_rc
             self.close()

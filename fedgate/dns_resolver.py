@@ -73,14 +73,15 @@ class DnsResolver:
                 self._cached = (addresses, now + ttl)
             return list(self._cached[0])
 
-    def resolve(self, exclude: Iterable[Endpoint] = ()) -> Endpoint:
-        """The first address of the answer (asked anew once its TTL ran out) that is not one
-        the device just lost; the first anyway when the answer holds nothing else: a device
-        dials what DNS gave it until DNS gives something else."""
+    def resolve(self, exclude: Iterable[Endpoint] = (), pick: int | None = None) -> Endpoint:
+        """An address of the answer (asked anew once its TTL ran out) that is not one the
+        device just lost -- the answer sorted, then `pick` (self.pick by default) -- or one
+        it lost when the answer holds nothing else: a device dials what DNS gave it until DNS
+        gives something else."""
         skip = {(e.host, e.port) for e in exclude}
         answer = sorted(self._answer(), key=ipaddress.ip_address)
         fresh = [a for a in answer if (a, self.mqtt_port) not in skip] or answer
-        return self._endpoint(fresh[self.pick % len(fresh)])
+        return self._endpoint(fresh[(self.pick if pick is None else pick) % len(fresh)])
 
 
 def device_address(network: str, device_id: str) -> str:

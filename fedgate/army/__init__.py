@@ -9,8 +9,10 @@ processes use every core.  Every device
 - publishes telemetry at its share of the offered rate, QoS 1, with a
   sequence number and its send time (ms) in the payload;
 - subscribes to its own command topic and records what arrives;
-- reconnects on its own when its connection drops, to its home gateway or,
-  if that does not answer, the next region in its list (failover).
+- finds its gateway by DNS from its home region's client network (or, for a
+  target without DNS such as the benchmarks' baseline, from its list of
+  endpoints) and, when its connection drops, reconnects to what DNS answers
+  by then: the next region once the server sees its gateway dead (failover).
 
 The parent process registers the devices, starts the workers, sends
 commands through the backend (`fedgate.commands`, confirmed), and counts:
@@ -27,7 +29,9 @@ another region), and a gateway killed (SIGKILL; its devices fail over).
 Where each part lives:
 
 - `plan.py`: what to run (ArmyPlan) and who runs it (DeviceSpec);
-- `worker.py`: a worker process, its paho devices on one asyncio loop;
+- `worker.py`: a worker process, its devices on one asyncio loop;
+- `device.py`: one device, a paho client driven by that loop;
+- `resolving.py`: how a device finds its gateway by DNS (a cache per client network);
 - `verify.py`: the parent's ledgers, what reached Kafka and which commands the
   next hop confirmed;
 - `target.py`: what the fleet runs against (Target), fedgate's own federation

@@ -65,5 +65,15 @@ class ArmyPlan:
 class DeviceSpec:
     device_id: str
     secret: str
-    #: (region, host, port), home first: where the device connects, then fails over to
-    endpoints: tuple[tuple[str, str, int], ...]
+    #: (region, host, port), home first: where a device that knows its gateways (a target
+    #: without DNS: the benchmarks' baseline) connects, then fails over to
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+    #: (region, client network), home first: a device that finds its gateway by DNS
+    #: (fedgate/army/dns.py) asks from its address in the first; roaming moves it to the next
+    networks: tuple[tuple[str, str], ...] = ()
+    #: which address of an answer with several (a region's gateway cluster) it dials
+    pick: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.endpoints or self.networks):
+            raise ValueError(f"{self.device_id}: neither endpoints nor client networks")

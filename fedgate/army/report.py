@@ -114,10 +114,27 @@ def build_report(
             "roamed": tick("roamed"),
             "storm_dropped": tick("storm_dropped"),
             "gateway_killed_at_s": killed_at,
+            # the last device back this long after the kill (DNS TTL + health check, then backoff)
+            "all_back_after_kill_s": round(max(w["last_connect_s"] for w in done.values()) - killed_at, 1)
+            if killed_at is not None and done
+            else None,
+            # how the devices found their gateway: DNS questions (one per client network and
+            # worker per TTL), unanswered ones, and where the devices were connected at the end
+            "dns_questions": tick("dns_questions"),
+            "dns_errors": tick("dns_errors"),
+            "connected_at_end": _summed(w.get("connected_at_end", {}) for w in done.values()),
         },
         "errors": [e for w in done.values() for e in w["errors"]][:20]
         + (commands.errors[:5] if commands else []),
     }
+
+
+def _summed(counts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
 
 
 def to_text(r: dict[str, Any]) -> str:
@@ -135,6 +152,12 @@ def to_text(r: dict[str, Any]) -> str:
         f"  connect   {conn['connects']} connects ({conn['connect_per_s']}/s while connecting; "
         f"p50 {cm['p50']} p99 {cm['p99']} ms), refused {conn['refused']}, errors {conn['connect_errors']}, "
         f"drops {conn['drops']}, reconnects {conn['reconnects']}, roamed {conn['roamed']}",
+        f"  gateways  connected at the end {conn['connected_at_end']}"
+        + (
+            f"; found by DNS: {conn['dns_questions']} questions, {conn['dns_errors']} unanswered"
+            if conn["dns_questions"] or conn["dns_errors"]
+            else ""
+        ),
     ]
     if r["workers_failed"]:
         lines.append(f"  workers failed: {r['workers_failed']}")

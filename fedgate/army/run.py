@@ -62,7 +62,7 @@ def run_fleet(
     t0 = time.time()  # until the run starts: the clock counts the connecting
     workers = []
     for w in range(min(plan.processes, len(specs))):
-        cfg = WorkerConfig(w, specs[w :: plan.processes], plan, target.ca_file)
+        cfg = WorkerConfig(w, specs[w :: plan.processes], plan, target.ca_file, target.dns)
         p = ctx.Process(
             target=worker_main, args=(cfg, out, go, shared_t0, stop_publishing, finish), name=f"army-{w}"
         )
@@ -125,6 +125,15 @@ def run_fleet(
 
     commands: CommandSender | None = None
     killed_at: float | None = None
+    restarted = False
+
+    def restart_killed() -> None:
+        nonlocal restarted
+        if plan.kill_gateway and target.restart is not None and not restarted:
+            restarted = True
+            say(f"starting the gateway of {plan.kill_gateway[0]} again")
+            target.restart(plan.kill_gateway[0])
+
     try:
         # the run starts when every device is connected (or after two minutes, with those that are)
         deadline = time.monotonic() + 120
@@ -151,6 +160,10 @@ def run_fleet(
                 killed_at = time.time() - t0
             tick_line("running")
         stop_publishing.set()
+        if killed_at is not None:
+            # what the killed gateway acknowledged and had not passed on waits on its disk:
+            # back before the drain, it reaches Kafka and counts
+            restart_killed()
         if commands is not None:
             commands.stop.set()
             commands.join(30)
@@ -187,9 +200,8 @@ def run_fleet(
                 p.join(5)
         verifier.stop.set()
         verifier.join(10)
-        if plan.kill_gateway and killed_at is not None and target.restart is not None:
-            say(f"starting the gateway of {plan.kill_gateway[0]} again")
-            target.restart(plan.kill_gateway[0])
+        if killed_at is not None:
+            restart_killed()
 
     report = build_report(plan, target.regions, done, failed, verifier, commands, ticks, killed_at, t0)
     report["target"] = target.name

@@ -13,6 +13,7 @@ from typing import Any
 
 from backend import contract as c
 from fedgate.army.plan import ArmyPlan, DeviceSpec
+from fedgate.army.resolving import DnsConfig
 from fedgate.army.verify import CommandOpener
 
 
@@ -61,6 +62,8 @@ class Target:
     restart: Callable[[str], None] | None = None
     #: False: readings are not looked up in Kafka (a reference that stops short of it)
     verify: bool = True
+    #: where devices with client networks (DeviceSpec.networks) resolve their gateway
+    dns: DnsConfig | None = None
 
 
 def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> Target:
@@ -80,6 +83,8 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
     say(f"registering {len(ids)} devices (fedgate devices add --rotate)")
     secrets = fed.add_devices(ids, rotate=True)
 
+    dns = ep.get("dns")
+
     def nodes_of(region: str, i: int) -> list[tuple[str, str, int]]:
         # a region's gateway cluster (the ha profile): devices spread over its nodes, each
         # moving to the next node of its region before another region
@@ -91,9 +96,12 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
     for i, d in enumerate(ids):
         home = regions[i % len(regions)]
         order = [home] + [r for r in all_regions if r != home]
-        specs.append(
-            DeviceSpec(d, secrets[d], tuple(e for r in order for e in nodes_of(r, i // len(regions))))
-        )
+        if dns:  # the device lives in its home region's client network and asks DNS from there
+            networks = tuple((r, dns["client_networks"][r]) for r in order)
+            specs.append(DeviceSpec(d, secrets[d], networks=networks, pick=i // len(regions)))
+        else:  # a federation recorded before it had a DNS server: its gateways, nearest first
+            endpoints = tuple(e for r in order for e in nodes_of(r, i // len(regions)))
+            specs.append(DeviceSpec(d, secrets[d], endpoints))
     tls = ep.get("tls") if plan.tls else None
     return Target(
         "fedgate",
@@ -104,4 +112,5 @@ def federation_target(fed: Any, plan: ArmyPlan, say: Callable[[str], None]) -> T
         ca_file=tls["ca"] if tls else None,
         kill=lambda region: fed.node(gateway_node_name(region)).kill(),
         restart=lambda region: fed.start_node(gateway_node_name(region)),
+        dns=DnsConfig.of_federation(ep, port_kind) if dns else None,
     )

@@ -11,21 +11,17 @@ commands ("done") at the end, or why it failed ("failed").
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import random
 import signal
-import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import paho.mqtt.client as mqtt
-
-from backend import contract as c
+from fedgate.army.device import ArmyDevice
 from fedgate.army.plan import ArmyPlan, DeviceSpec
+from fedgate.army.resolving import DnsConfig, SiteResolvers
 
 REPORT_EVERY_S = 0.5
 
@@ -36,163 +32,8 @@ class WorkerConfig:
     specs: list[DeviceSpec]
     plan: ArmyPlan
     ca_file: str | None
-
-
-class ArmyDevice:
-    """One simulated device: a paho client driven by the worker's event loop."""
-
-    def __init__(self, worker: Worker, spec: DeviceSpec, home: int):
-        self.w = worker
-        self.spec = spec
-        self.endpoint = home
-        self.seq = 0
-        self.inflight: dict[int, int] = {}
-        self.acked: list[int] = []
-        self.commands: list[int] = []
-        self.connected = False
-        self.connecting = False
-        self.failures = 0
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=spec.device_id,
-            clean_session=not worker.cfg.plan.persistent_sessions,
-            protocol=mqtt.MQTTv311,
-        )
-        self.client.username_pw_set(spec.device_id, spec.secret)
-        if worker.cfg.ca_file:
-            self.client.tls_set(ca_certs=worker.cfg.ca_file)
-        self.client.max_inflight_messages_set(1000)
-        self.client.max_queued_messages_set(0)
-        self.client.on_connect = self._on_connect
-        self.client.on_disconnect = self._on_disconnect
-        self.client.on_publish = self._on_publish
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = self._on_subscribe
-        self.client.on_socket_open = self._on_socket_open
-        self.client.on_socket_close = self._on_socket_close
-        self.client.on_socket_register_write = self._on_register_write
-        self.client.on_socket_unregister_write = self._on_unregister_write
-        self._connect_started = 0.0
-
-    # socket plumbing: paho reads and writes when the loop says the socket is ready
-    def _on_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
-        self.w.loop.add_reader(sock, client.loop_read)
-
-    def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
-        self.w.loop.remove_reader(sock)
-        self.w.loop.remove_writer(sock)
-
-    def _on_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        self.w.loop.add_writer(sock, client.loop_write)
-
-    def _on_unregister_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        self.w.loop.remove_writer(sock)
-
-    # MQTT callbacks
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
-        self.connecting = False
-        if getattr(rc, "is_failure", rc != 0):
-            self.w.count["refused"] += 1
-            self.failures += 1
-            self.w.errors.append(f"{self.spec.device_id}: CONNACK {rc}")
-            return
-        self.connected = True
-        self.failures = 0
-        self.w.count["connects"] += 1
-        self.w.connect_ms.append((time.monotonic() - self._connect_started) * 1000)
-        qos = self.w.cfg.plan.command_qos
-        if qos is not None:
-            client.subscribe(c.device_command_topic(self.spec.device_id, "#"), qos=qos)
-
-    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any = None) -> None:
-        was = self.connected
-        self.connected = False
-        self.connecting = False
-        if was and not self.w.finishing:
-            self.w.count["drops"] += 1
-        if not self.w.finishing:
-            self.w.schedule_reconnect(self)
-
-    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any, props: Any = None) -> None:
-        # the SUBACK: the gateway holds the command subscription (or refused it)
-        refused = any(getattr(rc, "is_failure", False) for rc in codes)
-        self.w.count["subscribe_refused" if refused else "subscribed"] += 1
-
-    def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, props: Any = None) -> None:
-        seq = self.inflight.pop(mid, None)
-        if seq is not None:
-            self.acked.append(seq)
-            self.w.count["acked"] += 1
-
-    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        try:
-            body = json.loads(msg.payload)
-            n, sent_ms = int(body["n"]), float(body["t"])
-        except (ValueError, KeyError, TypeError):
-            self.w.count["foreign_messages"] += 1
-            return
-        if self.w.cfg.plan.command_qos == 0:
-            # QoS 0 delivers at most once: the device acknowledges, or the router sends it again
-            ack = json.dumps({"acks": [c.message_id(msg.topic, msg.payload)]})
-            client.publish(c.device_ack_topic(self.spec.device_id), ack, qos=1)
-        if sent_ms < self.w.born_ms:
-            self.w.count["stale_commands"] += 1
-            return
-        if n not in self.commands:  # the drain waits for every command once, not for copies
-            self.w.count["commands_distinct"] += 1
-        self.commands.append(n)
-        self.w.count["commands"] += 1
-        self.w.downlink_ms.append(time.time() * 1000 - sent_ms)
-
-    # actions
-    def connect(self) -> None:
-        """Connect to the current endpoint; on refusal, move on to the next one later."""
-        if self.connected or self.connecting:
-            return
-        region, host, port = self.spec.endpoints[self.endpoint]
-        self.connecting = True
-        self._connect_started = time.monotonic()
-        try:
-            self.client.connect(host, port, keepalive=30)
-        except OSError as e:
-            self.connecting = False
-            self.failures += 1
-            self.w.count["connect_errors"] += 1
-            if self.failures <= 3:
-                self.w.errors.append(f"{self.spec.device_id} -> {region}: {e}")
-            # this gateway does not answer: the next region in the list
-            self.endpoint = (self.endpoint + 1) % len(self.spec.endpoints)
-            self.w.schedule_reconnect(self)
-
-    def publish(self) -> None:
-        payload: dict[str, Any] = {"seq": self.seq, "t": round(time.time() * 1000, 1), "temp_c": 21.5}
-        if self.w.cfg.plan.payload_pad:
-            payload["pad"] = "x" * self.w.cfg.plan.payload_pad
-        info = self.client.publish(
-            c.device_telemetry_topic(self.spec.device_id), json.dumps(payload), qos=self.w.cfg.plan.qos
-        )
-        if info.rc != mqtt.MQTT_ERR_SUCCESS:
-            self.w.count["publish_errors"] += 1
-            return
-        self.w.count["sent"] += 1
-        if self.w.cfg.plan.qos == 0:
-            self.acked.append(self.seq)
-        else:
-            self.inflight[info.mid] = self.seq
-        self.seq += 1
-
-    def drop(self) -> None:
-        """The network goes away under the device (no DISCONNECT)."""
-        sock = self.client.socket()
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def move_to(self, endpoint: int) -> None:
-        """Roam: leave this gateway cleanly and connect to another region's."""
-        self.endpoint = endpoint
-        if self.connected:
-            self.client.disconnect()  # _on_disconnect reconnects, now to `endpoint`
+    #: where devices with client networks resolve their gateway
+    dns: DnsConfig | None = None
 
 
 class Worker:
@@ -212,8 +53,11 @@ class Worker:
         self.errors: list[str] = []
         self.connect_ms: list[float] = []
         self.downlink_ms: list[float] = []
+        self.sites = SiteResolvers(cfg.dns) if cfg.dns else None
         self.devices = [ArmyDevice(self, s, 0) for s in cfg.specs]
         self.rng = random.Random(cfg.worker)
+        #: seconds into the run of the latest connect (how long a gateway's death took to heal)
+        self.last_connect_s = 0.0
         #: how long connecting every device of this worker took
         self.connect_all_s = 0.0
 
@@ -247,6 +91,10 @@ class Worker:
             await asyncio.sleep(0.1)
         self.finishing = True
         events.cancel()
+        where: dict[str, int] = defaultdict(int)
+        for d in self.devices:
+            if d.connected:
+                where[d.region or "?"] += 1
         for d in self.devices:
             if d.connected:
                 d.client.disconnect()
@@ -266,6 +114,8 @@ class Worker:
                     "connect_all_s": self.connect_all_s,
                     "downlink_ms": self.downlink_ms,
                     "errors": self.errors[:50],
+                    "connected_at_end": dict(where),
+                    "last_connect_s": self.last_connect_s,
                 },
             )
         )
@@ -322,8 +172,8 @@ class Worker:
     def _roam(self) -> None:
         movers = self.devices[: int(len(self.devices) * self.cfg.plan.roam_share)]
         for d in movers:
-            if len(d.spec.endpoints) > 1:
-                d.move_to((d.endpoint + 1) % len(d.spec.endpoints))
+            if d.can_roam:
+                d.roam()
                 self.count["roamed"] += 1
 
     async def _misc(self) -> None:
@@ -338,6 +188,7 @@ class Worker:
         counts = dict(self.count)
         counts["connected"] = sum(d.connected for d in self.devices)
         counts["inflight"] = sum(len(d.inflight) for d in self.devices)
+        counts["dns_questions"] = self.sites.questions if self.sites else 0
         self.out.put(("tick", self.cfg.worker, counts, self.downlink_ms[-2000:]))
 
     async def _report(self) -> None:

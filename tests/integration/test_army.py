@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from fedgate import army
+from tests.helpers import record_counts
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 
@@ -63,3 +64,54 @@ def test_the_cli_reports_json_and_exits_0(federation, uid):
     report = json.loads(out.stdout)
     assert report["uplink"]["lost"] == 0 and report["uplink"]["acked"] > 0
     assert "connected 10/10" in out.stderr, "the progress line"
+
+
+ROAM_REGION = "local-ak"
+
+
+def test_an_army_finds_its_gateways_by_dns_and_follows_the_answers_when_it_roams_and_a_gateway_dies(
+    federation, uid
+):
+    """Tried: 30 devices, half living in a region of their own's client network and half in
+    local-eu's, each finding its gateway only by asking the federation's DNS server from its
+    network.  At 3 s a fifth of them roam (they move to the other network and ask again); at
+    7 s the own region's gateway is SIGKILLed: its devices keep dialling what they were
+    answered until the TTL and the health check let DNS answer local-eu, and move there.  The
+    gateway is started again when the publishing ends, so what it held reaches Kafka."""
+    federation.add_region(ROAM_REGION)
+    try:
+        plan = army.ArmyPlan(
+            devices=30,
+            rate=150,
+            duration_s=20,
+            processes=2,
+            regions=[ROAM_REGION, "local-eu"],
+            commands_per_s=10,
+            roam_at_s=3,
+            roam_share=0.2,
+            kill_gateway=(ROAM_REGION, 7),
+            prefix=f"dns-army-{uid}",
+        )
+        r = army.run_army(federation, plan, progress=print)
+    finally:
+        federation.remove_region(ROAM_REGION)
+    up, down, conn = r["uplink"], r["downlink"], r["connections"]
+    print(army.to_text(r))
+    assert r["workers_failed"] == {}
+    assert conn["roamed"] == 6, "a fifth of each worker's 15 devices roamed"
+    assert conn["dns_questions"] > 0 and conn["dns_errors"] == 0
+    # one question per client network and worker per TTL, not one per device and connect
+    assert conn["dns_questions"] < conn["connects"], conn
+    assert conn["connected_at_end"] == {"local-eu": 30}, "the killed region's devices moved to the next"
+    record_counts(
+        devices=30,
+        dns_questions=conn["dns_questions"],
+        roamed=conn["roamed"],
+        all_back_after_kill_s=conn["all_back_after_kill_s"],
+        acked=up["acked"],
+        lost=up["lost"],
+        commands_sent=down["sent"],
+        commands_lost=down["lost"],
+    )
+    assert up["lost"] == 0 and up["in_kafka"] >= up["acked"] > 0, up
+    assert down["sent"] > 0 and down["lost"] == 0, down
