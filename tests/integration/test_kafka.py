@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -68,3 +70,33 @@ def test_topics_are_not_created_by_accident(endpoints, uid):
     assert errors and errors[0] is not None
     topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
     assert f"typo.{uid}" not in topics
+
+
+def test_a_records_time_is_the_brokers_append_time_whatever_the_producer_says(endpoints, uid):
+    """log.message.timestamp.type=LogAppendTime: the Spark job's Kafka time (dedupe window,
+    the clamp of fast device clocks) is the broker's, not a producer's clock -- a router whose
+    clock is an hour off must not move it."""
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    topic = f"test.appendtime.{uid}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+    hour_ago_ms = int(time.time() * 1000) - 3_600_000
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, b"reading", timestamp=hour_ago_ms)
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"t-{uid}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    try:
+        msg = None
+        for _ in range(150):
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                break
+        assert msg is not None and not msg.error(), "the record came back"
+    finally:
+        consumer.close()
+    kind, ts_ms = msg.timestamp()
+    assert kind == TIMESTAMP_LOG_APPEND_TIME
+    assert abs(ts_ms - time.time() * 1000) < 60_000, f"the broker's time, not the producer's: {ts_ms}"

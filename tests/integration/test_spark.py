@@ -263,3 +263,51 @@ def test_job_killed_mid_stream_and_restarted_leaves_complete_tables_without_dupl
     assert counts == {True: 3000}, (
         f"closed minutes in the device_minute table count each reading once: {counts}"
     )
+
+
+def test_a_device_10_minutes_fast_leaves_every_other_devices_aggregates_intact(
+    federation, endpoints, spark, uid
+):
+    """Tried: a device whose clock runs 10 minutes fast sends a reading; once the aggregate
+    queries have run over it, another device sends 20 readings on time, and a clock device's
+    fresh readings move the watermark on.  Unclamped, the fast reading had moved the
+    aggregates' watermark 10 minutes ahead, and the 20 fell behind it: rows in telemetry_raw,
+    missing from every closed minute.  Clamped to Kafka time, the fast reading keeps its own
+    time in device_ts with the flaw named, and the 20 are counted in their closed minutes."""
+    fast, on_time = f"fast-{uid}", f"ontime-{uid}"
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    ten_minutes_ahead = ms(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10))
+    produce_bridge_records(bootstrap, [(fast, json.dumps({"ts": ten_minutes_ahead, "v": 1}).encode())])
+    assert wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device = '{fast}'", 1) == 1
+    time.sleep(2 * federation.spark_settings().aggregate_trigger_s + 2)  # the aggregates saw it
+
+    now = ms(dt.datetime.now(dt.UTC))
+    produce_bridge_records(
+        bootstrap, [(on_time, json.dumps({"ts": now - 10 * i, "seq": i}).encode()) for i in range(20)]
+    )
+    deadline = time.monotonic() + 150
+    while True:
+        produce_bridge_records(
+            bootstrap, [(f"clock-{uid}", json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())]
+        )
+        rows = query(
+            spark,
+            federation,
+            f"SELECT final, sum(count) FROM device_minute WHERE device = '{on_time}' AND field = '*' "
+            "GROUP BY final",
+        )
+        counts = {r[0]: r[1] for r in rows}
+        if counts.get(True) == 20 or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    (row,) = query(spark, federation, f"SELECT * FROM telemetry_raw WHERE device = '{fast}'")
+    print(
+        f"fast device: device_ts={row['device_ts']} event_time={row['event_time']} kafka_ts={row['kafka_ts']}"
+    )
+    assert counts == {True: 20}, f"the on-time device's 20 readings in its closed minutes: {counts}"
+    assert row["device_ts"] == dt.datetime.fromtimestamp(ten_minutes_ahead / 1000, dt.UTC).replace(
+        tzinfo=None
+    )
+    assert row["event_time"] == row["kafka_ts"], "clamped to Kafka time"
+    assert row["parse_error"].startswith("device clock 6"), row["parse_error"]
+    assert row["latency_ms"] is None

@@ -106,6 +106,25 @@ def test_bad_payloads_are_kept_with_the_reason_never_dropped(spark):
             assert r["latency_ms"] is None
 
 
+def test_a_fast_device_clock_is_clamped_to_kafka_time_kept_and_flagged(spark):
+    """A reading cannot reach Kafka before it was sent: a device time after Kafka's is a fast
+    clock.  Its event time (what the aggregates' watermark follows) is clamped to Kafka time,
+    its own time kept in device_ts; beyond the tolerance it is flagged and has no latency."""
+    ahead = lambda s: int((NOW + dt.timedelta(seconds=s)).replace(tzinfo=dt.UTC).timestamp() * 1000)  # noqa: E731
+    d = decode(
+        spark, [record({"ts": ahead(600)}, 1), record({"ts": ahead(1)}, 2), record({"ts": ahead(7200)}, 3)]
+    )
+    rows = by_offset(tr.raw_rows(d))
+    ten_minutes, skew, two_hours = rows[1], rows[2], rows[3]
+    assert ten_minutes["device_ts"] == NOW + dt.timedelta(minutes=10), "the device's own time is kept"
+    assert ten_minutes["event_time"] == NOW and ten_minutes["date"] == NOW.date()
+    assert ten_minutes["parse_error"] == "device clock 600.0 s ahead of Kafka time; event time clamped to it"
+    assert ten_minutes["latency_ms"] is None, "no latency from a clock known to be wrong"
+    assert two_hours["event_time"] == NOW and "7200.0 s ahead" in two_hours["parse_error"]
+    # within the tolerance: the skew of synchronised clocks, clamped but not a flaw
+    assert skew["event_time"] == NOW and skew["parse_error"] is None and skew["latency_ms"] == -1000
+
+
 def test_records_that_cannot_be_rows_are_rejects_with_a_reason(spark):
     d = decode(
         spark,
@@ -143,12 +162,14 @@ def test_message_id_is_the_same_with_or_without_the_bridge_header(spark):
 def test_device_minute_counts_messages_and_summarises_each_numeric_field(spark):
     t0 = NOW.replace(second=0)
     ms = lambda t: int(t.replace(tzinfo=dt.UTC).timestamp() * 1000)  # noqa: E731
+    at = lambda s: t0 + dt.timedelta(seconds=s)  # noqa: E731
+    # each in Kafka 80 s after it was sent: the third arrives last though it was sent second
     rows = [
-        record({"ts": ms(t0 + dt.timedelta(seconds=1)), "temp_c": 20.0}, 1),
-        record({"ts": ms(t0 + dt.timedelta(seconds=30)), "temp_c": 24.0, "rssi": -70}, 2),
-        record({"ts": ms(t0 + dt.timedelta(seconds=10)), "temp_c": 22.0}, 3),  # arrives last, sent second
-        record({"ts": ms(t0 + dt.timedelta(seconds=5))}, 4),  # no metric: counts as a message
-        record({"ts": ms(t0 + dt.timedelta(seconds=70)), "temp_c": 30.0}, 5),  # next minute
+        record({"ts": ms(at(1)), "temp_c": 20.0}, 1, ts=at(81)),
+        record({"ts": ms(at(30)), "temp_c": 24.0, "rssi": -70}, 2, ts=at(110)),
+        record({"ts": ms(at(10)), "temp_c": 22.0}, 3, ts=at(115)),
+        record({"ts": ms(at(5))}, 4, ts=at(85)),  # no metric: counts as a message
+        record({"ts": ms(at(70)), "temp_c": 30.0}, 5, ts=at(150)),  # next minute
     ]
     agg = tr.device_minute(tr.raw_rows(decode(spark, rows)))
     got = {(r["minute"], r["field"]): r for r in agg.collect()}
