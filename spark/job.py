@@ -99,6 +99,9 @@ class TelemetryJob:
         self.warehouse = Warehouse(self.spark, settings.warehouse)
         self.queries: list[StreamingQuery] = []
         self._stop = threading.Event()
+        #: per query, rows its watermark left out since the job started (reported, never silent)
+        self.late_rows: dict[str, int] = {}
+        self._counted_batch: dict[str, int] = {}
 
     # --- the three queries ------------------------------------------------------------
 
@@ -193,10 +196,43 @@ class TelemetryJob:
                 "processed_rows_per_s": p.get("processedRowsPerSecond"),
                 "batch_ms": (p.get("durationMs") or {}).get("triggerExecution"),
                 "watermark": (p.get("eventTime") or {}).get("watermark"),
+                "late_rows_dropped": self.late_rows.get(q.name, 0),
                 "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),
             }
         return out
+
+    def count_late_rows(self) -> None:
+        """Add up the rows each query's watermark dropped in the batches since the last call
+        (Spark reports them per batch, in its state operators' progress), and say so in the
+        log: for the raw query they are rows NOT in telemetry_raw, for the aggregates rows in
+        telemetry_raw but in no closed minute (`fedgate recompute` puts them back)."""
+        for q in self.queries:
+            seen = self._counted_batch.get(q.name, -1)
+            for p in q.recentProgress:
+                batch = p.get("batchId", -1)
+                if batch <= seen:
+                    continue
+                seen = batch
+                dropped = sum(
+                    op.get("numRowsDroppedByWatermark") or 0 for op in p.get("stateOperators") or []
+                )
+                if dropped:
+                    self.late_rows[q.name] = self.late_rows.get(q.name, 0) + dropped
+                    where = (
+                        "older than the dedupe window: NOT in telemetry_raw"
+                        if q.name == QUERY_RAW
+                        else "behind the watermark: in telemetry_raw, in no closed minute of " + q.name
+                    )
+                    log.warning(
+                        "%s: batch %s dropped %d late row(s), %s (watermark %s)",
+                        q.name,
+                        batch,
+                        dropped,
+                        where,
+                        (p.get("eventTime") or {}).get("watermark"),
+                    )
+            self._counted_batch[q.name] = seen
 
     def write_progress(self, state: str) -> None:
         if not self.settings.progress_file:
@@ -234,6 +270,7 @@ class TelemetryJob:
                         if (p.get("eventTime") or {}).get("watermark")
                         else "",
                     )
+            self.count_late_rows()
             self.write_progress("running")
         self.stop()
         self.write_progress("stopped")
