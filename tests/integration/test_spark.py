@@ -54,6 +54,27 @@ def ms(t: dt.datetime) -> int:
     return int(t.timestamp() * 1000)
 
 
+def wait_closed_minutes(
+    spark, federation, bootstrap: str, device: str, expect: int, *, clock: str, timeout: float = 150
+) -> dict[bool, int]:
+    """Until `device`'s readings in closed minutes of device_minute reach `expect`: its
+    message counts by `final`.  Every 3 s a fresh reading of the device `clock` moves the
+    aggregates' watermark, as live traffic would."""
+    deadline = time.monotonic() + timeout
+    while True:
+        produce_bridge_records(bootstrap, [(clock, json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())])
+        rows = query(
+            spark,
+            federation,
+            f"SELECT final, sum(count) FROM device_minute WHERE device = '{device}' AND field = '*' "
+            "GROUP BY final",
+        )
+        counts = {r[0]: r[1] for r in rows}
+        if counts.get(True) == expect or time.monotonic() > deadline:
+            return counts
+        time.sleep(3)
+
+
 def produce_bridge_records(bootstrap: str, records: list[tuple[str, bytes]], *, with_id: bool = True) -> None:
     """Records as the bridge writes them: (device, payload) into telemetry.telemetry."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
@@ -241,22 +262,7 @@ def test_job_killed_mid_stream_and_restarted_leaves_complete_tables_without_dupl
     )
     assert distinct[0] == 3000
 
-    deadline = time.monotonic() + 150
-    while True:
-        # the clock: a fresh reading from another device moves the watermark
-        produce_bridge_records(
-            bootstrap, [(f"clock-{uid}", json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())]
-        )
-        rows = query(
-            spark,
-            federation,
-            f"SELECT final, sum(count) FROM device_minute WHERE device = '{dev}' AND field = '*' "
-            "GROUP BY final",
-        )
-        counts = {r[0]: r[1] for r in rows}
-        if counts.get(True) == 3000 or time.monotonic() > deadline:
-            break
-        time.sleep(3)
+    counts = wait_closed_minutes(spark, federation, bootstrap, dev, 3000, clock=f"clock-{uid}")
     assert counts == {True: 3000}, (
         f"closed minutes in the device_minute table count each reading once: {counts}"
     )
@@ -282,21 +288,7 @@ def test_a_device_10_minutes_fast_leaves_every_other_devices_aggregates_intact(
     produce_bridge_records(
         bootstrap, [(on_time, json.dumps({"ts": now - 10 * i, "seq": i}).encode()) for i in range(20)]
     )
-    deadline = time.monotonic() + 150
-    while True:
-        produce_bridge_records(
-            bootstrap, [(f"clock-{uid}", json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())]
-        )
-        rows = query(
-            spark,
-            federation,
-            f"SELECT final, sum(count) FROM device_minute WHERE device = '{on_time}' AND field = '*' "
-            "GROUP BY final",
-        )
-        counts = {r[0]: r[1] for r in rows}
-        if counts.get(True) == 20 or time.monotonic() > deadline:
-            break
-        time.sleep(3)
+    counts = wait_closed_minutes(spark, federation, bootstrap, on_time, 20, clock=f"clock-{uid}")
     (row,) = query(spark, federation, f"SELECT * FROM telemetry_raw WHERE device = '{fast}'")
     print(
         f"fast device: device_ts={row['device_ts']} event_time={row['event_time']} kafka_ts={row['kafka_ts']}"
