@@ -7,9 +7,9 @@ settings):
 freshness, at a steady input rate
   MQTT devices publish QoS 1 readings at a fixed rate through the whole path
   (gateway -> federation -> router -> Kafka -> job).  A row is queryable when
-  the commit marker of the micro-batch that landed it is written
-  (spark/tables.py); freshness = that marker's time - the device's send time
-  in the payload.  The split device -> Kafka is the row's own `latency_ms`.
+  the Iceberg snapshot that added its data file is committed (spark/tables.py);
+  freshness = that snapshot's commit time - the device's send time in the
+  payload.  The split device -> Kafka is the row's own `latency_ms`.
   The job's CPU and memory over the window are taken from /proc.
 
 ingest rate, a burst into the running job
@@ -23,7 +23,7 @@ ingest rate, a burst into the running job
     - "python consume": one confluent-kafka consumer reading them: the rate
       Kafka hands records to one Python process here
     - "spark batch": one Spark batch query doing the raw query's work (decode,
-      parse, write Parquet) without streaming state or exactly-once landing;
+      parse, write Parquet) without the exactly-once MERGE into Iceberg;
       run twice, the second (warm, like the running job) is the reference
 
 Every message is counted: the bench fails if a row is missing or doubled.
@@ -61,28 +61,24 @@ def rss_mb(pids: list[int]) -> float:
     return round(processes.rss_bytes(pids) / 2**20, 1)
 
 
-class CommitLog:
-    """The raw query's commit markers, read as they appear.
+class SnapshotLog:
+    """telemetry_raw's Iceberg snapshots, read with pyiceberg as they are committed:
+    snapshot id -> (committed_ms, rows it added).  A row is queryable from the commit
+    of the snapshot that added it."""
 
-    The job keeps only the last 50 markers, so the bench collects them while
-    it runs: batch id -> (committed_ms, rows).
-    """
-
-    def __init__(self, warehouse: Path):
-        self.folder = warehouse / "_commits" / "raw"
+    def __init__(self, settings: Any):
+        self.settings = settings
         self.batches: dict[int, tuple[int, int]] = {}
 
     def poll(self) -> None:
-        if not self.folder.is_dir():
-            return
-        for f in self.folder.iterdir():
-            if not f.name.isdigit() or int(f.name) in self.batches:
-                continue
-            try:
-                m = json.loads(f.read_text())
-            except (FileNotFoundError, ValueError):
-                continue  # being written: next poll
-            self.batches[int(f.name)] = (int(m["committed_ms"]), int(m.get("rows", 0)))
+        from spark.reading import open_catalog
+        from spark.tables import RAW
+
+        table = open_catalog(self.settings).load_table(f"{self.settings.namespace}.{RAW.name}")
+        for snap in table.snapshots():
+            if snap.snapshot_id not in self.batches:
+                added = int((snap.summary or {}).get("added-records", 0)) if snap.summary else 0
+                self.batches[snap.snapshot_id] = (snap.timestamp_ms, added)
 
     def rows_since(self, since_ms: int) -> int:
         return sum(rows for at, rows in self.batches.values() if at >= since_ms)
@@ -96,7 +92,7 @@ class CommitLog:
 
 def steady_publish(
     fed: LocalFederation,
-    log: CommitLog,
+    log: SnapshotLog,
     rate: float,
     seconds: float,
     devices: int,
@@ -152,20 +148,22 @@ def steady_publish(
     }
 
 
-def freshness_figures(spark: Any, warehouse: Path, log: CommitLog, sent: int) -> dict[str, Any]:
-    rows = (
-        spark.read.parquet(str(warehouse / "telemetry_raw"))
-        .where(f"device LIKE '{FRESH_PREFIX}%'")
-        .selectExpr("message_id", "unix_millis(device_ts) AS ts_ms", "ingest_batch", "latency_ms")
-        .collect()
-    )
+def freshness_figures(spark: Any, raw: str, log: SnapshotLog, sent: int) -> dict[str, Any]:
+    """Per row: the commit time of the snapshot that added its data file - its device send time."""
+    rows = spark.sql(
+        f"""SELECT r.message_id, unix_millis(r.device_ts) AS ts_ms, r.latency_ms, e.snapshot_id
+            FROM {raw} r JOIN (SELECT data_file.file_path AS file, snapshot_id FROM {raw}.entries) e
+              ON r._file = e.file
+            WHERE r.device LIKE '{FRESH_PREFIX}%'"""
+    ).collect()
     ids = {r["message_id"] for r in rows}
     if len(rows) != sent or len(ids) != sent:
         raise AssertionError(f"freshness: {sent} readings sent, {len(rows)} rows ({len(ids)} distinct)")
-    missing = {r["ingest_batch"] for r in rows} - set(log.batches)
+    log.poll()
+    missing = {r["snapshot_id"] for r in rows} - set(log.batches)
     if missing:
-        raise AssertionError(f"freshness: no commit marker seen for batches {sorted(missing)}")
-    fresh = [log.batches[r["ingest_batch"]][0] - r["ts_ms"] for r in rows]
+        raise AssertionError(f"freshness: snapshots {sorted(missing)} not seen committed")
+    fresh = [log.batches[r["snapshot_id"]][0] - r["ts_ms"] for r in rows]
     to_kafka = [float(r["latency_ms"]) for r in rows if r["latency_ms"] is not None]
     return {
         "rows": len(rows),
@@ -256,7 +254,7 @@ def spark_batch(spark: Any, settings: Any, topic: str, out: Path) -> float:
     return n / elapsed
 
 
-def burst(fed: LocalFederation, log: CommitLog, n: int, *, aggregates: bool) -> dict[str, Any]:
+def burst(fed: LocalFederation, log: SnapshotLog, n: int, *, aggregates: bool) -> dict[str, Any]:
     """Produce n records into the running job's topic at once; time until it has landed them all.
 
     With `aggregates`, wait too until the aggregate queries have read them
@@ -297,9 +295,9 @@ def burst(fed: LocalFederation, log: CommitLog, n: int, *, aggregates: bool) -> 
     }
 
 
-def check_backlog_rows(spark: Any, warehouse: Path, n: int) -> None:
+def check_backlog_rows(spark: Any, raw: str, n: int) -> None:
     counts = (
-        spark.read.parquet(str(warehouse / "telemetry_raw"))
+        spark.table(raw)
         .where(f"device LIKE '{BACKLOG_PREFIX}%'")
         .selectExpr("count(*) AS rows", "count(DISTINCT message_id) AS ids")
         .collect()[0]
@@ -321,8 +319,8 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     warmup_s = 3.0 if quick else 10.0
     n_backlog = 10_000 if quick else 300_000
     results: dict[str, Any] = {"quick": quick, "machine": {"cpus": os.cpu_count()}}
-    warehouse = fed.warehouse
-    log = CommitLog(warehouse)
+    settings = fed.spark_settings()
+    log = SnapshotLog(settings)
     bootstrap = fed.endpoints()["kafka"]["bootstrap"]
 
     progress(f"freshness: {rate:g} readings/s for {seconds:g} s from {devices} MQTT devices")
@@ -340,9 +338,10 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     results["python_consume_per_s"] = round(python_consume(bootstrap, REFERENCE_TOPIC, n_backlog))
 
     from spark.session import build_session
+    from spark.tables import RAW, Catalog
 
-    settings = fed.spark_settings()
     spark = build_session(settings, "fedgate-bench")
+    raw = Catalog(spark, settings).name(RAW)
     try:
         progress("reference: one Spark batch query doing the raw query's work (cold, then warm)")
         runs = [spark_batch(spark, settings, REFERENCE_TOPIC, workdir / "spark-batch-ref") for _ in range(2)]
@@ -350,8 +349,8 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         results["spark_batch_per_s"] = round(runs[1])
         progress(f"ingest: a burst of {n_backlog} records into the running job")
         results["ingest"] = burst(fed, log, n_backlog, aggregates=not quick)
-        check_backlog_rows(spark, warehouse, n_backlog)
-        results["steady"].update(freshness_figures(spark, warehouse, log, results["steady"]["sent"]))
+        check_backlog_rows(spark, raw, n_backlog)
+        results["steady"].update(freshness_figures(spark, raw, log, results["steady"]["sent"]))
     finally:
         spark.stop()
     ing = results["ingest"]

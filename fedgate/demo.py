@@ -139,7 +139,7 @@ def spark_tables(
         deadline = time.monotonic() + timeout
         rows = 0
         while True:
-            register_views(spark, settings.warehouse)  # sees the files landed since
+            register_views(spark, settings)  # sees the rows landed since
             rows = spark.sql(count_sql).first()[0]  # type: ignore[index]
             if rows >= sent or time.monotonic() > deadline:
                 break

@@ -1,23 +1,23 @@
 """The streaming job: Kafka -> telemetry_raw, rejects, device_minute, region_minute.
 
 Three Structured Streaming queries read the bridge's topics with Spark's
-Kafka source, each with its own checkpoint.  The topics are exactly those the
-router's mapping rules produce, plus its catch-all and dead-letter topics
-(settings `topics`, from router.topics.kafka_topics): a record of any rule's
-topic becomes a telemetry_raw row that names its Kafka and MQTT topic, a
-record of the other two a reject.
+Kafka source, each with its own checkpoint, into Iceberg tables
+(spark/tables.py).  The topics are exactly those the router's mapping rules
+produce, plus its catch-all and dead-letter topics (settings `topics`, from
+router.topics.kafka_topics): a record of any rule's topic becomes a
+telemetry_raw row that names its Kafka and MQTT topic, a record of the other
+two a reject.
 
-  raw            every record, deduplicated by message id within
-                 `dedupe_window` of Kafka time -> telemetry_raw + rejects,
-                 every `raw_trigger_s`
+  raw            every record -> telemetry_raw (inserted if its message id is
+                 not there yet, however late) + rejects, every `raw_trigger_s`
   device_minute  accepted records, deduplicated, windowed by event time with
   region_minute  the `late_after` watermark -> the minutes that closed,
                  every `aggregate_trigger_s`
 
-Each micro-batch lands through Warehouse.land (exactly once, see
-spark/tables.py).  Stop it anywhere (SIGTERM, SIGKILL, a crash): the next
-start resumes from the checkpoints and the tables end up complete and free of
-duplicates.
+Each micro-batch lands by one MERGE per table that inserts only keys the table
+lacks (Catalog.land: exactly once).  Stop it anywhere (SIGTERM, SIGKILL, a
+crash): the next start resumes from the checkpoints, replays the batch it had
+not recorded, and the tables end up complete and free of duplicates.
 
     python -m spark.job --config state/nodes/spark/spark.toml
 """
@@ -45,12 +45,12 @@ from pyspark.sql.streaming import StreamingQuery
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
-from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Table, Warehouse
+from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Catalog, Table, dedupe_dates
 
 log = logging.getLogger("fedgate.spark")
 
-#: What a micro-batch becomes: (table, frame) pairs, and the stats its commit marker keeps.
-Frames = tuple[list[tuple[Table, DataFrame]], dict[str, Any]]
+#: What a micro-batch becomes: (table, frame) pairs.
+Frames = list[tuple[Table, DataFrame]]
 Build = Callable[[DataFrame, int], Frames]
 
 QUERY_RAW = "raw"
@@ -96,7 +96,7 @@ class TelemetryJob:
     def __init__(self, settings: SparkSettings):
         self.settings = settings
         self.spark = build_session(settings, "fedgate-tables")
-        self.warehouse = Warehouse(self.spark, settings.warehouse)
+        self.catalog = Catalog(self.spark, settings)
         self.queries: list[StreamingQuery] = []
         self._stop = threading.Event()
         #: per query, rows its watermark left out since the job started (reported, never silent)
@@ -110,12 +110,10 @@ class TelemetryJob:
 
     def start(self) -> None:
         s = self.settings
-        decoded = decoded_stream(self.spark, s)
-        raw_in = decoded.withWatermark("kafka_ts", s.dedupe_window).dropDuplicatesWithinWatermark(
-            ["message_id"]
-        )
+        self.catalog.create_tables()
         self.queries.append(
-            raw_in.writeStream.queryName(QUERY_RAW)
+            decoded_stream(self.spark, s)
+            .writeStream.queryName(QUERY_RAW)
             .foreachBatch(self._lander(QUERY_RAW, self._raw_frames))
             .option("checkpointLocation", self._checkpoint(QUERY_RAW))
             .trigger(processingTime=f"{s.raw_trigger_s} seconds")
@@ -145,17 +143,28 @@ class TelemetryJob:
             "streaming %s from %s into %s (checkpoints %s)",
             ",".join(s.topics),
             s.kafka_bootstrap,
-            s.warehouse,
+            self.catalog.namespace,
             s.checkpoint_dir,
         )
 
     def _lander(self, query: str, build: Build) -> Callable[[DataFrame, int], None]:
-        """foreachBatch function: the batch, built into frames, lands exactly once (Warehouse.land)."""
+        """foreachBatch function: each table's rows of the batch land by an insert-if-absent
+        MERGE (Catalog.land), so a batch replayed after a crash adds nothing twice."""
 
         def land(batch: DataFrame, batch_id: int) -> None:
-            batch = batch.persist()  # lazy: a replayed batch that had landed is never computed
+            batch = batch.persist()  # read from Kafka once, whatever the tables built from it
             try:
-                self.warehouse.land(query, batch_id, lambda: build(batch, batch_id))
+                for table, rows in build(batch, batch_id):
+                    rows = rows.persist()
+                    try:
+                        dates = (
+                            dedupe_dates(rows, self.settings.dedupe_lookback_days) if table is RAW else None
+                        )
+                        self.catalog.land(
+                            table, rows, view=f"fedgate_batch_{query}_{table.name}", dates=dates
+                        )
+                    finally:
+                        rows.unpersist()
             finally:
                 batch.unpersist()
 
@@ -169,16 +178,18 @@ class TelemetryJob:
         ).first()  # type: ignore[misc]
         frames = []
         if accepted:
-            frames.append((RAW, tr.raw_rows(batch).withColumn("ingest_batch", F.lit(batch_id).cast("long"))))
+            # copies inside one batch (a redelivery right behind its original) are one row;
+            # copies across batches are kept out by the MERGE
+            rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
+            frames.append((RAW, rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))))
         if rejected:
             frames.append((REJECTS, tr.reject_rows(batch)))
-        return frames, {"rows": int(accepted), "rejects": int(rejected)}
+        return frames
 
     @staticmethod
     def _aggregate_frames(table: Table) -> Build:
         def build(batch: DataFrame, batch_id: int) -> Frames:
-            rows = batch.count()
-            return ([(table, batch)] if rows else []), {"rows": rows}
+            return [(table, batch)] if not batch.isEmpty() else []
 
         return build
 
@@ -205,8 +216,8 @@ class TelemetryJob:
     def count_late_rows(self) -> None:
         """Add up the rows each query's watermark dropped in the batches since the last call
         (Spark reports them per batch, in its state operators' progress), and say so in the
-        log: for the raw query they are rows NOT in telemetry_raw, for the aggregates rows in
-        telemetry_raw but in no closed minute (`fedgate recompute` puts them back)."""
+        log: rows in telemetry_raw (whose query has no watermark and drops nothing) but in no
+        closed minute of an aggregate (`fedgate recompute` puts them back)."""
         for q in self.queries:
             seen = self._counted_batch.get(q.name, -1)
             for p in q.recentProgress:
@@ -219,11 +230,7 @@ class TelemetryJob:
                 )
                 if dropped:
                     self.late_rows[q.name] = self.late_rows.get(q.name, 0) + dropped
-                    where = (
-                        "older than the dedupe window: NOT in telemetry_raw"
-                        if q.name == QUERY_RAW
-                        else "behind the watermark: in telemetry_raw, in no closed minute of " + q.name
-                    )
+                    where = "behind the watermark: in telemetry_raw, in no closed minute of " + q.name
                     log.warning(
                         "%s: batch %s dropped %d late row(s), %s (watermark %s)",
                         q.name,
@@ -281,7 +288,7 @@ class TelemetryJob:
 
     def stop(self) -> None:
         # A query stopped mid-batch replays that batch at the next start; the
-        # commit markers keep the replay from landing rows twice.
+        # insert-if-absent MERGE keeps the replay from landing rows twice.
         for q in self.queries:
             try:
                 q.stop()

@@ -11,7 +11,6 @@ import datetime as dt
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -20,7 +19,7 @@ from pyspark.sql import functions as F
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings
-from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, Warehouse, read_table, register_views
+from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, Catalog, register_views
 
 #: name -> (what it answers, SQL)
 NAMED_QUERIES: dict[str, tuple[str, str]] = {
@@ -60,13 +59,10 @@ NAMED_QUERIES: dict[str, tuple[str, str]] = {
 
 @contextmanager
 def session(settings: SparkSettings) -> Iterator[SparkSession]:
-    """A Spark session with the tables registered as views; stopped on leaving."""
-    # One Python process has one JVM, and jars join it only with its first session: a later
-    # session in the same process that reads Kafka (the bench, the tests) needs them now.
-    has_kafka_jars = any(Path(settings.jars_dir).glob("spark-sql-kafka*.jar"))
-    spark = build_session(settings, "fedgate-query", kafka=has_kafka_jars)
+    """A session in the tables' namespace, the aggregates with their open minutes; stopped on leaving."""
+    spark = build_session(settings, "fedgate-query", kafka=False)
     try:
-        register_views(spark, settings.warehouse)
+        register_views(spark, settings)
         yield spark
     finally:
         spark.stop()
@@ -122,15 +118,14 @@ def recompute(spark: SparkSession, settings: SparkSettings, since: dt.date, unti
     a fix to a transform).  Running it for today while the job runs can race
     with the job's next closed minutes: stop the job or leave today out.
     """
-    wh = Warehouse(spark, settings.warehouse)
-    raw = read_table(spark, wh, RAW).where(F.col("date").between(F.lit(since), F.lit(until)))
+    catalog = Catalog(spark, settings)
+    raw = catalog.read(RAW).where(F.col("date").between(F.lit(since), F.lit(until)))
     dates = [str(since + dt.timedelta(days=i)) for i in range((until - since).days + 1)]
-    tag = f"recompute-{int(dt.datetime.now(dt.UTC).timestamp())}"
     counts = {}
     for table, transform in ((DEVICE_MINUTE, tr.device_minute), (REGION_MINUTE, tr.region_minute)):
         df = transform(raw).persist()
         counts[table.name] = df.count()
-        wh.overwrite_dates(table, df, dates, tag)
+        catalog.replace_dates(table, df, dates)
         df.unpersist()
     return counts
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import sqlite3
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -18,13 +20,74 @@ class SparkSetupError(FedgateError):
     pass
 
 
-def kafka_jars(settings: SparkSettings) -> list[str]:
+def spark_jars(settings: SparkSettings, *, kafka: bool = True) -> list[str]:
+    """The jars `make setup` fetched: Iceberg (every session reads the tables), and the
+    Kafka source (required when `kafka`; loaded whenever present, since one Python
+    process has one JVM and jars join it only with its first session)."""
     jars = sorted(glob.glob(os.path.join(settings.jars_dir, "*.jar")))
-    if not any("spark-sql-kafka" in j for j in jars):
+    needed = ["iceberg-spark-runtime", "sqlite-jdbc"] + (["spark-sql-kafka"] if kafka else [])
+    missing = [n for n in needed if not any(os.path.basename(j).startswith(n) for j in jars)]
+    if missing:
         raise SparkSetupError(
-            f"Spark's Kafka source is not in {settings.jars_dir}: run `make setup` (it fetches the jars)"
+            f"{', '.join(missing)} not in {settings.jars_dir}: run `make setup` (it fetches the jars)"
         )
     return jars
+
+
+#: Iceberg's JDBC catalog tables (its schema V1, as JdbcCatalog creates them).
+_SQLITE_CATALOG_DDL = (
+    "CREATE TABLE IF NOT EXISTS iceberg_tables(catalog_name VARCHAR(255) NOT NULL,"
+    "table_namespace VARCHAR(255) NOT NULL,table_name VARCHAR(255) NOT NULL,"
+    "metadata_location VARCHAR(1000),previous_metadata_location VARCHAR(1000),iceberg_type VARCHAR(5),"
+    "PRIMARY KEY (catalog_name, table_namespace, table_name))",
+    "CREATE TABLE IF NOT EXISTS iceberg_namespace_properties(catalog_name VARCHAR(255) NOT NULL,"
+    "namespace VARCHAR(255) NOT NULL,property_key VARCHAR(255),property_value VARCHAR(1000),"
+    "PRIMARY KEY (catalog_name, namespace, property_key))",
+)
+
+
+def create_sqlite_catalog(path: str) -> None:
+    """The SQLite file of a local Iceberg catalog, its tables created, in WAL mode."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+        db.execute("PRAGMA journal_mode=WAL")  # persistent: every later connection uses it
+        for ddl in _SQLITE_CATALOG_DDL:
+            db.execute(ddl)
+        db.commit()
+
+
+def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
+    """Spark settings naming the tables' Iceberg catalog (a JDBC catalog: SQLite here)."""
+    prefix = f"spark.sql.catalog.{settings.catalog}"
+    uri = settings.catalog_jdbc_uri
+    conf: dict[str, str] = {}
+    if uri.startswith("jdbc:sqlite:"):
+        create_sqlite_catalog(uri.removeprefix("jdbc:sqlite:"))
+        # Iceberg 1.10's JdbcCatalog leaves the result set of its start-up check open: on
+        # SQLite that keeps a read transaction open on a pooled connection for good, so the
+        # session saw the table as it was when it started (a test's query never saw the rows
+        # the job committed) and, in SQLite's default journal mode, the job's commits failed
+        # with SQLITE_BUSY.  The catalog's tables are created above instead.
+        conf[f"{prefix}.jdbc.init-catalog-tables"] = "false"
+    return conf | {
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "jdbc",
+        f"{prefix}.uri": uri,
+        # V1 also keeps views; pyiceberg's SqlCatalog reads the same tables
+        f"{prefix}.jdbc.schema-version": "V1",
+        # the job's three queries commit from their own threads while analysts read from other
+        # processes: in WAL mode readers never block a commit (in SQLite's default mode a
+        # reader's lock had a commit fail with SQLITE_BUSY after waiting), and a commit waits
+        # for another instead of failing at once
+        f"{prefix}.jdbc.journal_mode": "WAL",
+        f"{prefix}.jdbc.busy_timeout": "30000",
+        f"{prefix}.warehouse": settings.warehouse,
+        # a query polling for rows the job commits every 2 s sees each commit (cached, a table
+        # would stay at the snapshot first read for 30 s)
+        f"{prefix}.cache-enabled": "false",
+        "spark.sql.defaultCatalog": settings.catalog,
+    }
 
 
 def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> SparkSession:
@@ -66,8 +129,9 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
     )
     if settings.ui_port:
         builder = builder.config("spark.ui.port", str(settings.ui_port))
-    if kafka:
-        builder = builder.config("spark.jars", ",".join(kafka_jars(settings)))
+    builder = builder.config("spark.jars", ",".join(spark_jars(settings, kafka=kafka)))
+    for key, value in iceberg_catalog_conf(settings).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

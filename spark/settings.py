@@ -31,14 +31,14 @@ from backend.settings_layers import coerce, read_layers
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-#: Spark's Kafka source and the jars it needs that pyspark does not ship;
-#: `make setup` puts them here (infra/setup/spark-kafka-pom.xml).
-SPARK_KAFKA_JARS = "jars/spark-kafka-4.0.0"
+#: Spark's Kafka source, Iceberg's Spark runtime and the SQLite JDBC driver: what pyspark does not ship;
+#: `make setup` puts them here (infra/setup/spark-pom.xml).
+SPARK_JARS = "jars/spark-4.0.0"
 
 
 def default_jars_dir() -> str:
     cache = Path(os.environ.get("FEDGATE_CACHE_DIR", PROJECT_ROOT / ".cache"))
-    return str(cache / SPARK_KAFKA_JARS)
+    return str(cache / SPARK_JARS)
 
 
 class SparkSettingsError(FedgateError, ValueError):
@@ -51,14 +51,25 @@ _KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 @dataclass(frozen=True)
 class SparkSettings:
     kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers."})
-    warehouse: str = field(metadata={"doc": "Folder (or hdfs:// / s3a:// URL) holding the tables."})
+    warehouse: str = field(
+        metadata={"doc": "Folder (or hdfs:// / s3a:// URL) holding the Iceberg tables' data and metadata."}
+    )
+    catalog_uri: str = field(
+        default="",
+        metadata={
+            "doc": "JDBC URL of the Iceberg catalog that names the tables; default a SQLite file "
+            "<warehouse>/catalog.db (a local warehouse only: elsewhere, a shared database)."
+        },
+    )
+    catalog: str = field(default="fedgate", metadata={"doc": "The Iceberg catalog's name in Spark SQL."})
+    namespace: str = field(default="telemetry", metadata={"doc": "The catalog namespace of the tables."})
     checkpoints: str = field(
         default="",
         metadata={"doc": "Streaming checkpoints; default <warehouse>/_checkpoints. Keep with the tables."},
     )
     master: str = field(default="local[2]", metadata={"doc": "Spark master URL."})
     jars_dir: str = field(
-        default_factory=default_jars_dir, metadata={"doc": "Folder of the Kafka source jars."}
+        default_factory=default_jars_dir, metadata={"doc": "Folder of the Kafka source and Iceberg jars."}
     )
     topics: tuple[str, ...] = field(
         default=(),
@@ -84,9 +95,13 @@ class SparkSettings:
     aggregate_trigger_s: float = field(
         default=60.0, metadata={"doc": "How often closed minutes are appended to the aggregates."}
     )
-    dedupe_window: str = field(
-        default="10 minutes",
-        metadata={"doc": "How long a message id is remembered to drop a redelivered copy (Kafka time)."},
+    dedupe_lookback_days: int = field(
+        default=2,
+        metadata={
+            "doc": "How many days before its own event date a row whose event time is not its device's "
+            "(clamped, implausible or missing device clock) looks for an earlier copy of itself. "
+            "Copies with the device's own time share the original's date whatever their delay."
+        },
     )
     late_after: str = field(
         default="1 minute",
@@ -121,12 +136,21 @@ class SparkSettings:
         for name in ("raw_trigger_s", "aggregate_trigger_s"):
             if getattr(self, name) <= 0:
                 raise SparkSettingsError(f"{name}: must be > 0")
-        for name in ("dedupe_window", "late_after"):
-            value = getattr(self, name).split()
-            if len(value) != 2 or not value[0].isdigit():
+        value = self.late_after.split()
+        if len(value) != 2 or not value[0].isdigit():
+            raise SparkSettingsError(f"late_after: an interval like '1 minute', not {self.late_after!r}")
+        if self.dedupe_lookback_days < 0:
+            raise SparkSettingsError("dedupe_lookback_days: must be >= 0")
+        for name in ("catalog", "namespace"):
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", getattr(self, name)):
                 raise SparkSettingsError(
-                    f"{name}: an interval like '10 minutes', not {getattr(self, name)!r}"
+                    f"{name}: lower-case letters, digits and _, not {getattr(self, name)!r}"
                 )
+        if not self.catalog_uri and "://" in self.warehouse and not self.warehouse.startswith("file:"):
+            raise SparkSettingsError(
+                "catalog_uri: required when the warehouse is not a local folder "
+                "(a JDBC URL of a database every job and query reaches, e.g. jdbc:postgresql://...)"
+            )
 
     def require_topics(self) -> tuple[str, ...]:
         """The topics to stream from; SparkSettingsError if none are set (the job cannot guess them)."""
@@ -136,6 +160,12 @@ class SparkSettings:
                 "with its catch-all and dead-letter topics (router.topics.kafka_topics)"
             )
         return self.topics
+
+    @property
+    def catalog_jdbc_uri(self) -> str:
+        if self.catalog_uri:
+            return self.catalog_uri
+        return f"jdbc:sqlite:{self.warehouse.removeprefix('file:').rstrip('/')}/catalog.db"
 
     @property
     def checkpoint_dir(self) -> str:
@@ -168,7 +198,7 @@ def describe() -> list[tuple[str, str, str]]:
         if f.default is not MISSING:
             default = str(f.default)
         elif f.default_factory is not MISSING:
-            default = "<cache>/" + SPARK_KAFKA_JARS
+            default = "<cache>/" + SPARK_JARS
         else:
             default = "(required)"
         out.append(("FEDGATE_SPARK_" + f.name.upper(), default, f.metadata.get("doc", "")))

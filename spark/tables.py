@@ -1,39 +1,36 @@
-"""The warehouse: where each table lives, how a micro-batch lands in it exactly
-once, and how queries see the tables as views.
+"""The tables: Apache Iceberg tables named by a catalog, how a micro-batch lands in
+them exactly once, and how queries see them.
 
-    <warehouse>/telemetry_raw/date=.../region=.../*.parquet
-    <warehouse>/device_minute/date=.../*.parquet
-    <warehouse>/region_minute/date=.../*.parquet
-    <warehouse>/rejects/date=.../*.parquet
-    <warehouse>/_staging/   a batch being written (never read)
-    <warehouse>/_commits/   one marker per committed micro-batch and query
-    <warehouse>/_checkpoints/  Spark's streaming checkpoints
+    fedgate.telemetry.telemetry_raw   partitioned by date, region
+    fedgate.telemetry.device_minute   partitioned by date
+    fedgate.telemetry.region_minute   partitioned by date
+    fedgate.telemetry.rejects         partitioned by date
 
-Exactly once: Structured Streaming replays a micro-batch whose commit it did
-not record, with the same records.  A batch is written to _staging first and
-then moved into the table file by file (a rename, atomic per file); the
-marker in _commits says the move finished.  Before the first file moves, the
-list of files about to move in is written next to where the marker will be
-(`<batch>.moving`).  A replay of a batch that has its marker writes nothing; a
-replay of one that died half-way first deletes the files that list names, so
-landing never has to list the table itself, however many files it holds.  Readers
-never see a half-written file, and the folders are plain Hive-style Parquet
-that pandas, DuckDB or any Spark can read.
+(catalog `fedgate` and namespace `telemetry` are settings.)  Data and metadata
+live under the warehouse folder; the catalog (a JDBC catalog, a SQLite file
+beside the warehouse by default) maps each name to the table's current
+metadata.  Spark SQL (`SHOW TABLES`, `DESCRIBE`), pyiceberg, and through its
+Arrow output DuckDB and pandas, read the same tables (spark/reading.py).
+
+Exactly once: every table has a key (a device message's `message_id`, a
+minute's group, a reject's Kafka offset), and a batch lands by a MERGE that
+inserts only the rows whose key the table does not hold yet.  A MERGE is one
+Iceberg commit, all or nothing, so a batch replayed after a crash, a copy
+redelivered by RabbitMQ, or a gateway resending after 30 minutes or a day adds
+nothing: the table already holds the key.  No watermark, no state to expire.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable
+import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark import transforms as tr
+from spark.settings import SparkSettings
 
 KAFKA_SOURCE_SCHEMA = T.StructType(
     [
@@ -53,27 +50,30 @@ KAFKA_SOURCE_SCHEMA = T.StructType(
     ]
 )
 
-#: Markers of this many recent batches are kept (only the last can be replayed).
-KEEP_MARKERS = 50
-
 
 @dataclass(frozen=True)
 class Table:
     name: str
     partition_by: tuple[str, ...]
+    #: what makes a row the same row: a batch inserts only rows with a key not yet held
+    key: tuple[str, ...]
     doc: str
 
 
-RAW = Table("telemetry_raw", ("date", "region"), "one row per device message, exactly once")
-DEVICE_MINUTE = Table("device_minute", ("date",), "per device, minute and numeric field")
-REGION_MINUTE = Table("region_minute", ("date",), "per region and minute: messages, devices, latency")
-REJECTS = Table("rejects", ("date",), "records that could not become rows, with the reason")
+RAW = Table("telemetry_raw", ("date", "region"), ("message_id",), "one row per device message, exactly once")
+DEVICE_MINUTE = Table(
+    "device_minute", ("date",), ("minute", "device", "field"), "per device, minute and numeric field"
+)
+REGION_MINUTE = Table(
+    "region_minute", ("date",), ("minute", "region"), "per region and minute: messages, devices, latency"
+)
+REJECTS = Table(
+    "rejects",
+    ("date",),
+    ("kafka_topic", "kafka_partition", "kafka_offset"),
+    "records that could not become rows, with the reason",
+)
 TABLES = (RAW, DEVICE_MINUTE, REGION_MINUTE, REJECTS)
-
-
-def table_path(warehouse: str, table: Table) -> str:
-    return f"{warehouse.rstrip('/')}/{table.name}"
-
 
 _SCHEMAS: dict[str, T.StructType] = {}
 
@@ -97,158 +97,102 @@ def _derive_schemas(spark: SparkSession) -> dict[str, T.StructType]:
     }
 
 
-class Warehouse:
-    """Filesystem operations through Hadoop's FileSystem, so the same code
-    works on a local folder, HDFS or an object store."""
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
-    def __init__(self, spark: SparkSession, root: str):
+
+class Catalog:
+    """fedgate's tables in the Iceberg catalog of a session (spark/session.py configures it)."""
+
+    def __init__(self, spark: SparkSession, settings: SparkSettings):
         self.spark = spark
-        self.root = root.rstrip("/")
-        jvm = spark._jvm  # type: ignore[attr-defined]
-        assert jvm is not None
-        self._Path = jvm.org.apache.hadoop.fs.Path
-        self.fs = self._Path(self.root).getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+        self.settings = settings
+        self.namespace = f"{settings.catalog}.{settings.namespace}"
 
-    def path(self, *parts: str) -> Any:
-        return self._Path("/".join([self.root, *parts]))
+    def name(self, table: Table) -> str:
+        return f"{self.namespace}.{table.name}"
 
-    def exists(self, *parts: str) -> bool:
-        return bool(self.fs.exists(self.path(*parts)))
+    def create_tables(self) -> None:
+        """Create the namespace and any missing table (never alters one that exists)."""
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace}")
+        all_schemas = schemas(self.spark)
+        for table in TABLES:
+            columns = ", ".join(
+                f"{_quote(f.name)} {f.dataType.simpleString()}" for f in all_schemas[table.name].fields
+            )
+            self.spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg "
+                f"PARTITIONED BY ({', '.join(table.partition_by)}) "
+                f"COMMENT '{table.doc}' "
+                "TBLPROPERTIES ("
+                "'format-version'='2', "
+                "'write.parquet.compression-codec'='zstd', "
+                # a micro-batch is small: no shuffle to lay out files by partition before writing
+                "'write.distribution-mode'='none', "
+                # readers of a table the job commits to every 2 s find its metadata small
+                "'write.metadata.delete-after-commit.enabled'='true', "
+                "'write.metadata.previous-versions-max'='20')"
+            )
 
-    def has_data(self, table: Table) -> bool:
-        if not self.exists(table.name):
-            return False
-        files = self.fs.listFiles(self.path(table.name), True)
-        while files.hasNext():
-            if files.next().getPath().getName().endswith(".parquet"):
-                return True
-        return False
-
-    def marker_path(self, query: str, batch_id: int) -> Any:
-        return self.path("_commits", query, f"{batch_id:012d}")
-
-    def committed(self, query: str, batch_id: int) -> bool:
-        return bool(self.fs.exists(self.marker_path(query, batch_id)))
+    def read(self, table: Table) -> DataFrame:
+        return self.spark.table(self.name(table))
 
     def land(
-        self,
-        query: str,
-        batch_id: int,
-        build: Callable[[], tuple[list[tuple[Table, DataFrame]], dict[str, Any]]],
-    ) -> bool:
-        """Land one micro-batch in its tables exactly once; False if it had landed already.
+        self, table: Table, rows: DataFrame, *, view: str, dates: tuple[dt.date, dt.date] | None = None
+    ) -> None:
+        """Insert the rows of `rows` whose key `table` does not hold yet, in one commit.
 
-        `build` returns the batch's (table, frame) pairs and its stats; it is
-        not called for a batch that has its marker (a replay after a crash).
+        `dates` (first, last) bounds the target rows the key is looked up in
+        (partition pruning); None looks through the whole table.  `view` names
+        the temporary view the batch is registered under (one per query thread).
         """
-        if self.committed(query, batch_id):
-            return False
-        moving = self.path("_commits", query, f"{batch_id:012d}.moving")
-        if self.fs.exists(moving):
-            self._undo_moves(moving)
-        frames, stats = build()
-        prefix = f"b{batch_id:012d}-{query}-"
-        staged = [(table, self._stage(query, table, df)) for table, df in frames]
-        moves = [m for table, staging in staged for m in self._plan_moves(staging, table, prefix)]
-        self._write_json(moving, {"files": [dest.toString() for _, _, dest in moves]})
-        self._move(moves)
-        for _, staging in staged:
-            self.fs.delete(staging, True)
-        marker = {"batch": batch_id, "query": query, "committed_ms": int(time.time() * 1000), **stats}
-        self._write_json(self.marker_path(query, batch_id), marker)
-        self.fs.delete(moving, False)
-        if batch_id >= KEEP_MARKERS:
-            self.fs.delete(self.marker_path(query, batch_id - KEEP_MARKERS), False)
-        return True
+        rows.createOrReplaceTempView(view)
+        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in table.key)
+        if dates is not None:
+            on += f" AND t.date BETWEEN DATE'{dates[0].isoformat()}' AND DATE'{dates[1].isoformat()}'"
+        # the view lives in the frame's own session: in foreachBatch, the streaming query's clone
+        rows.sparkSession.sql(
+            f"MERGE INTO {self.name(table)} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT *"
+        )
 
-    def _stage(self, name: str, table: Table, df: DataFrame) -> Any:
-        """Write `df` as `table`'s partitions into a staging folder no reader looks at."""
-        staging = self.path("_staging", name, table.name)
-        self.fs.delete(staging, True)
-        df.write.mode("overwrite").partitionBy(*table.partition_by).parquet(staging.toString())
-        return staging
-
-    def _write_json(self, path: Any, value: dict[str, Any]) -> None:
-        out = self.fs.create(path, True)
-        try:
-            out.write(json.dumps(value).encode())
-        finally:
-            out.close()
-
-    def _undo_moves(self, moving: Any) -> None:
-        """Take out the files a dead attempt of a batch had moved into its tables."""
-        stream = self.fs.open(moving)
-        try:
-            raw = bytes(stream.readAllBytes())
-        finally:
-            stream.close()
-        try:
-            files = json.loads(raw)["files"]
-        except (ValueError, KeyError):
-            files = []  # the attempt died writing the list: nothing had moved yet
-        for f in files:
-            self.fs.delete(self._Path(f), False)
-        self.fs.delete(moving, False)
-
-    def _move_in(self, staging: Any, table: Table, prefix: str) -> None:
-        """Move the staged Parquet files into the table, partition folders kept, names prefixed."""
-        self._move(self._plan_moves(staging, table, prefix))
-        self.fs.delete(staging, True)
-
-    def _plan_moves(self, staging: Any, table: Table, prefix: str) -> list[tuple[Any, Any, Any]]:
-        """(staged file, table folder, table file) for each Parquet file staged for `table`."""
-        if not self.fs.exists(staging):
-            return []  # an empty frame writes nothing
-        base = staging.toUri().getPath().rstrip("/")
-        files = self.fs.listFiles(staging, True)
-        moves = []
-        while files.hasNext():
-            src = files.next().getPath()
-            if not src.getName().endswith(".parquet"):
-                continue
-            rel_dir = src.getParent().toUri().getPath()[len(base) :].strip("/")
-            dest_dir = self.path(table.name, rel_dir) if rel_dir else self.path(table.name)
-            moves.append((src, dest_dir, self._Path(dest_dir, prefix + src.getName())))
-        return moves
-
-    def _move(self, moves: list[tuple[Any, Any, Any]]) -> None:
-        made: set[str] = set()
-        for src, dest_dir, dest in moves:
-            if dest_dir.toString() not in made:
-                self.fs.mkdirs(dest_dir)
-                made.add(dest_dir.toString())
-            if not self.fs.rename(src, dest):
-                raise OSError(f"could not move {src} to {dest}")
-
-    def overwrite_dates(self, table: Table, df: DataFrame, dates: list[str], tag: str) -> None:
-        """Replace `table`'s partitions for `dates` with `df` (holding only those dates): the recompute."""
-        staging = self._stage("recompute", table, df)
-        for date in dates:
-            self.fs.delete(self.path(table.name, f"date={date}"), True)
-        self._move_in(staging, table, f"{tag}-")
+    def replace_dates(self, table: Table, rows: DataFrame, dates: list[str]) -> None:
+        """Replace `table`'s rows of `dates` with `rows` (holding only those dates) in one commit."""
+        rows.writeTo(self.name(table)).overwrite(
+            F.col("date").isin([dt.date.fromisoformat(d) for d in dates])
+        )
 
 
-def read_table(spark: SparkSession, warehouse: Warehouse, table: Table) -> DataFrame:
-    schema = schemas(spark)[table.name]
-    if not warehouse.has_data(table):
-        return spark.createDataFrame([], schema)
-    path = warehouse.path(table.name).toString()
-    return spark.read.schema(schema).option("basePath", path).parquet(path)
+def dedupe_dates(raw: DataFrame, lookback_days: int) -> tuple[dt.date, dt.date] | None:
+    """The event dates among which the earlier copies of a batch's rows can be.
+
+    A copy carries the same payload, hence the same device time: a row whose event
+    time is its device's time has the same date in every copy.  A row whose event
+    time came from Kafka (a clamped fast clock, an implausible or missing device
+    time) is later in a later copy: its original can be up to `lookback_days`
+    earlier.  None for an empty batch."""
+    own_time = F.col("device_ts").isNotNull() & (F.col("event_time") == F.col("device_ts"))
+    earliest = F.when(own_time, F.col("date")).otherwise(F.date_sub("date", lookback_days))
+    first, last = raw.select(F.min(earliest), F.max("date")).first()  # type: ignore[misc]
+    return None if first is None else (first, last)
 
 
-def register_views(spark: SparkSession, warehouse_root: str) -> dict[str, DataFrame]:
-    """Register the tables as temporary views by name and return them.
+def register_views(spark: SparkSession, settings: SparkSettings) -> dict[str, DataFrame]:
+    """Make the tables' namespace current (`SHOW TABLES`, names without a prefix) and
+    register the aggregates as temporary views with their open minutes; return them.
 
     The aggregate tables hold minutes the streaming job has closed (their
     watermark passed); the minutes still open are computed from
     telemetry_raw at query time with the same transform, so a query sees
-    every accepted message.  Column `final` tells them apart.
+    every accepted message.  Column `final` tells them apart.  The stored
+    tables stay readable by their full names (fedgate.telemetry.device_minute).
     """
-    wh = Warehouse(spark, warehouse_root)
-    raw = read_table(spark, wh, RAW)
-    views: dict[str, DataFrame] = {RAW.name: raw, REJECTS.name: read_table(spark, wh, REJECTS)}
+    catalog = Catalog(spark, settings)
+    catalog.create_tables()
+    spark.sql(f"USE {catalog.namespace}")
+    raw = catalog.read(RAW)
+    views: dict[str, DataFrame] = {RAW.name: raw, REJECTS.name: catalog.read(REJECTS)}
     for table, transform in ((DEVICE_MINUTE, tr.device_minute), (REGION_MINUTE, tr.region_minute)):
-        closed = read_table(spark, wh, table)
+        closed = catalog.read(table)
         boundary = closed.agg(F.max("minute")).first()[0]  # type: ignore[index]
         open_rows = (
             raw
@@ -258,6 +202,5 @@ def register_views(spark: SparkSession, warehouse_root: str) -> dict[str, DataFr
         views[table.name] = closed.withColumn("final", F.lit(True)).unionByName(
             transform(open_rows).withColumn("final", F.lit(False))
         )
-    for name, df in views.items():
-        df.createOrReplaceTempView(name)
+        views[table.name].createOrReplaceTempView(table.name)
     return views

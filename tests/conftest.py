@@ -52,8 +52,8 @@ def missing_runtime() -> str | None:
         return "no Java runtime (run `make setup`)"
     if not list((PROJECT_ROOT / ".cache" / "jars").glob("kafka-*/.complete")):
         return "Kafka jars not downloaded (run `make setup`)"
-    if not list((PROJECT_ROOT / ".cache" / "jars").glob("spark-kafka-*/spark-sql-kafka*.jar")):
-        return "Spark's Kafka source jars not downloaded (run `make setup`)"
+    if not list((PROJECT_ROOT / ".cache" / "jars").glob("spark-*/iceberg-spark-runtime*.jar")):
+        return "Spark's Kafka source and Iceberg jars not downloaded (run `make setup`)"
     return None
 
 

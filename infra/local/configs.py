@@ -49,7 +49,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "block_manager_port": job.spec.ports["block_manager"],
         "late_after": s.spark_late_after,
         "aggregate_trigger_s": s.spark_aggregate_trigger_s,
-        "jars_dir": str(s.spark_kafka_jars),
+        "jars_dir": str(s.spark_jars),
         "progress_file": str(job.dir / "progress.json"),
         # what the routers write, from the same [router] table (router.topics.kafka_topics)
         "topics": s.router_settings.kafka_topics(),

@@ -216,7 +216,7 @@ class SparkNode(Node):
 
     def preflight(self) -> None:
         super().preflight()
-        jars = self.settings.spark_kafka_jars
+        jars = self.settings.spark_jars
         if not any(jars.glob("spark-sql-kafka*.jar")):
             raise NodeError(f"{self.name}: Spark's Kafka source is not in {jars}; run `make setup`")
         if shutil.which("java") is None:

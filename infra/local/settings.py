@@ -34,7 +34,7 @@ from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
 from router.settings import RouterSettings, RouterSettingsError, check_router_table, router_table
 from router.settings import describe as describe_router
-from spark.settings import SPARK_KAFKA_JARS
+from spark.settings import SPARK_JARS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -313,8 +313,8 @@ class LocalSettings:
         return self.cache_dir / "jars" / f"kafka-{self.kafka_version}"
 
     @property
-    def spark_kafka_jars(self) -> Path:
-        return self.cache_dir / SPARK_KAFKA_JARS
+    def spark_jars(self) -> Path:
+        return self.cache_dir / SPARK_JARS
 
     @property
     def address_block(self) -> str:

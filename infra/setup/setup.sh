@@ -14,8 +14,9 @@
 #      rabbitmq-server, Erlang and mosquitto are not needed)
 #   2. the project virtualenv (.venv) with the Python dependencies
 #   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
-#   4. Spark's Kafka source jars matching the installed pyspark into
-#      .cache/jars/spark-kafka-<v>/
+#   4. Spark's Kafka source and Apache Iceberg's Spark runtime (with the SQLite
+#      JDBC driver of its local catalog) matching the installed pyspark into
+#      .cache/jars/spark-<v>/
 #   (1. also installs PowerDNS, the devices' DNS server: pdns-server and
 #      pdns-backend-bind; their package would start a system-wide server,
 #      which policy-rc.d below keeps from starting)
@@ -119,9 +120,9 @@ fetch_jars "Kafka $KAFKA_VERSION" "$ROOT/infra/setup/kafka-pom.xml" \
     "$CACHE/jars/kafka-$KAFKA_VERSION" -Dkafka.version="$KAFKA_VERSION"
 
 spark_version=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
-spark_jars="$CACHE/jars/spark-kafka-$spark_version"
+spark_jars="$CACHE/jars/spark-$spark_version"
 if [[ ! -f "$spark_jars/.complete" ]]; then
-    fetch_jars "Spark Kafka source $spark_version" "$ROOT/infra/setup/spark-kafka-pom.xml" \
+    fetch_jars "Spark Kafka source and Iceberg for Spark $spark_version" "$ROOT/infra/setup/spark-pom.xml" \
         "$spark_jars" -Dspark.version="$spark_version"
     # Keep only what pyspark lacks: a second scala-library or hadoop client on
     # the classpath would shadow pyspark's own and break at run time.
@@ -131,7 +132,7 @@ if [[ ! -f "$spark_jars/.complete" ]]; then
         if compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null; then rm -f "$jar"; fi
     done
 else
-    step "Spark Kafka source $spark_version jars present ($spark_jars)"
+    step "Spark $spark_version jars present: Kafka source, Iceberg ($spark_jars)"
 fi
 
 step "done in ${SECONDS}s"

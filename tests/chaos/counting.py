@@ -107,7 +107,7 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
     with session(settings) as spark:
 
         def read() -> list[tuple[str, int]]:
-            register_views(spark, settings.warehouse)  # sees the files landed since
+            register_views(spark, settings)  # sees the rows landed since
             return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]
 
         deadline = time.monotonic() + timeout

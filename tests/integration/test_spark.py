@@ -32,7 +32,7 @@ def spark(federation):
 
 
 def query(spark, federation, sql: str) -> list:
-    register_views(spark, federation.spark_settings().warehouse)  # sees files landed since
+    register_views(spark, federation.spark_settings())  # sees rows landed since
     return spark.sql(sql).collect()
 
 

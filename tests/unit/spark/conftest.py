@@ -9,16 +9,21 @@ from pyspark.sql import SparkSession
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    from spark.session import build_session
+def spark_settings(tmp_path_factory: pytest.TempPathFactory):
     from spark.settings import SparkSettings
 
-    settings = SparkSettings(
+    return SparkSettings(
         kafka_bootstrap="-",
         warehouse=str(tmp_path_factory.mktemp("wh")),
         master="local[1]",
         shuffle_partitions=1,
     )
-    session = build_session(settings, "fedgate-unit", kafka=False)
+
+
+@pytest.fixture(scope="session")
+def spark(spark_settings) -> Iterator[SparkSession]:
+    from spark.session import build_session
+
+    session = build_session(spark_settings, "fedgate-unit", kafka=False)
     yield session
     session.stop()

@@ -1,0 +1,131 @@
+"""The Iceberg tables: exactly once by key however late a copy comes, the recompute's
+date overwrite, and the catalog that names them (Spark SQL and, without Spark, pyiceberg)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import itertools
+
+import pytest
+
+from spark import transforms as tr
+from spark.tables import RAW, REGION_MINUTE, TABLES, Catalog, dedupe_dates, schemas
+from tests.unit.spark.test_transforms import NOW, decode, record
+
+pytestmark = pytest.mark.spark
+
+DAY1, DAY2 = dt.date(2026, 11, 21), dt.date(2026, 11, 22)
+_namespaces = itertools.count()
+
+
+@pytest.fixture
+def catalog(spark, spark_settings) -> Catalog:
+    """A catalog namespace of its own for each test, its tables created."""
+    settings = dataclasses.replace(spark_settings, namespace=f"t{next(_namespaces)}")
+    cat = Catalog(spark, settings)
+    cat.create_tables()
+    return cat
+
+
+def region_rows(spark, rows):
+    """region_minute rows: (date, region, messages)."""
+    schema = schemas(spark)[REGION_MINUTE.name]  # date, minute, region, messages, devices, latencies
+    full = [(d, dt.datetime.combine(d, dt.time(10)), region, n, 1, 2, 3, 4, 5) for d, region, n in rows]
+    return spark.createDataFrame(full, schema)
+
+
+def messages(catalog):
+    return sorted((r["date"], r["region"], r["messages"]) for r in catalog.read(REGION_MINUTE).collect())
+
+
+def raw_batch(spark, readings, lookback_days=2):
+    """telemetry_raw rows of (payload, offset, Kafka time) readings, and the dates a MERGE looks in."""
+    rows = tr.raw_rows(decode(spark, [record(p, offset, ts=ts) for p, offset, ts in readings]))
+    return rows, dedupe_dates(rows, lookback_days)
+
+
+def land_raw(spark, catalog, readings):
+    rows, dates = raw_batch(spark, readings)
+    catalog.land(RAW, rows, view="unit_raw", dates=dates)
+
+
+def ms(t: dt.datetime) -> int:
+    return int(t.replace(tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def test_every_table_is_in_the_catalog_by_name(spark, catalog):
+    shown = {r["tableName"] for r in spark.sql(f"SHOW TABLES IN {catalog.namespace}").collect()}
+    assert shown == {t.name for t in TABLES}
+    described = {r["col_name"] for r in spark.sql(f"DESCRIBE TABLE {catalog.name(RAW)}").collect()}
+    assert {"message_id", "device", "event_time", "date", "region"} <= described
+
+
+def test_a_replayed_batch_adds_nothing(spark, catalog):
+    batch = region_rows(spark, [(DAY1, "local-eu", 5), (DAY2, "local-us", 7)])
+    catalog.land(REGION_MINUTE, batch, view="unit_region")
+    catalog.land(REGION_MINUTE, batch, view="unit_region")
+    assert messages(catalog) == [(DAY1, "local-eu", 5), (DAY2, "local-us", 7)], "the replay added rows"
+
+
+def test_a_copy_produced_a_day_after_its_original_is_still_one_row(spark, catalog):
+    sent = NOW - dt.timedelta(seconds=1)
+    reading = {"ts": ms(sent), "seq": 1, "temp_c": 20}
+    land_raw(spark, catalog, [(reading, 1, NOW)])
+    # a gateway back after a day resends it, beside a reading of that day
+    later = NOW + dt.timedelta(days=1, minutes=30)
+    land_raw(spark, catalog, [(reading, 7, later), ({"ts": ms(later), "seq": 2}, 8, later)])
+    rows = catalog.read(RAW).select("message_id", "kafka_offset").collect()
+    assert sorted(r["kafka_offset"] for r in rows) == [1, 8], "the day-late copy became a second row"
+
+
+def test_a_late_copy_of_a_reading_whose_time_came_from_kafka_is_still_one_row(spark, catalog):
+    """A clamped fast clock or a missing device time: the copy's event time (its own Kafka
+    time) is a later date than the original's; the lookback finds the original."""
+    fast = {"ts": ms(NOW + dt.timedelta(hours=3)), "seq": 1}
+    no_clock = {"seq": 2}
+    land_raw(spark, catalog, [(fast, 1, NOW), (no_clock, 2, NOW)])
+    later = NOW + dt.timedelta(days=1)
+    rows, dates = raw_batch(spark, [(fast, 7, later), (no_clock, 8, later)])
+    assert dates == (DAY2 - dt.timedelta(days=1), later.date())
+    catalog.land(RAW, rows, view="unit_raw", dates=dates)
+    assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [1, 2]
+
+
+def test_copies_are_looked_for_only_in_the_dates_they_can_be_in(spark):
+    """A batch of readings with their device's own time looks in their dates only: the
+    table's other days are pruned from every MERGE."""
+    _, dates = raw_batch(spark, [({"ts": ms(NOW), "seq": 1}, 1, NOW + dt.timedelta(seconds=1))])
+    assert dates == (NOW.date(), NOW.date())
+
+
+def test_replace_dates_replaces_those_dates_and_keeps_the_others(spark, catalog):
+    catalog.land(REGION_MINUTE, region_rows(spark, [(DAY1, "local-eu", 5), (DAY2, "local-eu", 7)]), view="u")
+    catalog.replace_dates(REGION_MINUTE, region_rows(spark, [(DAY2, "local-eu", 9)]), [str(DAY2)])
+    assert messages(catalog) == [(DAY1, "local-eu", 5), (DAY2, "local-eu", 9)]
+
+
+def test_python_without_spark_reads_the_tables_through_the_catalog(spark, spark_settings, catalog):
+    from spark.reading import duckdb_with_tables, open_catalog
+
+    land_raw(spark, catalog, [({"ts": ms(NOW), "seq": 1}, 1, NOW), ({"ts": ms(NOW), "seq": 2}, 2, NOW)])
+    py = open_catalog(catalog.settings)
+    assert (catalog.settings.namespace, RAW.name) in py.list_tables(catalog.settings.namespace)
+    frame = py.load_table(f"{catalog.settings.namespace}.{RAW.name}").scan().to_pandas()
+    assert sorted(frame["kafka_offset"]) == [1, 2]
+    con = duckdb_with_tables(catalog.settings)
+    assert con.execute("SELECT count(*), count(DISTINCT message_id) FROM telemetry_raw").fetchall() == [
+        (2, 2)
+    ]
+
+
+def test_an_open_session_sees_what_another_writer_commits_after_it_started(spark, catalog):
+    """An analyst's session stays open while the job commits: each query sees the latest
+    commit (Iceberg's JDBC catalog on SQLite once pinned a session to its first read)."""
+    from spark.reading import open_catalog
+
+    land_raw(spark, catalog, [({"ts": ms(NOW), "seq": 1}, 1, NOW)])
+    assert spark.table(catalog.name(RAW)).count() == 1
+    other = open_catalog(catalog.settings).load_table(f"{catalog.settings.namespace}.{RAW.name}")
+    other.append(other.scan().to_arrow())  # another process's commit, as the job's are to a query
+    assert spark.table(catalog.name(RAW)).count() == 2, "the open session did not see the new commit"
