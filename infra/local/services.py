@@ -217,8 +217,9 @@ class SparkNode(Node):
     def preflight(self) -> None:
         super().preflight()
         jars = self.settings.spark_jars
-        if not any(jars.glob("spark-sql-kafka*.jar")):
-            raise NodeError(f"{self.name}: Spark's Kafka source is not in {jars}; run `make setup`")
+        for jar, what in (("spark-sql-kafka", "Spark's Kafka source"), ("iceberg-spark-runtime", "Iceberg")):
+            if not any(jars.glob(f"{jar}*.jar")):
+                raise NodeError(f"{self.name}: {what} is not in {jars}; run `make setup`")
         if shutil.which("java") is None:
             raise NodeError(f"{self.name}: java is not installed; run `make setup`")
 
