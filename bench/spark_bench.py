@@ -77,8 +77,8 @@ class SnapshotLog:
         table = open_catalog(self.settings).load_table(f"{self.settings.namespace}.{RAW.name}")
         for snap in table.snapshots():
             if snap.snapshot_id not in self.batches:
-                added = int((snap.summary or {}).get("added-records", 0)) if snap.summary else 0
-                self.batches[snap.snapshot_id] = (snap.timestamp_ms, added)
+                added = (snap.summary or {}).get("added-records", 0)
+                self.batches[snap.snapshot_id] = (snap.timestamp_ms, int(added))
 
     def rows_since(self, since_ms: int) -> int:
         return sum(rows for at, rows in self.batches.values() if at >= since_ms)

@@ -45,7 +45,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
-from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Catalog, Table, dedupe_dates
+from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Catalog, Table
 
 log = logging.getLogger("fedgate.spark")
 
@@ -114,7 +114,7 @@ class TelemetryJob:
         self.queries.append(
             decoded_stream(self.spark, s)
             .writeStream.queryName(QUERY_RAW)
-            .foreachBatch(self._lander(QUERY_RAW, self._raw_frames))
+            .foreachBatch(self._lander(self._raw_frames))
             .option("checkpointLocation", self._checkpoint(QUERY_RAW))
             .trigger(processingTime=f"{s.raw_trigger_s} seconds")
             .start()
@@ -134,7 +134,7 @@ class TelemetryJob:
                 transform(accepted)
                 .writeStream.queryName(name)
                 .outputMode("append")
-                .foreachBatch(self._lander(name, self._aggregate_frames(table)))
+                .foreachBatch(self._lander(self._aggregate_frames(table)))
                 .option("checkpointLocation", self._checkpoint(name))
                 .trigger(processingTime=f"{s.aggregate_trigger_s} seconds")
                 .start()
@@ -147,7 +147,7 @@ class TelemetryJob:
             s.checkpoint_dir,
         )
 
-    def _lander(self, query: str, build: Build) -> Callable[[DataFrame, int], None]:
+    def _lander(self, build: Build) -> Callable[[DataFrame, int], None]:
         """foreachBatch function: each table's rows of the batch land by an insert-if-absent
         MERGE (Catalog.land), so a batch replayed after a crash adds nothing twice."""
 
@@ -155,16 +155,7 @@ class TelemetryJob:
             batch = batch.persist()  # read from Kafka once, whatever the tables built from it
             try:
                 for table, rows in build(batch, batch_id):
-                    rows = rows.persist()
-                    try:
-                        dates = (
-                            dedupe_dates(rows, self.settings.dedupe_lookback_days) if table is RAW else None
-                        )
-                        self.catalog.land(
-                            table, rows, view=f"fedgate_batch_{query}_{table.name}", dates=dates
-                        )
-                    finally:
-                        rows.unpersist()
+                    self.catalog.land(table, rows)
             finally:
                 batch.unpersist()
 
@@ -189,7 +180,7 @@ class TelemetryJob:
     @staticmethod
     def _aggregate_frames(table: Table) -> Build:
         def build(batch: DataFrame, batch_id: int) -> Frames:
-            return [(table, batch)] if not batch.isEmpty() else []
+            return [(table, batch)]  # an empty batch lands nothing (Catalog.land)
 
         return build
 

@@ -120,7 +120,7 @@ def recompute(spark: SparkSession, settings: SparkSettings, since: dt.date, unti
     """
     catalog = Catalog(spark, settings)
     raw = catalog.read(RAW).where(F.col("date").between(F.lit(since), F.lit(until)))
-    dates = [str(since + dt.timedelta(days=i)) for i in range((until - since).days + 1)]
+    dates = [since + dt.timedelta(days=i) for i in range((until - since).days + 1)]
     counts = {}
     for table, transform in ((DEVICE_MINUTE, tr.device_minute), (REGION_MINUTE, tr.region_minute)):
         df = transform(raw).persist()

@@ -25,14 +25,11 @@ class CatalogError(FedgateError):
 
 
 def sqlalchemy_uri(jdbc_uri: str) -> str:
-    """The catalog's JDBC URL as pyiceberg's SqlCatalog (SQLAlchemy) spells it."""
+    """The catalog's JDBC URL as pyiceberg's SqlCatalog (SQLAlchemy) spells it: the SQLite
+    catalog, the one fedgate sets up (another database needs its SQLAlchemy driver and URL)."""
     if jdbc_uri.startswith("jdbc:sqlite:"):
         return "sqlite:///" + jdbc_uri.removeprefix("jdbc:sqlite:")
-    if jdbc_uri.startswith("jdbc:postgresql:"):
-        return "postgresql+psycopg2:" + jdbc_uri.removeprefix("jdbc:postgresql:")
-    raise CatalogError(
-        f"catalog_uri {jdbc_uri!r}: only SQLite and PostgreSQL catalogs are read without Spark"
-    )
+    raise CatalogError(f"catalog_uri {jdbc_uri!r}: only a SQLite catalog is read without Spark here")
 
 
 def open_catalog(settings: SparkSettings) -> Any:

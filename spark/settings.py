@@ -149,7 +149,7 @@ class SparkSettings:
         if not self.catalog_uri and "://" in self.warehouse and not self.warehouse.startswith("file:"):
             raise SparkSettingsError(
                 "catalog_uri: required when the warehouse is not a local folder "
-                "(a JDBC URL of a database every job and query reaches, e.g. jdbc:postgresql://...)"
+                "(a JDBC URL of a database every job and query reaches, its driver jar in jars_dir)"
             )
 
     def require_topics(self) -> tuple[str, ...]:

@@ -137,42 +137,46 @@ class Catalog:
     def read(self, table: Table) -> DataFrame:
         return self.spark.table(self.name(table))
 
-    def land(
-        self, table: Table, rows: DataFrame, *, view: str, dates: tuple[dt.date, dt.date] | None = None
-    ) -> None:
-        """Insert the rows of `rows` whose key `table` does not hold yet, in one commit.
+    def land(self, table: Table, rows: DataFrame) -> None:
+        """Insert the rows of `rows` whose key `table` does not hold yet, in one commit (none
+        for an empty frame).  The key is looked up only in the dates a copy can have
+        (copy_dates): the MERGE reads those partitions, not the whole table."""
+        rows = rows.persist()  # read twice: for its dates, then by the MERGE
+        try:
+            dates = copy_dates(table, rows, self.settings.dedupe_lookback_days)
+            if dates is None:
+                return
+            view = f"fedgate_batch_{table.name}"
+            rows.createOrReplaceTempView(view)
+            on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in table.key)
+            first, last = (d.isoformat() for d in dates)
+            # the view lives in the frame's own session: in foreachBatch, the streaming query's clone
+            rows.sparkSession.sql(
+                f"MERGE INTO {self.name(table)} t USING {view} s "
+                f"ON {on} AND t.date BETWEEN DATE'{first}' AND DATE'{last}' WHEN NOT MATCHED THEN INSERT *"
+            )
+        finally:
+            rows.unpersist()
 
-        `dates` (first, last) bounds the target rows the key is looked up in
-        (partition pruning); None looks through the whole table.  `view` names
-        the temporary view the batch is registered under (one per query thread).
-        """
-        rows.createOrReplaceTempView(view)
-        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in table.key)
-        if dates is not None:
-            on += f" AND t.date BETWEEN DATE'{dates[0].isoformat()}' AND DATE'{dates[1].isoformat()}'"
-        # the view lives in the frame's own session: in foreachBatch, the streaming query's clone
-        rows.sparkSession.sql(
-            f"MERGE INTO {self.name(table)} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT *"
-        )
-
-    def replace_dates(self, table: Table, rows: DataFrame, dates: list[str]) -> None:
+    def replace_dates(self, table: Table, rows: DataFrame, dates: list[dt.date]) -> None:
         """Replace `table`'s rows of `dates` with `rows` (holding only those dates) in one commit."""
-        rows.writeTo(self.name(table)).overwrite(
-            F.col("date").isin([dt.date.fromisoformat(d) for d in dates])
-        )
+        rows.writeTo(self.name(table)).overwrite(F.col("date").isin(dates))
 
 
-def dedupe_dates(raw: DataFrame, lookback_days: int) -> tuple[dt.date, dt.date] | None:
-    """The event dates among which the earlier copies of a batch's rows can be.
+def copy_dates(table: Table, rows: DataFrame, lookback_days: int) -> tuple[dt.date, dt.date] | None:
+    """The dates (first, last) among which the earlier copies of `rows` can be; None if empty.
 
-    A copy carries the same payload, hence the same device time: a row whose event
-    time is its device's time has the same date in every copy.  A row whose event
-    time came from Kafka (a clamped fast clock, an implausible or missing device
-    time) is later in a later copy: its original can be up to `lookback_days`
-    earlier.  None for an empty batch."""
-    own_time = F.col("device_ts").isNotNull() & (F.col("event_time") == F.col("device_ts"))
-    earliest = F.when(own_time, F.col("date")).otherwise(F.date_sub("date", lookback_days))
-    first, last = raw.select(F.min(earliest), F.max("date")).first()  # type: ignore[misc]
+    A copy has the same key, and the key fixes the date: a minute's group its minute, a
+    reject its Kafka record (and time).  A telemetry_raw copy carries the same payload,
+    hence the same device time: a row whose event time is its device's time has the same
+    date in every copy.  A row whose event time came from Kafka (a clamped fast clock, an
+    implausible or missing device time) is later in a later copy: its original can be up
+    to `lookback_days` earlier."""
+    earliest = F.col("date")
+    if table is RAW:
+        own_time = F.col("device_ts").isNotNull() & (F.col("event_time") == F.col("device_ts"))
+        earliest = F.when(own_time, earliest).otherwise(F.date_sub("date", lookback_days))
+    first, last = rows.select(F.min(earliest), F.max("date")).first()  # type: ignore[misc]
     return None if first is None else (first, last)
 
 

@@ -69,7 +69,7 @@ class DeviceSpec:
     #: without DNS: the benchmarks' baseline) connects, then fails over to
     endpoints: tuple[tuple[str, str, int], ...] = ()
     #: (region, client network), home first: a device that finds its gateway by DNS
-    #: (fedgate/army/dns.py) asks from its address in the first; roaming moves it to the next
+    #: (fedgate/army/resolving.py) asks from its address in the first; roaming moves it to the next
     networks: tuple[tuple[str, str], ...] = ()
     #: which address of an answer with several (a region's gateway cluster) it dials
     pick: int = 0

@@ -8,6 +8,7 @@ over the whole run (latency_all_ms).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
@@ -122,19 +123,15 @@ def build_report(
             # worker per TTL), unanswered ones, and where the devices were connected at the end
             "dns_questions": tick("dns_questions"),
             "dns_errors": tick("dns_errors"),
-            "connected_at_end": _summed(w.get("connected_at_end", {}) for w in done.values()),
+            "connected_at_end": dict(
+                sorted(
+                    sum((Counter(w.get("connected_at_end", {})) for w in done.values()), Counter()).items()
+                )
+            ),
         },
         "errors": [e for w in done.values() for e in w["errors"]][:20]
         + (commands.errors[:5] if commands else []),
     }
-
-
-def _summed(counts: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for c in counts:
-        for k, v in c.items():
-            out[k] = out.get(k, 0) + v
-    return dict(sorted(out.items()))
 
 
 def to_text(r: dict[str, Any]) -> str:

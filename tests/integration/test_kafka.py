@@ -73,8 +73,8 @@ def test_topics_are_not_created_by_accident(endpoints, uid):
 
 
 def test_a_records_time_is_the_brokers_append_time_whatever_the_producer_says(endpoints, uid):
-    """log.message.timestamp.type=LogAppendTime: the Spark job's Kafka time (dedupe window,
-    the clamp of fast device clocks) is the broker's, not a producer's clock -- a router whose
+    """log.message.timestamp.type=LogAppendTime: the Spark job's Kafka time (the clamp of
+    fast device clocks) is the broker's, not a producer's clock -- a router whose
     clock is an hour off must not move it."""
     bootstrap = endpoints["kafka"]["bootstrap"]
     topic = f"test.appendtime.{uid}"

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from spark import transforms as tr
-from spark.tables import RAW, REGION_MINUTE, TABLES, Catalog, dedupe_dates, schemas
+from spark.tables import RAW, REGION_MINUTE, TABLES, Catalog, copy_dates, schemas
 from tests.unit.spark.test_transforms import NOW, decode, record
 
 pytestmark = pytest.mark.spark
@@ -39,15 +39,19 @@ def messages(catalog):
     return sorted((r["date"], r["region"], r["messages"]) for r in catalog.read(REGION_MINUTE).collect())
 
 
+def raw_frame(spark, readings):
+    """telemetry_raw rows of (payload, offset, Kafka time) readings."""
+    return tr.raw_rows(decode(spark, [record(p, offset, ts=ts) for p, offset, ts in readings]))
+
+
 def raw_batch(spark, readings, lookback_days=2):
-    """telemetry_raw rows of (payload, offset, Kafka time) readings, and the dates a MERGE looks in."""
-    rows = tr.raw_rows(decode(spark, [record(p, offset, ts=ts) for p, offset, ts in readings]))
-    return rows, dedupe_dates(rows, lookback_days)
+    """telemetry_raw rows of readings, and the dates a MERGE looks in."""
+    rows = raw_frame(spark, readings)
+    return rows, copy_dates(RAW, rows, lookback_days)
 
 
 def land_raw(spark, catalog, readings):
-    rows, dates = raw_batch(spark, readings)
-    catalog.land(RAW, rows, view="unit_raw", dates=dates)
+    catalog.land(RAW, raw_frame(spark, readings))
 
 
 def ms(t: dt.datetime) -> int:
@@ -63,8 +67,8 @@ def test_every_table_is_in_the_catalog_by_name(spark, catalog):
 
 def test_a_replayed_batch_adds_nothing(spark, catalog):
     batch = region_rows(spark, [(DAY1, "local-eu", 5), (DAY2, "local-us", 7)])
-    catalog.land(REGION_MINUTE, batch, view="unit_region")
-    catalog.land(REGION_MINUTE, batch, view="unit_region")
+    catalog.land(REGION_MINUTE, batch)
+    catalog.land(REGION_MINUTE, batch)
     assert messages(catalog) == [(DAY1, "local-eu", 5), (DAY2, "local-us", 7)], "the replay added rows"
 
 
@@ -88,7 +92,7 @@ def test_a_late_copy_of_a_reading_whose_time_came_from_kafka_is_still_one_row(sp
     later = NOW + dt.timedelta(days=1)
     rows, dates = raw_batch(spark, [(fast, 7, later), (no_clock, 8, later)])
     assert dates == (DAY2 - dt.timedelta(days=1), later.date())
-    catalog.land(RAW, rows, view="unit_raw", dates=dates)
+    catalog.land(RAW, rows)
     assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [1, 2]
 
 
@@ -100,8 +104,8 @@ def test_copies_are_looked_for_only_in_the_dates_they_can_be_in(spark):
 
 
 def test_replace_dates_replaces_those_dates_and_keeps_the_others(spark, catalog):
-    catalog.land(REGION_MINUTE, region_rows(spark, [(DAY1, "local-eu", 5), (DAY2, "local-eu", 7)]), view="u")
-    catalog.replace_dates(REGION_MINUTE, region_rows(spark, [(DAY2, "local-eu", 9)]), [str(DAY2)])
+    catalog.land(REGION_MINUTE, region_rows(spark, [(DAY1, "local-eu", 5), (DAY2, "local-eu", 7)]))
+    catalog.replace_dates(REGION_MINUTE, region_rows(spark, [(DAY2, "local-eu", 9)]), [DAY2])
     assert messages(catalog) == [(DAY1, "local-eu", 5), (DAY2, "local-eu", 9)]
 
 
