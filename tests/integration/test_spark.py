@@ -11,9 +11,12 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from backend import contract as c
 from fedgate.devices import publish_properties
@@ -75,8 +78,11 @@ def wait_closed_minutes(
         time.sleep(3)
 
 
-def produce_bridge_records(bootstrap: str, records: list[tuple[str, bytes]], *, with_id: bool = True) -> None:
-    """Records as the bridge writes them: (device, payload) into telemetry.telemetry."""
+def produce_bridge_records(
+    bootstrap: str, records: list[tuple[str, bytes]], *, with_id: bool = True, timestamp_ms: int = 0
+) -> None:
+    """Records as the bridge writes them: (device, payload) into telemetry.telemetry; a
+    `timestamp_ms` counts only on a topic that keeps producers' times (producer_timestamps)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for dev, payload in records:
         topic = c.device_telemetry_topic(dev)
@@ -88,7 +94,7 @@ def produce_bridge_records(bootstrap: str, records: list[tuple[str, bytes]], *, 
         ]
         if with_id:
             headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(topic, payload).encode()))
-        p.produce("telemetry.telemetry", payload, dev.encode(), headers=headers)
+        p.produce("telemetry.telemetry", payload, dev.encode(), headers=headers, timestamp=timestamp_ms)
         p.poll(0)
     assert p.flush(30) == 0, "Kafka did not confirm every record"
 
@@ -344,3 +350,51 @@ def test_readings_behind_the_watermark_are_in_telemetry_raw_and_counted_as_left_
         spark, federation, f"SELECT count(*) FROM device_minute WHERE device = '{late}' AND final"
     )
     assert closed[0] == 0, "a closed minute is never changed by a late reading"
+
+
+@contextmanager
+def producer_timestamps(bootstrap: str, topic: str) -> Iterator[None]:
+    """Inside, `topic` keeps the producer's timestamps (CreateTime) instead of the brokers'
+    append time: the one way a test can stamp a record 30 minutes after another."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def alter(op: AlterConfigOpType) -> None:
+        entry = ConfigEntry("message.timestamp.type", "CreateTime", incremental_operation=op)
+        resource = ConfigResource("topic", topic, incremental_configs=[entry])
+        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+    alter(AlterConfigOpType.SET)
+    try:
+        yield
+    finally:
+        alter(AlterConfigOpType.DELETE)  # back to the brokers' LogAppendTime
+
+
+def test_a_copy_produced_30_minutes_after_its_original_is_still_one_row(federation, endpoints, spark, uid):
+    """A gateway back after 30 minutes resends what it had not passed on, after newer
+    readings have moved Kafka time on by 30 minutes.  A dedupe that remembers message ids
+    for a window of Kafka time (the job's before Iceberg: 10 minutes) has forgotten the
+    original by then and keeps the copy as a second row."""
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    dev, clock = f"late-copy-{uid}", f"late-clock-{uid}"
+    sent_ms = ms(dt.datetime.now(dt.UTC))
+    later_ms = sent_ms + 30 * 60_000
+    original = json.dumps({"ts": sent_ms, "seq": 1}).encode()
+    count = "SELECT count(*) FROM telemetry_raw WHERE device = '{}'"
+    with producer_timestamps(bootstrap, "telemetry.telemetry"):
+        produce_bridge_records(bootstrap, [(dev, original)], timestamp_ms=sent_ms)
+        assert wait_rows(spark, federation, count.format(dev), 1) == 1, "the original never landed"
+        # newer traffic: Kafka time 30 minutes on
+        tick = json.dumps({"ts": sent_ms, "seq": 1}).encode()
+        produce_bridge_records(bootstrap, [(clock, tick)], timestamp_ms=later_ms)
+        assert wait_rows(spark, federation, count.format(clock), 1) == 1
+        # the copy, and a reading behind it that says when the copy's batch has landed
+        behind = json.dumps({"ts": sent_ms, "seq": 2}).encode()
+        produce_bridge_records(bootstrap, [(dev, original), (clock, behind)], timestamp_ms=later_ms)
+        assert wait_rows(spark, federation, count.format(clock), 2) == 2
+    rows = query(spark, federation, f"SELECT unix_millis(kafka_ts) FROM telemetry_raw WHERE device = '{dev}'")
+    print(
+        f"original and its copy 30 minutes later (Kafka time): rows={len(rows)}, lost={1 - min(len(rows), 1)}"
+    )
+    assert len(rows) == 1, f"a copy produced 30 minutes after its original: {len(rows)} rows"
+    assert rows[0][0] == sent_ms, "the row is the original's, not the copy's"
