@@ -131,7 +131,6 @@ def spark_tables(
 ) -> list[tuple[bool, str]]:
     """Wait until this run's readings are rows of telemetry_raw, then show them queried."""
     from spark import query
-    from spark.tables import register_views
 
     settings = fed.spark_settings()
     with query.session(settings) as spark:
@@ -139,7 +138,6 @@ def spark_tables(
         deadline = time.monotonic() + timeout
         rows = 0
         while True:
-            register_views(spark, settings)  # sees the rows landed since
             rows = spark.sql(count_sql).first()[0]  # type: ignore[index]
             if rows >= sent or time.monotonic() > deadline:
                 break

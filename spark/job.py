@@ -1,23 +1,25 @@
 """The streaming job: Kafka -> telemetry_raw, rejects, device_minute, region_minute.
 
-Three Structured Streaming queries read the bridge's topics with Spark's
-Kafka source, each with its own checkpoint, into Iceberg tables
-(spark/tables.py).  The topics are exactly those the router's mapping rules
-produce, plus its catch-all and dead-letter topics (settings `topics`, from
-router.topics.kafka_topics): a record of any rule's topic becomes a
-telemetry_raw row that names its Kafka and MQTT topic, a record of the other
-two a reject.
+One Structured Streaming query reads the bridge's topics with Spark's Kafka
+source, and each micro-batch (every `trigger_s`) lands in the Iceberg tables
+(spark/tables.py), in this order:
 
-  raw            every record -> telemetry_raw (inserted if its message id is
-                 not there yet, however late) + rejects, every `raw_trigger_s`
-  device_minute  accepted records, deduplicated, windowed by event time with
-  region_minute  the `late_after` watermark -> the minutes that closed,
-                 every `aggregate_trigger_s`
+  rejects        the records that cannot be rows, with the reason
+  telemetry_raw  every other record, inserted if its message id is not there
+                 yet, however late: from here a reading is queryable
+  device_minute  the minutes (per device / per region) the batch's readings
+  region_minute  fall in, computed again from telemetry_raw: a late reading
+                 is counted in its minute, never dropped
 
-Each micro-batch lands by one MERGE per table that inserts only keys the table
-lacks (Catalog.land: exactly once).  Stop it anywhere (SIGTERM, SIGKILL, a
-crash): the next start resumes from the checkpoints, replays the batch it had
-not recorded, and the tables end up complete and free of duplicates.
+The topics are exactly those the router's mapping rules produce, plus its
+catch-all and dead-letter topics (settings `topics`, from
+router.topics.kafka_topics).  Every `compact_interval_s` the job rewrites the
+small files of the dates it wrote into large ones and expires old snapshots.
+
+Each table's commit adds a key only once (Catalog.land): stop the job anywhere
+(SIGTERM, SIGKILL, a crash, between two tables' commits) and the next start
+resumes from the checkpoint, replays the batch it had not recorded, and the
+tables end up complete and free of duplicates.
 
     python -m spark.job --config state/nodes/spark/spark.toml
 """
@@ -25,6 +27,7 @@ not recorded, and the tables end up complete and free of duplicates.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import os
@@ -32,7 +35,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +47,12 @@ from pyspark.sql.streaming import StreamingQuery
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
-from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, REJECTS, Catalog, Table
+from spark.tables import AGGREGATES, RAW, REJECTS, Catalog, DateSpan, Table
 
 log = logging.getLogger("fedgate.spark")
 
-#: What a micro-batch becomes: (table, frame) pairs.
-Frames = list[tuple[Table, DataFrame]]
-Build = Callable[[DataFrame, int], Frames]
-
-QUERY_RAW = "raw"
-QUERY_DEVICE_MINUTE = "device_minute"
-QUERY_REGION_MINUTE = "region_minute"
+#: The job's one streaming query (its checkpoint folder, its name in progress.json).
+QUERY = "tables"
 
 
 def kafka_source(spark: SparkSession, s: SparkSettings) -> DataFrame:
@@ -97,178 +94,136 @@ class TelemetryJob:
         self.settings = settings
         self.spark = build_session(settings, "fedgate-tables")
         self.catalog = Catalog(self.spark, settings)
-        self.queries: list[StreamingQuery] = []
+        self.query: StreamingQuery | None = None
         self._stop = threading.Event()
-        #: per query, rows its watermark left out since the job started (reported, never silent)
-        self.late_rows: dict[str, int] = {}
-        self._counted_batch: dict[str, int] = {}
-
-    # --- the three queries ------------------------------------------------------------
-
-    def _checkpoint(self, name: str) -> str:
-        return f"{self.settings.checkpoint_dir.rstrip('/')}/{name}"
+        #: per table, the first date written since the last compaction
+        self._uncompacted: dict[Table, dt.date] = {}
+        self._compacted_at = time.monotonic()
+        self.last_compaction: dict[str, Any] = {}
 
     def start(self) -> None:
         s = self.settings
         self.catalog.create_tables()
-        self.queries.append(
+        self.query = (
             decoded_stream(self.spark, s)
-            .writeStream.queryName(QUERY_RAW)
-            .foreachBatch(self._lander(self._raw_frames))
-            .option("checkpointLocation", self._checkpoint(QUERY_RAW))
-            .trigger(processingTime=f"{s.raw_trigger_s} seconds")
+            .writeStream.queryName(QUERY)
+            .foreachBatch(self.land_batch)
+            .option("checkpointLocation", f"{s.checkpoint_dir.rstrip('/')}/{QUERY}")
+            .trigger(processingTime=f"{s.trigger_s} seconds")
             .start()
         )
-        for name, table, transform in (
-            (QUERY_DEVICE_MINUTE, DEVICE_MINUTE, tr.device_minute),
-            (QUERY_REGION_MINUTE, REGION_MINUTE, tr.region_minute),
-        ):
-            # A copy older than the watermark is dropped as late, so a
-            # duplicate is never counted twice even after its id expired.
-            accepted = (
-                tr.raw_rows(decoded_stream(self.spark, s))
-                .withWatermark("event_time", s.late_after)
-                .dropDuplicatesWithinWatermark(["message_id"])
-            )
-            self.queries.append(
-                transform(accepted)
-                .writeStream.queryName(name)
-                .outputMode("append")
-                .foreachBatch(self._lander(self._aggregate_frames(table)))
-                .option("checkpointLocation", self._checkpoint(name))
-                .trigger(processingTime=f"{s.aggregate_trigger_s} seconds")
-                .start()
-            )
         log.info(
-            "streaming %s from %s into %s (checkpoints %s)",
+            "streaming %s from %s into %s (checkpoint %s)",
             ",".join(s.topics),
             s.kafka_bootstrap,
             self.catalog.namespace,
             s.checkpoint_dir,
         )
 
-    def _lander(self, build: Build) -> Callable[[DataFrame, int], None]:
-        """foreachBatch function: each table's rows of the batch land by an insert-if-absent
-        MERGE (Catalog.land), so a batch replayed after a crash adds nothing twice."""
+    def land_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """foreachBatch function: the batch's rows land table by table (module docstring);
+        a batch replayed after a crash adds nothing twice (Catalog.land)."""
+        batch = batch.persist()  # read from Kafka once, whatever the tables built from it
+        try:
+            # one global aggregate, no shuffle: this action also fills the batch's cache
+            accepted, rejected = batch.select(
+                F.count_if(F.col("reject_reason").isNull()), F.count_if(F.col("reject_reason").isNotNull())
+            ).first()  # type: ignore[misc]
+            if rejected:
+                self._landed(REJECTS, self.catalog.land(REJECTS, tr.reject_rows(batch)))
+            if accepted:
+                # copies inside one batch (a redelivery right behind its original) are one row;
+                # copies across batches are kept out by the MERGE
+                rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
+                rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long")).persist()
+                try:
+                    self._landed(RAW, self.catalog.land(RAW, rows))
+                    for aggregate in AGGREGATES:
+                        self._landed(aggregate.table, self.catalog.refresh(aggregate, rows))
+                finally:
+                    rows.unpersist()
+        finally:
+            batch.unpersist()
+        if (
+            self._uncompacted
+            and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0
+        ):
+            self.compact()
 
-        def land(batch: DataFrame, batch_id: int) -> None:
-            batch = batch.persist()  # read from Kafka once, whatever the tables built from it
-            try:
-                for table, rows in build(batch, batch_id):
-                    self.catalog.land(table, rows)
-            finally:
-                batch.unpersist()
+    def _landed(self, table: Table, span: DateSpan | None) -> None:
+        if span is not None:
+            self._uncompacted[table] = min(span.first, self._uncompacted.get(table, span.first))
 
-        return land
-
-    @staticmethod
-    def _raw_frames(batch: DataFrame, batch_id: int) -> Frames:
-        # one global aggregate, no shuffle: this action also fills the batch's cache
-        accepted, rejected = batch.select(
-            F.count_if(F.col("reject_reason").isNull()), F.count_if(F.col("reject_reason").isNotNull())
-        ).first()  # type: ignore[misc]
-        frames = []
-        if accepted:
-            # copies inside one batch (a redelivery right behind its original) are one row;
-            # copies across batches are kept out by the MERGE
-            rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
-            frames.append((RAW, rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))))
-        if rejected:
-            frames.append((REJECTS, tr.reject_rows(batch)))
-        return frames
-
-    @staticmethod
-    def _aggregate_frames(table: Table) -> Build:
-        def build(batch: DataFrame, batch_id: int) -> Frames:
-            return [(table, batch)]  # an empty batch lands nothing (Catalog.land)
-
-        return build
+    def compact(self) -> None:
+        """Compact every table's dates written since the last time; between two batches, so
+        that compaction never races the job's own commits."""
+        t0 = time.monotonic()
+        older_than = dt.datetime.now(dt.UTC) - dt.timedelta(hours=self.settings.snapshots_kept_hours)
+        done = {}
+        for table, since in sorted(self._uncompacted.items(), key=lambda kv: kv[0].name):
+            done[table.name] = self.catalog.compact(table, since, older_than)
+        self._uncompacted.clear()
+        self._compacted_at = time.monotonic()
+        took = round(self._compacted_at - t0, 1)
+        self.last_compaction = {"at_ms": int(time.time() * 1000), "took_s": took, "tables": done}
+        log.info("compacted in %.1f s: %s", took, done)
 
     # --- running ------------------------------------------------------------------------
 
     def progress(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for q in self.queries:
-            p: Any = q.lastProgress or {}
-            out[q.name] = {
+        q = self.query
+        if q is None:
+            return {}
+        p: Any = q.lastProgress or {}
+        return {
+            q.name: {
                 "active": q.isActive,
                 "batch": p.get("batchId"),
                 "input_rows": p.get("numInputRows"),
                 "input_rows_per_s": p.get("inputRowsPerSecond"),
                 "processed_rows_per_s": p.get("processedRowsPerSecond"),
                 "batch_ms": (p.get("durationMs") or {}).get("triggerExecution"),
-                "watermark": (p.get("eventTime") or {}).get("watermark"),
-                "late_rows_dropped": self.late_rows.get(q.name, 0),
                 "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),
             }
-        return out
-
-    def count_late_rows(self) -> None:
-        """Add up the rows each query's watermark dropped in the batches since the last call
-        (Spark reports them per batch, in its state operators' progress), and say so in the
-        log: rows in telemetry_raw (whose query has no watermark and drops nothing) but in no
-        closed minute of an aggregate (`fedgate recompute` puts them back)."""
-        for q in self.queries:
-            seen = self._counted_batch.get(q.name, -1)
-            for p in q.recentProgress:
-                batch = p.get("batchId", -1)
-                if batch <= seen:
-                    continue
-                seen = batch
-                dropped = sum(
-                    op.get("numRowsDroppedByWatermark") or 0 for op in p.get("stateOperators") or []
-                )
-                if dropped:
-                    self.late_rows[q.name] = self.late_rows.get(q.name, 0) + dropped
-                    where = "behind the watermark: in telemetry_raw, in no closed minute of " + q.name
-                    log.warning(
-                        "%s: batch %s dropped %d late row(s), %s (watermark %s)",
-                        q.name,
-                        batch,
-                        dropped,
-                        where,
-                        (p.get("eventTime") or {}).get("watermark"),
-                    )
-            self._counted_batch[q.name] = seen
+        }
 
     def write_progress(self, state: str) -> None:
         if not self.settings.progress_file:
             return
         path = Path(self.settings.progress_file)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"state": state, "updated_ms": int(time.time() * 1000), "queries": self.progress()})
-        )
+        report = {
+            "state": state,
+            "updated_ms": int(time.time() * 1000),
+            "queries": self.progress(),
+            "compaction": self.last_compaction,
+        }
+        tmp.write_text(json.dumps(report))
         os.replace(tmp, path)
 
     def run(self) -> int:
         self.start()
-        last_batch: dict[str, Any] = {}
+        assert self.query is not None
+        q = self.query
+        last_batch = None
         self.write_progress("running")
         while not self._stop.wait(2.0):
-            for q in self.queries:
-                if not q.isActive:
-                    err = q.exception()
-                    log.error("query %s stopped: %s", q.name, err)
-                    self.stop()
-                    self.write_progress("failed")
-                    return 1
-                p: Any = q.lastProgress
-                if p and p.get("numInputRows") and last_batch.get(q.name) != p.get("batchId"):
-                    last_batch[q.name] = p.get("batchId")
-                    log.info(
-                        "%s: batch %s, %s records in %.1f s (%.0f/s)%s",
-                        q.name,
-                        p["batchId"],
-                        p["numInputRows"],
-                        (p.get("durationMs") or {}).get("triggerExecution", 0) / 1000,
-                        p.get("processedRowsPerSecond") or 0,
-                        f", watermark {p['eventTime']['watermark']}"
-                        if (p.get("eventTime") or {}).get("watermark")
-                        else "",
-                    )
-            self.count_late_rows()
+            if not q.isActive:
+                log.error("query %s stopped: %s", q.name, q.exception())
+                self.stop()
+                self.write_progress("failed")
+                return 1
+            p: Any = q.lastProgress
+            if p and p.get("numInputRows") and last_batch != p.get("batchId"):
+                last_batch = p.get("batchId")
+                log.info(
+                    "batch %s: %s records in %.1f s (%.0f/s)",
+                    p["batchId"],
+                    p["numInputRows"],
+                    (p.get("durationMs") or {}).get("triggerExecution", 0) / 1000,
+                    p.get("processedRowsPerSecond") or 0,
+                )
             self.write_progress("running")
         self.stop()
         self.write_progress("stopped")
@@ -280,11 +235,11 @@ class TelemetryJob:
     def stop(self) -> None:
         # A query stopped mid-batch replays that batch at the next start; the
         # insert-if-absent MERGE keeps the replay from landing rows twice.
-        for q in self.queries:
+        if self.query is not None:
             try:
-                q.stop()
+                self.query.stop()
             except (PySparkException, Py4JError) as e:
-                log.warning("stopping %s: %s", q.name, e)
+                log.warning("stopping %s: %s", self.query.name, e)
         try:
             self.spark.stop()
         except (PySparkException, Py4JError) as e:

@@ -16,10 +16,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings
-from spark.tables import DEVICE_MINUTE, RAW, REGION_MINUTE, Catalog, register_views
+from spark.tables import AGGREGATES, RAW, Catalog, use_tables
 
 #: name -> (what it answers, SQL)
 NAMED_QUERIES: dict[str, tuple[str, str]] = {
@@ -59,10 +58,10 @@ NAMED_QUERIES: dict[str, tuple[str, str]] = {
 
 @contextmanager
 def session(settings: SparkSettings) -> Iterator[SparkSession]:
-    """A session in the tables' namespace, the aggregates with their open minutes; stopped on leaving."""
+    """A session in the tables' namespace (each query reads their latest commits); stopped on leaving."""
     spark = build_session(settings, "fedgate-query", kafka=False)
     try:
-        register_views(spark, settings)
+        use_tables(spark, settings)
         yield spark
     finally:
         spark.stop()
@@ -114,18 +113,18 @@ def to_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def recompute(spark: SparkSession, settings: SparkSettings, since: dt.date, until: dt.date) -> dict[str, int]:
     """Rebuild device_minute and region_minute for [since, until] from telemetry_raw.
 
-    For dates the streaming job no longer writes to (late data it dropped,
-    a fix to a transform).  Running it for today while the job runs can race
-    with the job's next closed minutes: stop the job or leave today out.
+    After a fix to a transform: the streaming job computes a minute again only when a
+    reading of that minute lands.  Running it for today while the job runs can race
+    with the job's next commit to the aggregates: stop the job or leave today out.
     """
     catalog = Catalog(spark, settings)
     raw = catalog.read(RAW).where(F.col("date").between(F.lit(since), F.lit(until)))
     dates = [since + dt.timedelta(days=i) for i in range((until - since).days + 1)]
     counts = {}
-    for table, transform in ((DEVICE_MINUTE, tr.device_minute), (REGION_MINUTE, tr.region_minute)):
-        df = transform(raw).persist()
-        counts[table.name] = df.count()
-        catalog.replace_dates(table, df, dates)
+    for aggregate in AGGREGATES:
+        df = aggregate.transform(raw).persist()
+        counts[aggregate.table.name] = df.count()
+        catalog.replace_dates(aggregate.table, df, dates)
         df.unpersist()
     return counts
 

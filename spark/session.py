@@ -76,7 +76,7 @@ def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
         f"{prefix}.uri": uri,
         # V1 also keeps views; pyiceberg's SqlCatalog reads the same tables
         f"{prefix}.jdbc.schema-version": "V1",
-        # the job's three queries commit from their own threads while analysts read from other
+        # the job commits from its streaming thread while analysts read from other
         # processes: in WAL mode readers never block a commit (in SQLite's default mode a
         # reader's lock had a commit fail with SQLITE_BUSY after waiting), and a commit waits
         # for another instead of failing at once

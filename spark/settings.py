@@ -89,11 +89,24 @@ class SparkSettings:
     starting_offsets: str = field(
         default="earliest", metadata={"doc": "Where a job without checkpoint starts: earliest or latest."}
     )
-    raw_trigger_s: float = field(
-        default=2.0, metadata={"doc": "How often new records become rows of telemetry_raw."}
+    trigger_s: float = field(
+        default=2.0,
+        metadata={"doc": "How often new records become rows of every table (one micro-batch)."},
     )
-    aggregate_trigger_s: float = field(
-        default=60.0, metadata={"doc": "How often closed minutes are appended to the aggregates."}
+    compact_interval_s: float = field(
+        default=600.0,
+        metadata={
+            "doc": "How often the job rewrites the small files of the dates it wrote into large ones "
+            "and expires old snapshots (0: never; then run it yourself)."
+        },
+    )
+    snapshots_kept_hours: float = field(
+        default=1.0,
+        metadata={
+            "doc": "How far back a query can time-travel: older snapshots are expired at compaction "
+            "(the latest 5 are always kept; a table holds a snapshot per micro-batch, each commit "
+            "rewrites their list)."
+        },
     )
     dedupe_lookback_days: int = field(
         default=2,
@@ -102,10 +115,6 @@ class SparkSettings:
             "(clamped, implausible or missing device clock) looks for an earlier copy of itself. "
             "Copies with the device's own time share the original's date whatever their delay."
         },
-    )
-    late_after: str = field(
-        default="1 minute",
-        metadata={"doc": "Watermark: a minute is final (and appended) this long after its end."},
     )
     max_offsets_per_trigger: int = field(
         default=200_000, metadata={"doc": "Records read per micro-batch at most (backlog catch-up)."}
@@ -133,12 +142,11 @@ class SparkSettings:
             raise SparkSettingsError("warehouse: required")
         if self.starting_offsets not in ("earliest", "latest"):
             raise SparkSettingsError("starting_offsets: 'earliest' or 'latest'")
-        for name in ("raw_trigger_s", "aggregate_trigger_s"):
-            if getattr(self, name) <= 0:
-                raise SparkSettingsError(f"{name}: must be > 0")
-        value = self.late_after.split()
-        if len(value) != 2 or not value[0].isdigit():
-            raise SparkSettingsError(f"late_after: an interval like '1 minute', not {self.late_after!r}")
+        if self.trigger_s <= 0:
+            raise SparkSettingsError("trigger_s: must be > 0")
+        for name in ("compact_interval_s", "snapshots_kept_hours"):
+            if getattr(self, name) < 0:
+                raise SparkSettingsError(f"{name}: must be >= 0")
         if self.dedupe_lookback_days < 0:
             raise SparkSettingsError("dedupe_lookback_days: must be >= 0")
         for name in ("catalog", "namespace"):

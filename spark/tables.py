@@ -1,5 +1,5 @@
-"""The tables: Apache Iceberg tables named by a catalog, how a micro-batch lands in
-them exactly once, and how queries see them.
+"""The tables: Apache Iceberg tables named by a catalog, and how a micro-batch lands in
+them exactly once.
 
     fedgate.telemetry.telemetry_raw   partitioned by date, region
     fedgate.telemetry.device_minute   partitioned by date
@@ -13,16 +13,20 @@ metadata.  Spark SQL (`SHOW TABLES`, `DESCRIBE`), pyiceberg, and through its
 Arrow output DuckDB and pandas, read the same tables (spark/reading.py).
 
 Exactly once: every table has a key (a device message's `message_id`, a
-minute's group, a reject's Kafka offset), and a batch lands by a MERGE that
-inserts only the rows whose key the table does not hold yet.  A MERGE is one
-Iceberg commit, all or nothing, so a batch replayed after a crash, a copy
-redelivered by RabbitMQ, or a gateway resending after 30 minutes or a day adds
-nothing: the table already holds the key.  No watermark, no state to expire.
+minute's group, a reject's Kafka offset).  A batch lands in telemetry_raw and
+rejects by a MERGE that inserts only the rows whose key the table does not
+hold yet.  A MERGE is one Iceberg commit, all or nothing, so a batch replayed
+after a crash, a copy redelivered by RabbitMQ, or a gateway resending after 30
+minutes or a day adds nothing: the table already holds the key.  The
+aggregates' rows of every minute a batch touched are then computed again from
+telemetry_raw and replace the stored ones (Catalog.refresh): a reading however
+late is counted in its minute, and once.  No watermark, no state to expire.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -74,6 +78,22 @@ REJECTS = Table(
     "records that could not become rows, with the reason",
 )
 TABLES = (RAW, DEVICE_MINUTE, REGION_MINUTE, REJECTS)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A table computed from telemetry_raw by a transform, per minute and `group`."""
+
+    table: Table
+    transform: Callable[[DataFrame], DataFrame]
+    #: with the minute, which rows of telemetry_raw one of its rows is computed from
+    group: str
+
+
+AGGREGATES = (
+    Aggregate(DEVICE_MINUTE, tr.device_minute, "device"),
+    Aggregate(REGION_MINUTE, tr.region_minute, "region"),
+)
 
 _SCHEMAS: dict[str, T.StructType] = {}
 
@@ -137,34 +157,105 @@ class Catalog:
     def read(self, table: Table) -> DataFrame:
         return self.spark.table(self.name(table))
 
-    def land(self, table: Table, rows: DataFrame) -> None:
-        """Insert the rows of `rows` whose key `table` does not hold yet, in one commit (none
-        for an empty frame).  The key is looked up only in the dates a copy can have
+    def land(self, table: Table, rows: DataFrame, *, replace: bool = False) -> DateSpan | None:
+        """Insert the rows of `rows` whose key `table` does not hold yet -- with `replace`,
+        replace the rows it holds too -- in one commit (none for an empty frame); return the
+        dates of `rows`.  The key is looked up only in the dates a copy can have
         (copy_dates): the MERGE reads those partitions, not the whole table."""
-        rows = rows.persist()  # read twice: for its dates, then by the MERGE
+        owned = not rows.is_cached
+        if owned:
+            rows = rows.persist()  # read twice: for its dates, then by the MERGE
         try:
-            dates = copy_dates(table, rows, self.settings.dedupe_lookback_days)
-            if dates is None:
-                return
+            span = copy_dates(table, rows, self.settings.dedupe_lookback_days)
+            if span is None:
+                return None
             view = f"fedgate_batch_{table.name}"
             rows.createOrReplaceTempView(view)
             on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in table.key)
-            first, last = (d.isoformat() for d in dates)
+            first, last = span.lookup_from.isoformat(), span.last.isoformat()
+            matched = "WHEN MATCHED THEN UPDATE SET * " if replace else ""
             # the view lives in the frame's own session: in foreachBatch, the streaming query's clone
             rows.sparkSession.sql(
                 f"MERGE INTO {self.name(table)} t USING {view} s "
-                f"ON {on} AND t.date BETWEEN DATE'{first}' AND DATE'{last}' WHEN NOT MATCHED THEN INSERT *"
+                f"ON {on} AND t.date BETWEEN DATE'{first}' AND DATE'{last}' "
+                f"{matched}WHEN NOT MATCHED THEN INSERT *"
             )
+            return span
         finally:
-            rows.unpersist()
+            if owned:
+                rows.unpersist()
+
+    def refresh(self, aggregate: Aggregate, rows: DataFrame) -> DateSpan | None:
+        """Recompute `aggregate`'s rows of every group `rows` (telemetry_raw rows, landed)
+        fall in -- their minute and device, or minute and region -- from all of telemetry_raw,
+        and replace them in one commit; return their dates.
+
+        From telemetry_raw, not from `rows` added to the stored counts: distinct devices and
+        latency percentiles do not add up, and a batch replayed after a crash between the raw
+        table's commit and this one recomputes the same rows instead of counting them twice."""
+        minute = F.floor(F.unix_seconds("event_time") / 60).cast("long")
+        touched = rows.select(minute.alias("_minute"), aggregate.group).distinct().persist()
+        try:
+            minutes = [r[0] for r in touched.select("_minute").distinct().collect()]
+            if not minutes:
+                return None
+            spans = minute_spans(minutes)
+            in_spans = F.lit(False)
+            for lo, hi in spans:
+                # literals, so that Iceberg skips the files whose event_time range is outside
+                in_spans = in_spans | (
+                    (F.col("event_time") >= F.timestamp_seconds(F.lit(lo * 60)))
+                    & (F.col("event_time") < F.timestamp_seconds(F.lit(hi * 60)))
+                )
+            dates = sorted({_utc_date(m) for lo, hi in spans for m in (lo, hi - 1)})
+            raw = (
+                rows.sparkSession.table(self.name(RAW))
+                .where(F.col("date").between(F.lit(dates[0]), F.lit(dates[-1])) & in_spans)
+                .withColumn("_minute", minute)
+                .join(F.broadcast(touched), ["_minute", aggregate.group], "left_semi")
+            )
+            return self.land(aggregate.table, aggregate.transform(raw), replace=True)
+        finally:
+            touched.unpersist()
 
     def replace_dates(self, table: Table, rows: DataFrame, dates: list[dt.date]) -> None:
         """Replace `table`'s rows of `dates` with `rows` (holding only those dates) in one commit."""
         rows.writeTo(self.name(table)).overwrite(F.col("date").isin(dates))
 
+    def compact(self, table: Table, since: dt.date, snapshots_older_than: dt.datetime) -> dict[str, int]:
+        """Rewrite the small files of `table`'s dates from `since` into large ones, then expire
+        the snapshots older than `snapshots_older_than` (and the files only they used); return
+        Iceberg's counts.  A micro-batch every 2 s leaves a small file per batch and partition
+        and a snapshot per commit: unbounded, both slow every read."""
+        name = f"{self.settings.namespace}.{table.name}"
+        call = f"CALL {self.settings.catalog}.system"
+        rewritten = self.spark.sql(
+            f"{call}.rewrite_data_files(table => '{name}', where => \"date >= '{since.isoformat()}'\", "
+            "options => map('min-input-files', '2', 'partial-progress.enabled', 'true'))"
+        ).first()
+        older_than = snapshots_older_than.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        expired = self.spark.sql(
+            f"{call}.expire_snapshots(table => '{name}', older_than => TIMESTAMP '{older_than}', "
+            "retain_last => 5)"
+        ).first()
+        return {
+            "files_rewritten": int(rewritten["rewritten_data_files_count"]) if rewritten else 0,
+            "files_added": int(rewritten["added_data_files_count"]) if rewritten else 0,
+            "snapshots_expired": int(expired["deleted_manifest_lists_count"]) if expired else 0,
+        }
 
-def copy_dates(table: Table, rows: DataFrame, lookback_days: int) -> tuple[dt.date, dt.date] | None:
-    """The dates (first, last) among which the earlier copies of `rows` can be; None if empty.
+
+@dataclass(frozen=True)
+class DateSpan:
+    """The dates of a frame's rows, and the first date an earlier copy of one of them can have."""
+
+    lookup_from: dt.date
+    first: dt.date
+    last: dt.date
+
+
+def copy_dates(table: Table, rows: DataFrame, lookback_days: int) -> DateSpan | None:
+    """The dates of `rows` and the first among which their earlier copies can be; None if empty.
 
     A copy has the same key, and the key fixes the date: a minute's group its minute, a
     reject its Kafka record (and time).  A telemetry_raw copy carries the same payload,
@@ -176,35 +267,30 @@ def copy_dates(table: Table, rows: DataFrame, lookback_days: int) -> tuple[dt.da
     if table is RAW:
         own_time = F.col("device_ts").isNotNull() & (F.col("event_time") == F.col("device_ts"))
         earliest = F.when(own_time, earliest).otherwise(F.date_sub("date", lookback_days))
-    first, last = rows.select(F.min(earliest), F.max("date")).first()  # type: ignore[misc]
-    return None if first is None else (first, last)
+    lookup_from, first, last = rows.select(F.min(earliest), F.min("date"), F.max("date")).first()  # type: ignore[misc]
+    return None if first is None else DateSpan(lookup_from, first, last)
 
 
-def register_views(spark: SparkSession, settings: SparkSettings) -> dict[str, DataFrame]:
-    """Make the tables' namespace current (`SHOW TABLES`, names without a prefix) and
-    register the aggregates as temporary views with their open minutes; return them.
+def minute_spans(minutes: list[int]) -> list[tuple[int, int]]:
+    """Epoch minutes -> the fewest [first, end) runs of consecutive minutes covering them."""
+    spans: list[tuple[int, int]] = []
+    for m in sorted(set(minutes)):
+        if spans and spans[-1][1] == m:
+            spans[-1] = (spans[-1][0], m + 1)
+        else:
+            spans.append((m, m + 1))
+    return spans
 
-    The aggregate tables hold minutes the streaming job has closed (their
-    watermark passed); the minutes still open are computed from
-    telemetry_raw at query time with the same transform, so a query sees
-    every accepted message.  Column `final` tells them apart.  The stored
-    tables stay readable by their full names (fedgate.telemetry.device_minute).
-    """
+
+def _utc_date(epoch_minute: int) -> dt.date:
+    return dt.datetime.fromtimestamp(epoch_minute * 60, dt.UTC).date()
+
+
+def use_tables(spark: SparkSession, settings: SparkSettings) -> None:
+    """Create any missing table and make their namespace current: `SHOW TABLES`, and the
+    tables by their short names (telemetry_raw, device_minute...).
+
+    The catalog caches no table: each query reads the table's latest commit."""
     catalog = Catalog(spark, settings)
     catalog.create_tables()
     spark.sql(f"USE {catalog.namespace}")
-    raw = catalog.read(RAW)
-    views: dict[str, DataFrame] = {RAW.name: raw, REJECTS.name: catalog.read(REJECTS)}
-    for table, transform in ((DEVICE_MINUTE, tr.device_minute), (REGION_MINUTE, tr.region_minute)):
-        closed = catalog.read(table)
-        boundary = closed.agg(F.max("minute")).first()[0]  # type: ignore[index]
-        open_rows = (
-            raw
-            if boundary is None
-            else raw.where(F.col("event_time") >= F.lit(boundary) + F.expr("INTERVAL 1 MINUTE"))
-        )
-        views[table.name] = closed.withColumn("final", F.lit(True)).unionByName(
-            transform(open_rows).withColumn("final", F.lit(False))
-        )
-        views[table.name].createOrReplaceTempView(table.name)
-    return views

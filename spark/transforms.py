@@ -22,8 +22,9 @@ DEVICE_TS_FIELD = "ts"
 PLAUSIBLE_PAST = "7 days"
 #: A reading cannot reach Kafka before it was sent: a device time after Kafka's
 #: (the broker's append time) is a clock running fast, and event_time is clamped to
-#: Kafka time.  Unclamped, one device 5 minutes fast moved the aggregates' watermark
-#: 5 minutes ahead and every other device's readings of those minutes fell behind it.
+#: Kafka time: a minute of the aggregates never counts readings from its future.
+#: (When the aggregates kept a watermark on event time, one device 5 minutes fast moved
+#: it 5 minutes ahead and every other device's readings of those minutes fell behind it.)
 #: Beyond this much ahead the row is flagged (parse_error) and has no latency; within
 #: it, the usual skew of synchronised clocks, it is not.
 CLOCK_AHEAD_TOLERANCE_MS = 2000

@@ -22,7 +22,6 @@ from router.topics import DEFAULT_RULES
 
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
 PARK_TTL_S = 25
-SPARK_LATE_AFTER = "5 seconds"
 #: A mapping rule the session federation has besides the default one (test_mapping_rules.py)
 ENERGY_RULE = {
     "pattern": "devices/{device}/energy/{kind:power|total}",
@@ -98,9 +97,8 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         tmp_path_factory.mktemp("federation"),
         TEST_PORT_BASE,
         router=ROUTER_TABLE,
-        # minutes close 5 s after they end, so closed aggregates can be tested without waiting a minute
-        spark_late_after=SPARK_LATE_AFTER,
-        spark_aggregate_trigger_s=5,
+        # compaction runs between the tests' batches, not once in 10 minutes
+        spark_compact_interval_s=60,
     )
     try:
         fed.up()

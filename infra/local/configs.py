@@ -47,8 +47,8 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "bind_host": s.host,
         "driver_port": job.spec.ports["driver"],
         "block_manager_port": job.spec.ports["block_manager"],
-        "late_after": s.spark_late_after,
-        "aggregate_trigger_s": s.spark_aggregate_trigger_s,
+        "trigger_s": s.spark_trigger_s,
+        "compact_interval_s": s.spark_compact_interval_s,
         "jars_dir": str(s.spark_jars),
         "progress_file": str(job.dir / "progress.json"),
         # what the routers write, from the same [router] table (router.topics.kafka_topics)

@@ -185,13 +185,13 @@ class LocalSettings:
         default=1024,
         metadata={"doc": "Spark driver memory (MB); local mode runs everything in the driver."},
     )
-    spark_late_after: str = field(
-        default="1 minute",
-        metadata={"doc": "Spark watermark: a minute's aggregates are final this long after it ends."},
+    spark_trigger_s: float = field(
+        default=2.0,
+        metadata={"doc": "Spark: how often new records become rows of every table (one micro-batch)."},
     )
-    spark_aggregate_trigger_s: float = field(
-        default=60.0,
-        metadata={"doc": "Spark: how often closed minutes are appended to the aggregate tables."},
+    spark_compact_interval_s: float = field(
+        default=600.0,
+        metadata={"doc": "Spark: how often the job compacts small files and expires old snapshots."},
     )
     boot_timeout: float = field(
         default=90.0,

@@ -78,17 +78,10 @@ def node_status(n: Node) -> NodeStatus:
     elif pid and isinstance(n, KafkaNode):
         st.state = "running" if n.ready() else "unhealthy"
     elif pid and isinstance(n, SparkNode):
-        # for the job: records in its last raw micro-batch
+        # for the job: records in its last micro-batch
         p = n.progress()
-        st.messages = (p.get("queries", {}).get("raw") or {}).get("input_rows")
-        late = {
-            q: v.get("late_rows_dropped")
-            for q, v in p.get("queries", {}).items()
-            if v.get("late_rows_dropped")
-        }
-        if late:
-            counts = ", ".join(f"{q} {rows}" for q, rows in late.items())
-            st.detail = f"late rows left out since start: {counts} (docs/analysts.md)"
+        queries: dict[str, Any] = p.get("queries", {})
+        st.messages = next((q.get("input_rows") for q in queries.values()), None)
         if not n.ready():
             st.state = "starting" if not p else "unhealthy"
             st.detail = p.get("state", "no progress report yet")

@@ -97,7 +97,6 @@ def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 9
 def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120.0) -> list[tuple[str, int]]:
     """(device, seq) of every telemetry_raw row of these devices, once `expect` rows landed (or timeout)."""
     from spark.query import session
-    from spark.tables import register_views
 
     settings = federation.spark_settings()
     sql = (
@@ -107,7 +106,6 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
     with session(settings) as spark:
 
         def read() -> list[tuple[str, int]]:
-            register_views(spark, settings)  # sees the rows landed since
             return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]
 
         deadline = time.monotonic() + timeout

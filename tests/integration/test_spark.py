@@ -20,7 +20,6 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from backend import contract as c
 from fedgate.devices import publish_properties
-from spark.tables import register_views
 from tests.helpers import device, operator_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
@@ -35,7 +34,6 @@ def spark(federation):
 
 
 def query(spark, federation, sql: str) -> list:
-    register_views(spark, federation.spark_settings())  # sees rows landed since
     return spark.sql(sql).collect()
 
 
@@ -57,44 +55,57 @@ def ms(t: dt.datetime) -> int:
     return int(t.timestamp() * 1000)
 
 
-def wait_closed_minutes(
-    spark, federation, bootstrap: str, device: str, expect: int, *, clock: str, timeout: float = 150
-) -> dict[bool, int]:
-    """Until `device`'s readings in closed minutes of device_minute reach `expect`: its
-    message counts by `final`.  Every 3 s a fresh reading of the device `clock` moves the
-    aggregates' watermark, as live traffic would."""
-    deadline = time.monotonic() + timeout
-    while True:
-        produce_bridge_records(bootstrap, [(clock, json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())])
-        rows = query(
-            spark,
-            federation,
-            f"SELECT final, sum(count) FROM device_minute WHERE device = '{device}' AND field = '*' "
-            "GROUP BY final",
-        )
-        counts = {r[0]: r[1] for r in rows}
-        if counts.get(True) == expect or time.monotonic() > deadline:
-            return counts
-        time.sleep(3)
+def wait_counted(spark, federation, device: str, expect: int, timeout: float = 120.0) -> int:
+    """Until device_minute counts `expect` of `device`'s messages; the count."""
+    sql = f"SELECT coalesce(sum(count), 0) FROM device_minute WHERE device = '{device}' AND field = '*'"
+    return wait_rows(spark, federation, sql, expect, timeout)
+
+
+def counts_per_minute(spark, federation, where: str) -> tuple[dict, dict]:
+    """(telemetry_raw's rows, device_minute's counts) per device and minute, `where` they are."""
+    raw = query(
+        spark,
+        federation,
+        "SELECT device, date_trunc('minute', event_time) AS m, count(*) FROM telemetry_raw "
+        f"WHERE {where} GROUP BY 1, 2",
+    )
+    agg = query(
+        spark, federation, f"SELECT device, minute, count FROM device_minute WHERE {where} AND field = '*'"
+    )
+    return {(r[0], r[1]): r[2] for r in raw}, {(r[0], r[1]): r[2] for r in agg}
 
 
 def produce_bridge_records(
-    bootstrap: str, records: list[tuple[str, bytes]], *, with_id: bool = True, timestamp_ms: int = 0
+    bootstrap: str,
+    records: list[tuple[str, bytes]],
+    *,
+    with_id: bool = True,
+    timestamp_ms: int = 0,
+    region: str = "local-eu",
+    partition: int = -1,
 ) -> None:
-    """Records as the bridge writes them: (device, payload) into telemetry.telemetry; a
-    `timestamp_ms` counts only on a topic that keeps producers' times (producer_timestamps)."""
+    """Records as the bridge writes them: (device, payload) into telemetry.telemetry (into
+    `partition`, if one is given); a `timestamp_ms` counts only on a topic that keeps
+    producers' times (producer_timestamps)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for dev, payload in records:
         topic = c.device_telemetry_topic(dev)
         headers = [
-            (c.KAFKA_REGION_HEADER, b"local-eu"),
+            (c.KAFKA_REGION_HEADER, region.encode()),
             (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
             (c.KAFKA_DEVICE_HEADER, dev.encode()),
             (c.KAFKA_RECEIVED_AT_HEADER, str(int(time.time() * 1000)).encode()),
         ]
         if with_id:
             headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(topic, payload).encode()))
-        p.produce("telemetry.telemetry", payload, dev.encode(), headers=headers, timestamp=timestamp_ms)
+        p.produce(
+            "telemetry.telemetry",
+            payload,
+            dev.encode(),
+            headers=headers,
+            timestamp=timestamp_ms,
+            partition=partition,
+        )
         p.poll(0)
     assert p.flush(30) == 0, "Kafka did not confirm every record"
 
@@ -240,12 +251,8 @@ def test_bad_input_lands_with_reasons_and_the_job_keeps_running(federation, endp
 def test_job_killed_mid_stream_and_restarted_leaves_complete_tables_without_duplicates(
     federation, endpoints, spark, uid
 ):
-    """SIGKILL (no chance to finish a batch) while records stream in; restart; count.
-
-    Then readings of a clock device move the watermark (5 s in the tests'
-    federation) past the readings' minute, so it closes and lands in the
-    device_minute table itself (final = true), not only in the live view.
-    """
+    """SIGKILL (no chance to finish a batch, or between two tables' commits) while records
+    stream in; restart; count the rows and the aggregates' counts."""
     dev = f"kill-{uid}"
     bootstrap = endpoints["kafka"]["bootstrap"]
     start = ms(dt.datetime.now(dt.UTC))
@@ -268,38 +275,37 @@ def test_job_killed_mid_stream_and_restarted_leaves_complete_tables_without_dupl
     )
     assert distinct[0] == 3000
 
-    counts = wait_closed_minutes(spark, federation, bootstrap, dev, 3000, clock=f"clock-{uid}")
-    assert counts == {True: 3000}, (
-        f"closed minutes in the device_minute table count each reading once: {counts}"
-    )
+    counted = wait_counted(spark, federation, dev, 3000)
+    assert counted == 3000, f"device_minute counts each reading once: {counted}"
 
 
 def test_a_device_10_minutes_fast_leaves_every_other_devices_aggregates_intact(
     federation, endpoints, spark, uid
 ):
-    """Tried: a device whose clock runs 10 minutes fast sends a reading; once the aggregate
-    queries have run over it, another device sends 20 readings on time, and a clock device's
-    fresh readings move the watermark on.  Unclamped, the fast reading had moved the
-    aggregates' watermark 10 minutes ahead, and the 20 fell behind it: rows in telemetry_raw,
-    missing from every closed minute.  Clamped to Kafka time, the fast reading keeps its own
-    time in device_ts with the flaw named, and the 20 are counted in their closed minutes."""
+    """Tried: a device whose clock runs 10 minutes fast sends a reading, then another device
+    sends 20 readings on time.  With a watermark on event time (the job before this one), the
+    fast reading moved it 10 minutes ahead and the 20 fell behind it: rows of telemetry_raw,
+    missing from every closed minute.  Now the fast reading's time is clamped to Kafka's (its
+    own kept in device_ts, the flaw named), and the 20 are counted in their minutes."""
     fast, on_time = f"fast-{uid}", f"ontime-{uid}"
     bootstrap = endpoints["kafka"]["bootstrap"]
     ten_minutes_ahead = ms(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10))
     produce_bridge_records(bootstrap, [(fast, json.dumps({"ts": ten_minutes_ahead, "v": 1}).encode())])
     assert wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device = '{fast}'", 1) == 1
-    time.sleep(2 * federation.spark_settings().aggregate_trigger_s + 2)  # the aggregates saw it
 
     now = ms(dt.datetime.now(dt.UTC))
     produce_bridge_records(
         bootstrap, [(on_time, json.dumps({"ts": now - 10 * i, "seq": i}).encode()) for i in range(20)]
     )
-    counts = wait_closed_minutes(spark, federation, bootstrap, on_time, 20, clock=f"clock-{uid}")
+    counted = wait_counted(spark, federation, on_time, 20)
+    raw, agg = counts_per_minute(spark, federation, f"device IN ('{fast}', '{on_time}')")
     (row,) = query(spark, federation, f"SELECT * FROM telemetry_raw WHERE device = '{fast}'")
     print(
-        f"fast device: device_ts={row['device_ts']} event_time={row['event_time']} kafka_ts={row['kafka_ts']}"
+        f"fast device: device_ts={row['device_ts']} event_time={row['event_time']} "
+        f"kafka_ts={row['kafka_ts']}; on-time device counted {counted} of 20"
     )
-    assert counts == {True: 20}, f"the on-time device's 20 readings in its closed minutes: {counts}"
+    assert counted == 20, f"the on-time device's 20 readings in device_minute: {counted}"
+    assert agg == raw, "each device's minutes count its rows of telemetry_raw, the fast one's included"
     assert row["device_ts"] == dt.datetime.fromtimestamp(ten_minutes_ahead / 1000, dt.UTC).replace(
         tzinfo=None
     )
@@ -310,46 +316,41 @@ def test_a_device_10_minutes_fast_leaves_every_other_devices_aggregates_intact(
     assert row["latency_ms"] is None
 
 
-def test_readings_behind_the_watermark_are_in_telemetry_raw_and_counted_as_left_out_of_the_aggregates(
-    federation, endpoints, spark, uid
-):
-    """Tried: with the watermark at the present (a clock device's fresh reading, the aggregate
-    queries run over it), a device sends 5 readings stamped 3 minutes ago -- a device back
-    from a dead zone with what it buffered.  Their minutes have closed: the aggregates cannot
-    take them, and must not lose them silently.  They are rows of telemetry_raw, and the job's
-    progress (what `fedgate status` shows) counts them as left out of both aggregates."""
-    late = f"late-{uid}"
+def test_a_backlog_of_hours_read_unevenly_loses_no_row(federation, endpoints, spark, uid):
+    """Tried: one partition's readings of the present land first; then another partition
+    delivers the backlog of a site that was offline for four hours -- 3 devices, a reading a
+    minute each.  A job keeping a watermark on event time (the one before this) dropped the
+    whole backlog from the aggregates.  Every reading is a row, counted in its minute of
+    device_minute and region_minute."""
     bootstrap = endpoints["kafka"]["bootstrap"]
-    node = federation.node("spark")
-    trigger_s = federation.spark_settings().aggregate_trigger_s
-
-    def left_out() -> dict[str, int]:
-        queries = node.progress().get("queries", {})
-        return {q: queries.get(q, {}).get("late_rows_dropped", 0) for q in ("device_minute", "region_minute")}
-
-    produce_bridge_records(
-        bootstrap, [(f"clock-{uid}", json.dumps({"ts": ms(dt.datetime.now(dt.UTC))}).encode())]
-    )
-    time.sleep(2 * trigger_s + 2)  # the aggregates' watermark is at the present
-    before = left_out()
-    three_minutes_ago = ms(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=3))
-    produce_bridge_records(
-        bootstrap, [(late, json.dumps({"ts": three_minutes_ago + i, "seq": i}).encode()) for i in range(5)]
-    )
-    n = wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE device = '{late}'", 5)
-    assert n == 5, f"every late reading is a row of telemetry_raw: {n}"
+    region = f"site-{uid}"
+    now = dt.datetime.now(dt.UTC)
+    present = [(f"now-{uid}", json.dumps({"ts": ms(now), "seq": 0}).encode())]
+    produce_bridge_records(bootstrap, present, region=region, partition=0)
+    assert wait_counted(spark, federation, f"now-{uid}", 1) == 1
+    backlog = [
+        (f"offline-{uid}-{d}", json.dumps({"ts": ms(now - dt.timedelta(minutes=m)), "seq": m}).encode())
+        for m in range(240, 0, -1)
+        for d in range(3)
+    ]
+    produce_bridge_records(bootstrap, backlog, region=region, partition=1)
+    devices = f"device LIKE 'offline-{uid}-%'"
+    n = wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE {devices}", 720)
+    assert n == 720, f"720 readings of 4 hours: {n} rows"
+    raw, agg = {}, {}
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        after = left_out()
-        if all(after[q] - before[q] >= 5 for q in after):
+    while time.monotonic() < deadline:  # the aggregates commit right after telemetry_raw
+        raw, agg = counts_per_minute(spark, federation, devices)
+        if raw == agg:
             break
         time.sleep(2)
-    print(f"left out of the aggregates before {before}, after {after}")
-    assert all(after[q] - before[q] >= 5 for q in after), f"the 5 late readings counted: {before} -> {after}"
-    (closed,) = query(
-        spark, federation, f"SELECT count(*) FROM device_minute WHERE device = '{late}' AND final"
+    (messages,) = query(
+        spark, federation, f"SELECT sum(messages) FROM region_minute WHERE region = '{region}'"
     )
-    assert closed[0] == 0, "a closed minute is never changed by a late reading"
+    print(f"backlog: {n} rows, {sum(agg.values())} counted in device_minute, {messages[0]} in region_minute")
+    assert len(raw) == 720 and set(raw.values()) == {1}, "a row per device and minute"
+    assert agg == raw, "device_minute counts every reading of the backlog in its minute"
+    assert messages[0] == 721, "region_minute counts the backlog and the present reading"
 
 
 @contextmanager

@@ -1,5 +1,6 @@
-"""The Iceberg tables: exactly once by key however late a copy comes, the recompute's
-date overwrite, and the catalog that names them (Spark SQL and, without Spark, pyiceberg)."""
+"""The Iceberg tables: exactly once by key however late a copy comes, a late reading
+counted in its minute, compaction, the recompute's date overwrite, and the catalog that
+names them (Spark SQL and, without Spark, pyiceberg)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,18 @@ import itertools
 import pytest
 
 from spark import transforms as tr
-from spark.tables import RAW, REGION_MINUTE, TABLES, Catalog, copy_dates, schemas
+from spark.tables import (
+    AGGREGATES,
+    DEVICE_MINUTE,
+    RAW,
+    REGION_MINUTE,
+    TABLES,
+    Catalog,
+    DateSpan,
+    copy_dates,
+    minute_spans,
+    schemas,
+)
 from tests.unit.spark.test_transforms import NOW, decode, record
 
 pytestmark = pytest.mark.spark
@@ -91,7 +103,7 @@ def test_a_late_copy_of_a_reading_whose_time_came_from_kafka_is_still_one_row(sp
     land_raw(spark, catalog, [(fast, 1, NOW), (no_clock, 2, NOW)])
     later = NOW + dt.timedelta(days=1)
     rows, dates = raw_batch(spark, [(fast, 7, later), (no_clock, 8, later)])
-    assert dates == (DAY2 - dt.timedelta(days=1), later.date())
+    assert dates == DateSpan(DAY1, DAY2, later.date())
     catalog.land(RAW, rows)
     assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [1, 2]
 
@@ -100,7 +112,7 @@ def test_copies_are_looked_for_only_in_the_dates_they_can_be_in(spark):
     """A batch of readings with their device's own time looks in their dates only: the
     table's other days are pruned from every MERGE."""
     _, dates = raw_batch(spark, [({"ts": ms(NOW), "seq": 1}, 1, NOW + dt.timedelta(seconds=1))])
-    assert dates == (NOW.date(), NOW.date())
+    assert dates == DateSpan(NOW.date(), NOW.date(), NOW.date())
 
 
 def test_replace_dates_replaces_those_dates_and_keeps_the_others(spark, catalog):
@@ -133,3 +145,77 @@ def test_an_open_session_sees_what_another_writer_commits_after_it_started(spark
     other = open_catalog(catalog.settings).load_table(f"{catalog.settings.namespace}.{RAW.name}")
     other.append(other.scan().to_arrow())  # another process's commit, as the job's are to a query
     assert spark.table(catalog.name(RAW)).count() == 2, "the open session did not see the new commit"
+
+
+def land_batch(catalog, rows):
+    """What the job does with a batch's telemetry_raw rows: land them, then refresh the
+    aggregates' minutes they fall in."""
+    catalog.land(RAW, rows)
+    for aggregate in AGGREGATES:
+        catalog.refresh(aggregate, rows)
+
+
+def minute_counts(catalog):
+    per_device = {
+        (r["device"], r["minute"].minute): r["count"]
+        for r in catalog.read(DEVICE_MINUTE).where("field = '*'").collect()
+    }
+    per_region = {
+        (r["region"], r["minute"].minute): r["messages"] for r in catalog.read(REGION_MINUTE).collect()
+    }
+    return per_device, per_region
+
+
+def device_frame(spark, readings):
+    """telemetry_raw rows of (device, payload, offset, Kafka time) readings."""
+    return tr.raw_rows(decode(spark, [record(p, o, ts=ts, device=d) for d, p, o, ts in readings]))
+
+
+def test_a_reading_three_hours_late_is_counted_in_its_minute_once(spark, catalog):
+    """Tried: two devices' readings of one minute land; three hours later one device's
+    buffered reading of that minute arrives, then the same batch is replayed (a crash after
+    its commits).  The late reading is in the minute's counts, once; the other device's
+    counts and the next minute are untouched."""
+    minute = NOW.replace(second=0, microsecond=0)
+    at = [minute + dt.timedelta(seconds=s) for s in (1, 2, 3, 61)]
+    m0, m1 = minute.minute, minute.minute + 1
+    land_batch(
+        catalog,
+        device_frame(
+            spark,
+            [
+                ("dev-1", {"ts": ms(at[0]), "seq": 1}, 1, at[0]),
+                ("dev-2", {"ts": ms(at[1]), "seq": 2}, 2, at[1]),
+                ("dev-1", {"ts": ms(at[3]), "seq": 3}, 3, at[3]),
+            ],
+        ),
+    )
+    assert minute_counts(catalog) == (
+        {("dev-1", m0): 1, ("dev-2", m0): 1, ("dev-1", m1): 1},
+        {("local-eu", m0): 2, ("local-eu", m1): 1},
+    )
+    late = device_frame(spark, [("dev-1", {"ts": ms(at[2]), "seq": 4}, 9, at[2] + dt.timedelta(hours=3))])
+    land_batch(catalog, late)
+    land_batch(catalog, late)  # replayed
+    assert minute_counts(catalog) == (
+        {("dev-1", m0): 2, ("dev-2", m0): 1, ("dev-1", m1): 1},
+        {("local-eu", m0): 3, ("local-eu", m1): 1},
+    )
+    assert catalog.read(RAW).count() == 4
+
+
+def test_minutes_become_the_fewest_runs():
+    assert minute_spans([5, 3, 4, 9, 9, 11, 10]) == [(3, 6), (9, 12)]
+    assert minute_spans([]) == []
+
+
+def test_compaction_rewrites_small_files_into_one_and_keeps_every_row(spark, catalog):
+    for seq in range(4):  # four micro-batches: four small files, four snapshots
+        land_raw(spark, catalog, [({"ts": ms(NOW), "seq": seq}, seq, NOW)])
+    name = catalog.name(RAW)
+    assert spark.sql(f"SELECT count(*) FROM {name}.files").first()[0] == 4
+    done = catalog.compact(RAW, NOW.date(), dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
+    assert (done["files_rewritten"], done["files_added"]) == (4, 1)
+    assert spark.sql(f"SELECT count(*) FROM {name}.files").first()[0] == 1
+    assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [0, 1, 2, 3]
+    assert spark.sql(f"SELECT count(*) FROM {name}.snapshots").first()[0] == 5, "the latest 5 are kept"

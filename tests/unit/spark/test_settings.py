@@ -9,12 +9,10 @@ from spark.settings import SparkSettings, SparkSettingsError
 
 def test_file_then_environment_then_overrides(tmp_path, monkeypatch):
     cfg = tmp_path / "spark.toml"
-    cfg.write_text(
-        'kafka_bootstrap = "127.0.0.1:1"\nwarehouse = "/wh"\nraw_trigger_s = 5\nmaster = "local[1]"\n'
-    )
-    monkeypatch.setenv("FEDGATE_SPARK_RAW_TRIGGER_S", "3.5")
+    cfg.write_text('kafka_bootstrap = "127.0.0.1:1"\nwarehouse = "/wh"\ntrigger_s = 5\nmaster = "local[1]"\n')
+    monkeypatch.setenv("FEDGATE_SPARK_TRIGGER_S", "3.5")
     s = SparkSettings.load(cfg, master="spark://cluster:7077")
-    assert (s.raw_trigger_s, s.master, s.warehouse) == (3.5, "spark://cluster:7077", "/wh")
+    assert (s.trigger_s, s.master, s.warehouse) == (3.5, "spark://cluster:7077", "/wh")
     assert s.checkpoint_dir == "/wh/_checkpoints"
 
 
@@ -22,8 +20,11 @@ def test_file_then_environment_then_overrides(tmp_path, monkeypatch):
     ("text", "message"),
     [
         ('kafka_bootstrap = "k"\nwarehouse = "w"\nbogus = 1\n', "unknown setting 'bogus'"),
-        ('kafka_bootstrap = "k"\nwarehouse = "w"\nraw_trigger_s = "soon"\n', "^raw_trigger_s: cannot read"),
-        ('kafka_bootstrap = "k"\nwarehouse = "w"\nlate_after = "a minute"\n', "^late_after: an interval"),
+        ('kafka_bootstrap = "k"\nwarehouse = "w"\ntrigger_s = "soon"\n', "^trigger_s: cannot read"),
+        (
+            'kafka_bootstrap = "k"\nwarehouse = "w"\ncompact_interval_s = -1\n',
+            "^compact_interval_s: must be >= 0",
+        ),
         ('warehouse = "w"\n', "^kafka_bootstrap: required"),
         ("kafka_bootstrap = \n", "config file .*spark.toml"),
     ],

@@ -108,7 +108,7 @@ def test_bad_payloads_are_kept_with_the_reason_never_dropped(spark):
 
 def test_a_fast_device_clock_is_clamped_to_kafka_time_kept_and_flagged(spark):
     """A reading cannot reach Kafka before it was sent: a device time after Kafka's is a fast
-    clock.  Its event time (what the aggregates' watermark follows) is clamped to Kafka time,
+    clock.  Its event time (the minute the aggregates count it in) is clamped to Kafka time,
     its own time kept in device_ts; beyond the tolerance it is flagged and has no latency."""
     ahead = lambda s: int((NOW + dt.timedelta(seconds=s)).replace(tzinfo=dt.UTC).timestamp() * 1000)  # noqa: E731
     d = decode(
