@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
-from spark.tables import AGGREGATES, RAW, REJECTS, Catalog, DateSpan, Table
+from spark.tables import RAW, REJECTS, Catalog, Table, TimeSpan
 
 log = logging.getLogger("fedgate.spark")
 
@@ -100,10 +101,26 @@ class TelemetryJob:
         self._uncompacted: dict[Table, dt.date] = {}
         self._compacted_at = time.monotonic()
         self.last_compaction: dict[str, Any] = {}
+        #: what each table's commit of the last batch took (ms)
+        self.last_batch_ms: dict[str, int] = {}
+        self.last_refresh: dict[str, Any] = {}
+        #: the aggregates count the rows of batches up to this one; those after it are pending
+        self._refreshed_through = -1
+        self._pending_through = -1
+        self._refreshed_at = time.monotonic()
+        #: refreshes run from the query's batches, and from run() when no batch comes; a
+        #: compaction never runs beside one (both rewrite the aggregates' files)
+        self._refresh_lock = threading.Lock()
 
     def start(self) -> None:
         s = self.settings
         self.catalog.create_tables()
+        # batches landed in telemetry_raw before a crash and not yet counted: the first
+        # refresh covers them (batch ids go on from the checkpoint)
+        self._refreshed_through = self.catalog.refreshed_through()
+        # (Iceberg answers the max from its files' statistics, without reading them)
+        landed = self.catalog.read(RAW).agg(F.max("ingest_batch")).first()[0]  # type: ignore[index]
+        self._pending_through = max(self._refreshed_through, landed if landed is not None else -1)
         self.query = (
             decoded_stream(self.spark, s)
             .writeStream.queryName(QUERY)
@@ -125,23 +142,17 @@ class TelemetryJob:
         a batch replayed after a crash adds nothing twice (Catalog.land)."""
         batch = batch.persist()  # read from Kafka once, whatever the tables built from it
         try:
-            # one global aggregate, no shuffle: this action also fills the batch's cache
-            accepted, rejected = batch.select(
-                F.count_if(F.col("reject_reason").isNull()), F.count_if(F.col("reject_reason").isNotNull())
-            ).first()  # type: ignore[misc]
-            if rejected:
-                self._landed(REJECTS, self.catalog.land(REJECTS, tr.reject_rows(batch)))
-            if accepted:
-                # copies inside one batch (a redelivery right behind its original) are one row;
-                # copies across batches are kept out by the MERGE
-                rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
-                rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long")).persist()
-                try:
-                    self._landed(RAW, self.catalog.land(RAW, rows))
-                    for aggregate in AGGREGATES:
-                        self._landed(aggregate.table, self.catalog.refresh(aggregate, rows))
-                finally:
-                    rows.unpersist()
+            timings: dict[str, int] = {}
+            # an empty frame commits nothing (Catalog.land)
+            self._landed(REJECTS, self.catalog.land, tr.reject_rows(batch), timings)
+            # copies inside one batch (a redelivery right behind its original) are one row;
+            # copies across batches are kept out by the MERGE
+            rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
+            rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
+            if self._landed(RAW, self.catalog.land, rows, timings):
+                # counted in the aggregates by run(), beside the next batches
+                self._pending_through = batch_id
+            self.last_batch_ms = timings
         finally:
             batch.unpersist()
         if (
@@ -150,9 +161,45 @@ class TelemetryJob:
         ):
             self.compact()
 
-    def _landed(self, table: Table, span: DateSpan | None) -> None:
+    def _landed(
+        self,
+        table: Table,
+        commit: Callable[[Table, DataFrame], TimeSpan | None],
+        rows: DataFrame,
+        timings: dict[str, int],
+    ) -> bool:
+        """Commit `rows` to `table`, timed; note its dates for compaction.  False: no rows."""
+        t0 = time.monotonic()
+        span = commit(table, rows)
+        self._note_dates(table, span)
         if span is not None:
-            self._uncompacted[table] = min(span.first, self._uncompacted.get(table, span.first))
+            timings[table.name] = round((time.monotonic() - t0) * 1000)
+        return span is not None
+
+    def _note_dates(self, table: Table, span: TimeSpan | None) -> None:
+        if span is not None:
+            first = span.first.date()
+            self._uncompacted[table] = min(first, self._uncompacted.get(table, first))
+
+    def refresh_aggregates(self) -> None:
+        """Count the pending batches' rows in the aggregates (Catalog.refresh), then record
+        that they are counted; a crash in between refreshes them again, to the same rows."""
+        with self._refresh_lock:
+            self._refreshed_at = t0 = time.monotonic()
+            through = self._pending_through
+            if through <= self._refreshed_through:
+                return
+            # a pool of its own: the scheduler shares the cores with the batches' jobs
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
+            for table, span in self.catalog.refresh(self._refreshed_through, through).items():
+                self._note_dates(table, span)
+            self.catalog.mark_refreshed(through)
+            self._refreshed_through = through
+            self.last_refresh = {
+                "through_batch": through,
+                "took_ms": round((time.monotonic() - t0) * 1000),
+                "at_ms": int(time.time() * 1000),
+            }
 
     def compact(self) -> None:
         """Compact every table's dates written since the last time; between two batches, so
@@ -160,9 +207,10 @@ class TelemetryJob:
         t0 = time.monotonic()
         older_than = dt.datetime.now(dt.UTC) - dt.timedelta(hours=self.settings.snapshots_kept_hours)
         done = {}
-        for table, since in sorted(self._uncompacted.items(), key=lambda kv: kv[0].name):
-            done[table.name] = self.catalog.compact(table, since, older_than)
-        self._uncompacted.clear()
+        with self._refresh_lock:
+            for table, since in sorted(self._uncompacted.items(), key=lambda kv: kv[0].name):
+                done[table.name] = self.catalog.compact(table, since, older_than)
+            self._uncompacted.clear()
         self._compacted_at = time.monotonic()
         took = round(self._compacted_at - t0, 1)
         self.last_compaction = {"at_ms": int(time.time() * 1000), "took_s": took, "tables": done}
@@ -183,6 +231,7 @@ class TelemetryJob:
                 "input_rows_per_s": p.get("inputRowsPerSecond"),
                 "processed_rows_per_s": p.get("processedRowsPerSecond"),
                 "batch_ms": (p.get("durationMs") or {}).get("triggerExecution"),
+                "commit_ms": self.last_batch_ms,
                 "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),
             }
@@ -197,12 +246,14 @@ class TelemetryJob:
             "state": state,
             "updated_ms": int(time.time() * 1000),
             "queries": self.progress(),
+            "aggregates": self.last_refresh,
             "compaction": self.last_compaction,
         }
         tmp.write_text(json.dumps(report))
         os.replace(tmp, path)
 
     def run(self) -> int:
+        s = self.settings
         self.start()
         assert self.query is not None
         q = self.query
@@ -218,12 +269,20 @@ class TelemetryJob:
             if p and p.get("numInputRows") and last_batch != p.get("batchId"):
                 last_batch = p.get("batchId")
                 log.info(
-                    "batch %s: %s records in %.1f s (%.0f/s)",
+                    "batch %s: %s records in %.1f s (%.0f/s); commits (ms): %s",
                     p["batchId"],
                     p["numInputRows"],
                     (p.get("durationMs") or {}).get("triggerExecution", 0) / 1000,
                     p.get("processedRowsPerSecond") or 0,
+                    self.last_batch_ms,
                 )
+            due = time.monotonic() - self._refreshed_at >= s.aggregate_interval_s
+            if due and self._pending_through > self._refreshed_through:
+                # here, not in the batches: the next batches land telemetry_raw meanwhile
+                try:
+                    self.refresh_aggregates()
+                except (PySparkException, Py4JError) as e:
+                    log.error("counting batches in the aggregates: %s (tried again in the next round)", e)
             self.write_progress("running")
         self.stop()
         self.write_progress("stopped")
@@ -238,6 +297,7 @@ class TelemetryJob:
         if self.query is not None:
             try:
                 self.query.stop()
+                self.refresh_aggregates()  # what the last batches landed, counted before leaving
             except (PySparkException, Py4JError) as e:
                 log.warning("stopping %s: %s", self.query.name, e)
         try:

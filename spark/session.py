@@ -14,6 +14,7 @@ from backend.errors import FedgateError
 from spark.settings import SparkSettings
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
+SCHEDULER_POOLS = Path(__file__).resolve().parent / "fairscheduler.xml"
 
 
 class SparkSetupError(FedgateError):
@@ -110,6 +111,10 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
         .config("spark.blockManager.port", str(settings.block_manager_port))
         .config("spark.ui.enabled", "true" if settings.ui_port else "false")
         .config("spark.sql.session.timeZone", "UTC")
+        # the job counts the aggregates from one thread while its batches run in another:
+        # fair shares between their pools instead of one's whole stage queue first
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", f"file:{SCHEDULER_POOLS}")
         .config("spark.sql.ansi.enabled", "false")
         # a device's JSON or headers may repeat a key: the last wins instead of failing the batch
         .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")

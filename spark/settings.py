@@ -93,6 +93,14 @@ class SparkSettings:
         default=2.0,
         metadata={"doc": "How often new records become rows of every table (one micro-batch)."},
     )
+    aggregate_interval_s: float = field(
+        default=10.0,
+        metadata={
+            "doc": "How often the batches' new rows are counted in device_minute and region_minute "
+            "(in the batch after this much time; 0: every batch).  Between two, a batch lands only "
+            "telemetry_raw and rejects, and is queryable sooner."
+        },
+    )
     compact_interval_s: float = field(
         default=600.0,
         metadata={
@@ -144,7 +152,7 @@ class SparkSettings:
             raise SparkSettingsError("starting_offsets: 'earliest' or 'latest'")
         if self.trigger_s <= 0:
             raise SparkSettingsError("trigger_s: must be > 0")
-        for name in ("compact_interval_s", "snapshots_kept_hours"):
+        for name in ("aggregate_interval_s", "compact_interval_s", "snapshots_kept_hours"):
             if getattr(self, name) < 0:
                 raise SparkSettingsError(f"{name}: must be >= 0")
         if self.dedupe_lookback_days < 0:

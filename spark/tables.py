@@ -61,22 +61,44 @@ class Table:
     partition_by: tuple[str, ...]
     #: what makes a row the same row: a batch inserts only rows with a key not yet held
     key: tuple[str, ...]
+    #: the row's time: a MERGE looks for a key only in the files whose range of it (for
+    #: telemetry_raw: of device_ts, see copy_window) meets the batch's, and compaction sorts
+    #: by it so that those ranges stay narrow
+    time: str
     doc: str
 
 
-RAW = Table("telemetry_raw", ("date", "region"), ("message_id",), "one row per device message, exactly once")
+RAW = Table(
+    "telemetry_raw",
+    ("date", "region"),
+    ("message_id",),
+    "event_time",
+    "one row per device message, exactly once",
+)
 DEVICE_MINUTE = Table(
-    "device_minute", ("date",), ("minute", "device", "field"), "per device, minute and numeric field"
+    "device_minute",
+    ("date",),
+    ("minute", "device", "field"),
+    "minute",
+    "per device, minute and numeric field",
 )
 REGION_MINUTE = Table(
-    "region_minute", ("date",), ("minute", "region"), "per region and minute: messages, devices, latency"
+    "region_minute",
+    ("date",),
+    ("minute", "region"),
+    "minute",
+    "per region and minute: messages, devices, latency",
 )
 REJECTS = Table(
     "rejects",
     ("date",),
     ("kafka_topic", "kafka_partition", "kafka_offset"),
+    "kafka_ts",
     "records that could not become rows, with the reason",
 )
+
+#: Table property: the last micro-batch whose telemetry_raw rows the aggregates count.
+REFRESHED_THROUGH = "fedgate.aggregates-refreshed-through-batch"
 TABLES = (RAW, DEVICE_MINUTE, REGION_MINUTE, REJECTS)
 
 
@@ -151,33 +173,34 @@ class Catalog:
                 "'write.distribution-mode'='none', "
                 # readers of a table the job commits to every 2 s find its metadata small
                 "'write.metadata.delete-after-commit.enabled'='true', "
-                "'write.metadata.previous-versions-max'='20')"
+                "'write.metadata.previous-versions-max'='20', "
+                # compacted files of ~15 minutes of a busy fleet (300 readings/s): a MERGE's key
+                # lookup reads the few whose time range meets the batch's, not hours of rows
+                "'write.target-file-size-bytes'='33554432')"
             )
 
     def read(self, table: Table) -> DataFrame:
         return self.spark.table(self.name(table))
 
-    def land(self, table: Table, rows: DataFrame, *, replace: bool = False) -> DateSpan | None:
+    def land(self, table: Table, rows: DataFrame, *, replace: bool = False) -> TimeSpan | None:
         """Insert the rows of `rows` whose key `table` does not hold yet -- with `replace`,
         replace the rows it holds too -- in one commit (none for an empty frame); return the
-        dates of `rows`.  The key is looked up only in the dates a copy can have
-        (copy_dates): the MERGE reads those partitions, not the whole table."""
+        span of `rows`.  The key is looked up only in the time a copy can have (copy_window):
+        the MERGE reads the files of those dates whose time range meets it, not the table."""
         owned = not rows.is_cached
         if owned:
-            rows = rows.persist()  # read twice: for its dates, then by the MERGE
+            rows = rows.persist()  # read twice: for its times, then by the MERGE
         try:
-            span = copy_dates(table, rows, self.settings.dedupe_lookback_days)
+            span = copy_window(table, rows, self.settings.dedupe_lookback_days)
             if span is None:
                 return None
             view = f"fedgate_batch_{table.name}"
             rows.createOrReplaceTempView(view)
             on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in table.key)
-            first, last = span.lookup_from.isoformat(), span.last.isoformat()
             matched = "WHEN MATCHED THEN UPDATE SET * " if replace else ""
             # the view lives in the frame's own session: in foreachBatch, the streaming query's clone
             rows.sparkSession.sql(
-                f"MERGE INTO {self.name(table)} t USING {view} s "
-                f"ON {on} AND t.date BETWEEN DATE'{first}' AND DATE'{last}' "
+                f"MERGE INTO {self.name(table)} t USING {view} s ON {on} AND {span.condition(table)} "
                 f"{matched}WHEN NOT MATCHED THEN INSERT *"
             )
             return span
@@ -185,38 +208,67 @@ class Catalog:
             if owned:
                 rows.unpersist()
 
-    def refresh(self, aggregate: Aggregate, rows: DataFrame) -> DateSpan | None:
-        """Recompute `aggregate`'s rows of every group `rows` (telemetry_raw rows, landed)
-        fall in -- their minute and device, or minute and region -- from all of telemetry_raw,
-        and replace them in one commit; return their dates.
+    def refresh(self, after_batch: int, through_batch: int) -> dict[Table, TimeSpan | None]:
+        """Recompute the aggregates' rows of every group the telemetry_raw rows of micro-batches
+        (`after_batch`, `through_batch`] fall in -- their minute and device, their minute and
+        region -- from all of telemetry_raw, and replace them, one commit per aggregate; return
+        each aggregate's span.
 
-        From telemetry_raw, not from `rows` added to the stored counts: distinct devices and
-        latency percentiles do not add up, and a batch replayed after a crash between the raw
-        table's commit and this one recomputes the same rows instead of counting them twice."""
+        From telemetry_raw, not by adding the new rows to the stored counts: distinct devices
+        and latency percentiles do not add up, and batches refreshed again after a crash
+        between the commits compute the same rows instead of counting them twice.  The new
+        rows are found by their `ingest_batch` (a file's range of it prunes the rest)."""
         minute = F.floor(F.unix_seconds("event_time") / 60).cast("long")
-        touched = rows.select(minute.alias("_minute"), aggregate.group).distinct().persist()
+        raw = self.read(RAW)
+        batch = F.col("ingest_batch")
+        new = (
+            raw.where((batch > after_batch) & (batch <= through_batch))
+            .select(minute.alias("_minute"), *(a.group for a in AGGREGATES))
+            .persist()
+        )
         try:
-            minutes = [r[0] for r in touched.select("_minute").distinct().collect()]
+            minutes = [r[0] for r in new.select("_minute").distinct().collect()]
             if not minutes:
-                return None
+                return {}
             spans = minute_spans(minutes)
             in_spans = F.lit(False)
             for lo, hi in spans:
                 # literals, so that Iceberg skips the files whose event_time range is outside
                 in_spans = in_spans | (
-                    (F.col("event_time") >= F.timestamp_seconds(F.lit(lo * 60)))
-                    & (F.col("event_time") < F.timestamp_seconds(F.lit(hi * 60)))
+                    (F.col("event_time") >= F.expr(_timestamp(_utc(lo * 60_000_000))))
+                    & (F.col("event_time") < F.expr(_timestamp(_utc(hi * 60_000_000))))
                 )
-            dates = sorted({_utc_date(m) for lo, hi in spans for m in (lo, hi - 1)})
-            raw = (
-                rows.sparkSession.table(self.name(RAW))
-                .where(F.col("date").between(F.lit(dates[0]), F.lit(dates[-1])) & in_spans)
+            dates = sorted({_utc(m * 60_000_000).date() for lo, hi in spans for m in (lo, hi - 1)})
+            scope = (
+                raw.where(F.col("date").between(F.lit(dates[0]), F.lit(dates[-1])) & in_spans)
                 .withColumn("_minute", minute)
-                .join(F.broadcast(touched), ["_minute", aggregate.group], "left_semi")
+                .persist()  # read once for both aggregates
             )
-            return self.land(aggregate.table, aggregate.transform(raw), replace=True)
+            try:
+                done = {}
+                for aggregate in AGGREGATES:
+                    touched = F.broadcast(new.select("_minute", aggregate.group).distinct())
+                    rows = scope.join(touched, ["_minute", aggregate.group], "left_semi")
+                    done[aggregate.table] = self.land(
+                        aggregate.table, aggregate.transform(rows), replace=True
+                    )
+                return done
+            finally:
+                scope.unpersist()
         finally:
-            touched.unpersist()
+            new.unpersist()
+
+    def refreshed_through(self) -> int:
+        """The last micro-batch whose rows the aggregates count (-1: none yet): a property of
+        the aggregate refreshed last, so that it lives, and moves, with the tables."""
+        for row in self.spark.sql(f"SHOW TBLPROPERTIES {self.name(AGGREGATES[-1].table)}").collect():
+            if row[0] == REFRESHED_THROUGH:
+                return int(row[1])
+        return -1
+
+    def mark_refreshed(self, batch: int) -> None:
+        table = self.name(AGGREGATES[-1].table)
+        self.spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{REFRESHED_THROUGH}'='{batch}')")
 
     def replace_dates(self, table: Table, rows: DataFrame, dates: list[dt.date]) -> None:
         """Replace `table`'s rows of `dates` with `rows` (holding only those dates) in one commit."""
@@ -228,9 +280,14 @@ class Catalog:
         Iceberg's counts.  A micro-batch every 2 s leaves a small file per batch and partition
         and a snapshot per commit: unbounded, both slow every read."""
         name = f"{self.settings.namespace}.{table.name}"
+        # what the MERGEs look copies up by (TimeSpan.condition) keeps each file's range short
+        sort_order = f"{table.time} ASC NULLS LAST"
+        if table is RAW:
+            sort_order = f"device_ts ASC NULLS LAST, {sort_order}"
         call = f"CALL {self.settings.catalog}.system"
         rewritten = self.spark.sql(
             f"{call}.rewrite_data_files(table => '{name}', where => \"date >= '{since.isoformat()}'\", "
+            f"strategy => 'sort', sort_order => '{sort_order}', "
             "options => map('min-input-files', '2', 'partial-progress.enabled', 'true'))"
         ).first()
         older_than = snapshots_older_than.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -246,29 +303,94 @@ class Catalog:
 
 
 @dataclass(frozen=True)
-class DateSpan:
-    """The dates of a frame's rows, and the first date an earlier copy of one of them can have."""
+class TimeSpan:
+    """Where a frame's earlier copies can be, and the span of its rows' times (Table.time)."""
 
-    lookup_from: dt.date
-    first: dt.date
-    last: dt.date
+    first: dt.datetime
+    last: dt.datetime
+    #: telemetry_raw: the [start, end) runs of device times (payload `ts`) of the rows that
+    #: have one -- every copy has the same
+    device_times: tuple[tuple[dt.datetime, dt.datetime], ...] = ()
+    #: telemetry_raw: the event times, less the lookback, of the rows without a device time
+    kafka_times: tuple[dt.datetime, dt.datetime] | None = None
+
+    def condition(self, table: Table) -> str:
+        """SQL on the target `t` of a MERGE: true for every row that can be a copy of one of
+        the frame's.  Literal bounds only, so that Iceberg reads just the files whose ranges
+        of those columns meet them."""
+        if table is not RAW:
+            return (
+                f"t.date BETWEEN DATE'{self.first.date()}' AND DATE'{self.last.date()}' AND "
+                f"t.{table.time} BETWEEN {_timestamp(self.first)} AND {_timestamp(self.last)}"
+            )
+        parts = [
+            f"(t.device_ts >= {_timestamp(lo)} AND t.device_ts < {_timestamp(hi)})"
+            for lo, hi in self.device_times
+        ]
+        if self.kafka_times is not None:
+            lo, hi = self.kafka_times
+            parts.append(
+                f"(t.device_ts IS NULL AND t.date BETWEEN DATE'{lo.date()}' AND DATE'{hi.date()}' "
+                f"AND t.event_time BETWEEN {_timestamp(lo)} AND {_timestamp(hi)})"
+            )
+        return "(" + " OR ".join(parts) + ")"
 
 
-def copy_dates(table: Table, rows: DataFrame, lookback_days: int) -> DateSpan | None:
-    """The dates of `rows` and the first among which their earlier copies can be; None if empty.
+#: At most this many runs of device times in one MERGE's condition: a device sending
+#: random times makes the nearest runs one instead of a condition of thousands.
+MAX_DEVICE_TIME_RUNS = 16
 
-    A copy has the same key, and the key fixes the date: a minute's group its minute, a
-    reject its Kafka record (and time).  A telemetry_raw copy carries the same payload,
-    hence the same device time: a row whose event time is its device's time has the same
-    date in every copy.  A row whose event time came from Kafka (a clamped fast clock, an
-    implausible or missing device time) is later in a later copy: its original can be up
-    to `lookback_days` earlier."""
-    earliest = F.col("date")
-    if table is RAW:
-        own_time = F.col("device_ts").isNotNull() & (F.col("event_time") == F.col("device_ts"))
-        earliest = F.when(own_time, earliest).otherwise(F.date_sub("date", lookback_days))
-    lookup_from, first, last = rows.select(F.min(earliest), F.min("date"), F.max("date")).first()  # type: ignore[misc]
-    return None if first is None else DateSpan(lookup_from, first, last)
+
+def copy_window(table: Table, rows: DataFrame, lookback_days: int) -> TimeSpan | None:
+    """Where the earlier copies of `rows` can be, and the span of their times; None if the
+    frame is empty.
+
+    A copy has the same key, and the key fixes the time: a minute's group its minute, a
+    reject its Kafka record.  A telemetry_raw copy carries the same payload, hence the same
+    device time, whatever its event time (a clamped fast clock, an implausible time, a copy
+    a day later): copies are looked for among the rows of the same device times.  A row
+    without a device time has only the Kafka time of its copy, later than its original's:
+    that is looked for up to `lookback_days` before it."""
+    time = F.unix_micros(F.col(table.time))
+    if table is not RAW:
+        first, last = rows.select(F.min(time), F.max(time)).first()  # type: ignore[misc]
+        return None if first is None else TimeSpan(_utc(first), _utc(last))
+    device = F.col("device_ts")
+    minute = F.floor(F.unix_micros(device) / 60_000_000).cast("long")
+    no_device = F.when(device.isNull(), time)
+    first, last, minutes, kafka_lo, kafka_hi = rows.select(
+        F.min(time), F.max(time), F.collect_set(minute), F.min(no_device), F.max(no_device)
+    ).first()  # type: ignore[misc]
+    if first is None:
+        return None
+    runs = coarsen(minute_spans(minutes), MAX_DEVICE_TIME_RUNS)
+    minute_us = 60_000_000
+    return TimeSpan(
+        _utc(first),
+        _utc(last),
+        tuple((_utc(lo * minute_us), _utc(hi * minute_us)) for lo, hi in runs),
+        None if kafka_lo is None else (_utc(kafka_lo) - dt.timedelta(days=lookback_days), _utc(kafka_hi)),
+    )
+
+
+def coarsen(spans: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
+    """At most `most` spans covering `spans` (sorted), by closing the smallest gaps."""
+    if len(spans) <= most:
+        return spans
+    gaps = sorted(range(1, len(spans)), key=lambda i: spans[i][0] - spans[i - 1][1], reverse=True)
+    cuts = sorted(gaps[: most - 1])
+    starts = [0, *cuts]
+    ends = [*cuts, len(spans)]
+    return [(spans[a][0], spans[b - 1][1]) for a, b in zip(starts, ends, strict=True)]
+
+
+def _utc(micros: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
+
+
+def _timestamp(t: dt.datetime) -> str:
+    """A Spark SQL literal of `t` (the sessions' time zone is UTC: spark/session.py)."""
+    return f"TIMESTAMP'{t.astimezone(dt.UTC).strftime('%Y-%m-%d %H:%M:%S.%f')}'"
 
 
 def minute_spans(minutes: list[int]) -> list[tuple[int, int]]:
@@ -280,10 +402,6 @@ def minute_spans(minutes: list[int]) -> list[tuple[int, int]]:
         else:
             spans.append((m, m + 1))
     return spans
-
-
-def _utc_date(epoch_minute: int) -> dt.date:
-    return dt.datetime.fromtimestamp(epoch_minute * 60, dt.UTC).date()
 
 
 def use_tables(spark: SparkSession, settings: SparkSettings) -> None:

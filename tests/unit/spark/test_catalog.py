@@ -12,14 +12,14 @@ import pytest
 
 from spark import transforms as tr
 from spark.tables import (
-    AGGREGATES,
     DEVICE_MINUTE,
     RAW,
     REGION_MINUTE,
     TABLES,
     Catalog,
-    DateSpan,
-    copy_dates,
+    TimeSpan,
+    coarsen,
+    copy_window,
     minute_spans,
     schemas,
 )
@@ -59,11 +59,15 @@ def raw_frame(spark, readings):
 def raw_batch(spark, readings, lookback_days=2):
     """telemetry_raw rows of readings, and the dates a MERGE looks in."""
     rows = raw_frame(spark, readings)
-    return rows, copy_dates(RAW, rows, lookback_days)
+    return rows, copy_window(RAW, rows, lookback_days)
 
 
 def land_raw(spark, catalog, readings):
     catalog.land(RAW, raw_frame(spark, readings))
+
+
+def utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC)
 
 
 def ms(t: dt.datetime) -> int:
@@ -97,22 +101,51 @@ def test_a_copy_produced_a_day_after_its_original_is_still_one_row(spark, catalo
 
 def test_a_late_copy_of_a_reading_whose_time_came_from_kafka_is_still_one_row(spark, catalog):
     """A clamped fast clock or a missing device time: the copy's event time (its own Kafka
-    time) is a later date than the original's; the lookback finds the original."""
+    time) is a later date than the original's; the device time, or for a reading without
+    one the lookback, finds the original."""
     fast = {"ts": ms(NOW + dt.timedelta(hours=3)), "seq": 1}
     no_clock = {"seq": 2}
     land_raw(spark, catalog, [(fast, 1, NOW), (no_clock, 2, NOW)])
     later = NOW + dt.timedelta(days=1)
-    rows, dates = raw_batch(spark, [(fast, 7, later), (no_clock, 8, later)])
-    assert dates == DateSpan(DAY1, DAY2, later.date())
+    rows, window = raw_batch(spark, [(fast, 7, later), (no_clock, 8, later)])
+    fast_minute = utc(NOW.replace(second=0) + dt.timedelta(hours=3))
+    assert window == TimeSpan(
+        utc(NOW + dt.timedelta(hours=3)),
+        utc(later),
+        device_times=((fast_minute, fast_minute + dt.timedelta(minutes=1)),),
+        kafka_times=(utc(later - dt.timedelta(days=2)), utc(later)),
+    )
     catalog.land(RAW, rows)
     assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [1, 2]
 
 
-def test_copies_are_looked_for_only_in_the_dates_they_can_be_in(spark):
-    """A batch of readings with their device's own time looks in their dates only: the
-    table's other days are pruned from every MERGE."""
-    _, dates = raw_batch(spark, [({"ts": ms(NOW), "seq": 1}, 1, NOW + dt.timedelta(seconds=1))])
-    assert dates == DateSpan(NOW.date(), NOW.date(), NOW.date())
+def test_copies_are_looked_for_only_among_the_same_device_times(spark):
+    """A batch of readings with their device's time looks for copies only in the minutes of
+    those times: a lone reading from 2019 adds its minute, not the years between."""
+    old = dt.datetime(2019, 5, 1, 12, 0, 10)
+    _, window = raw_batch(
+        spark,
+        [({"ts": ms(NOW), "seq": 1}, 1, NOW), ({"ts": ms(old), "seq": 2}, 2, NOW)],
+    )
+    now_minute, old_minute = utc(NOW.replace(second=0)), utc(old.replace(second=0))
+    minute = dt.timedelta(minutes=1)
+    assert window.device_times == ((old_minute, old_minute + minute), (now_minute, now_minute + minute))
+    assert window.kafka_times is None, "no reading without a device time: no lookback"
+
+
+def test_a_device_sending_random_times_makes_a_short_condition():
+    assert coarsen([(0, 1), (3, 4), (10, 11), (12, 13)], 2) == [(0, 4), (10, 13)]
+    assert coarsen([(0, 1)], 2) == [(0, 1)]
+
+
+def test_a_late_copy_of_a_fast_clocks_clamped_reading_is_still_one_row(spark, catalog):
+    """The original came 10 minutes before its device's (fast) time: clamped to Kafka
+    time.  Its copy comes 30 minutes later, after the device's time: not clamped, its event
+    time is the device's, 10 minutes after the original's."""
+    reading = {"ts": ms(NOW + dt.timedelta(minutes=10)), "seq": 1}
+    land_raw(spark, catalog, [(reading, 1, NOW)])
+    land_raw(spark, catalog, [(reading, 7, NOW + dt.timedelta(minutes=30))])
+    assert [r["kafka_offset"] for r in catalog.read(RAW).collect()] == [1]
 
 
 def test_replace_dates_replaces_those_dates_and_keeps_the_others(spark, catalog):
@@ -147,12 +180,13 @@ def test_an_open_session_sees_what_another_writer_commits_after_it_started(spark
     assert spark.table(catalog.name(RAW)).count() == 2, "the open session did not see the new commit"
 
 
-def land_batch(catalog, rows):
-    """What the job does with a batch's telemetry_raw rows: land them, then refresh the
-    aggregates' minutes they fall in."""
-    catalog.land(RAW, rows)
-    for aggregate in AGGREGATES:
-        catalog.refresh(aggregate, rows)
+def land_batch(catalog, rows, batch):
+    """What the job does with micro-batch `batch`'s telemetry_raw rows: land them, then count
+    them in the aggregates' minutes (the job does that every aggregate_interval_s)."""
+    from pyspark.sql import functions as F
+
+    catalog.land(RAW, rows.withColumn("ingest_batch", F.lit(batch).cast("long")))
+    catalog.refresh(batch - 1, batch)
 
 
 def minute_counts(catalog):
@@ -189,14 +223,15 @@ def test_a_reading_three_hours_late_is_counted_in_its_minute_once(spark, catalog
                 ("dev-1", {"ts": ms(at[3]), "seq": 3}, 3, at[3]),
             ],
         ),
+        1,
     )
     assert minute_counts(catalog) == (
         {("dev-1", m0): 1, ("dev-2", m0): 1, ("dev-1", m1): 1},
         {("local-eu", m0): 2, ("local-eu", m1): 1},
     )
     late = device_frame(spark, [("dev-1", {"ts": ms(at[2]), "seq": 4}, 9, at[2] + dt.timedelta(hours=3))])
-    land_batch(catalog, late)
-    land_batch(catalog, late)  # replayed
+    land_batch(catalog, late, 2)
+    land_batch(catalog, late, 2)  # replayed
     assert minute_counts(catalog) == (
         {("dev-1", m0): 2, ("dev-2", m0): 1, ("dev-1", m1): 1},
         {("local-eu", m0): 3, ("local-eu", m1): 1},
@@ -219,3 +254,11 @@ def test_compaction_rewrites_small_files_into_one_and_keeps_every_row(spark, cat
     assert spark.sql(f"SELECT count(*) FROM {name}.files").first()[0] == 1
     assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [0, 1, 2, 3]
     assert spark.sql(f"SELECT count(*) FROM {name}.snapshots").first()[0] == 5, "the latest 5 are kept"
+
+
+def test_which_batches_the_aggregates_count_is_kept_with_the_tables(spark, catalog):
+    """The job resumes counting after the last batch the aggregates count: a crash between a
+    batch's telemetry_raw commit and the aggregates' leaves that batch to the next refresh."""
+    assert catalog.refreshed_through() == -1
+    catalog.mark_refreshed(41)
+    assert Catalog(spark, catalog.settings).refreshed_through() == 41
