@@ -119,9 +119,9 @@ class SparkSettings:
     dedupe_lookback_days: int = field(
         default=2,
         metadata={
-            "doc": "How many days before its own event date a row whose event time is not its device's "
-            "(clamped, implausible or missing device clock) looks for an earlier copy of itself. "
-            "Copies with the device's own time share the original's date whatever their delay."
+            "doc": "How many days before its own Kafka time a reading without a device time (payload "
+            "ts) looks for an earlier copy of itself.  Readings with one find their copies by it, "
+            "whatever their delay."
         },
     )
     max_offsets_per_trigger: int = field(
