@@ -53,6 +53,9 @@ army: up ## simulated devices, counted end to end: make army DEVICES=2000 RATE=2
 demo: setup ## the whole federation on this machine with devices sending and receiving
 	@$(FEDGATE) demo
 
+spark-package: ## the Spark job packaged for spark-submit -> build/spark/ (prints the submit command)
+	@$(VENV)/bin/python -m spark.package
+
 test: setup ## unit and integration tests against real RabbitMQ and Kafka
 	@FEDGATE_REQUIRE_RUNTIME=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
@@ -70,4 +73,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo spark-package test unit bench lint clean

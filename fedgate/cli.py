@@ -452,10 +452,14 @@ def cmd_query(ctx: Context, args: argparse.Namespace) -> int:
         print("\nTables: telemetry_raw, device_minute, region_minute, rejects (docs/analysts.md)")
         return 0 if args.list else 2
     settings = ctx.spark_settings()
-    _progress(f"starting Spark over {settings.warehouse} (takes ~10 s)")
+    _progress(f"asking the Spark job's session, or starting Spark over {settings.warehouse} (~10 s)")
     with query.session(settings) as spark:
         try:
             columns, rows = query.run_sql(spark, args.sql, limit=args.limit)
+            _progress(
+                "answered by "
+                + ("the Spark job's session" if query.is_remote(spark) else "a Spark of its own")
+            )
         except Exception as e:  # Spark's analysis errors: show the message, not a JVM trace
             print(f"fedgate: query failed: {str(e).splitlines()[0]}", file=sys.stderr)
             return 1
@@ -478,7 +482,7 @@ def cmd_recompute(ctx: Context, args: argparse.Namespace) -> int:
         return 2
     settings = ctx.spark_settings()
     _progress(f"recomputing the aggregates of {since}..{until} from telemetry_raw")
-    with query.session(settings) as spark:
+    with query.session(settings, remote=False) as spark:  # heavy: not in the job's driver
         counts = query.recompute(spark, settings, since, until)
     for table, n in counts.items():
         print(f"{table}: {n} rows for {since}..{until}")

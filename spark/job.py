@@ -93,7 +93,7 @@ def offsets_read(progress: Any) -> int | None:
 class TelemetryJob:
     def __init__(self, settings: SparkSettings):
         self.settings = settings
-        self.spark = build_session(settings, "fedgate-tables")
+        self.spark = build_session(settings, "fedgate-tables", serve=True)
         self.catalog = Catalog(self.spark, settings)
         self.query: StreamingQuery | None = None
         self._stop = threading.Event()

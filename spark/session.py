@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
+import importlib.resources
 import os
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -13,8 +17,23 @@ from pyspark.sql import SparkSession
 from backend.errors import FedgateError
 from spark.settings import SparkSettings
 
-LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
-SCHEDULER_POOLS = Path(__file__).resolve().parent / "fairscheduler.xml"
+_RESOURCES: dict[str, Path] = {}
+
+
+def resource(name: str) -> Path:
+    """A file of this package (log4j2.properties, fairscheduler.xml) as a path the JVM can read:
+    the file itself, or a copy out of the zip that spark-submit was given (spark/package.py)."""
+    if name not in _RESOURCES:
+        here = Path(__file__).resolve().parent / name
+        if here.is_file():
+            _RESOURCES[name] = here
+        else:
+            folder = tempfile.mkdtemp(prefix="fedgate-spark-")
+            atexit.register(shutil.rmtree, folder, True)
+            copy = Path(folder) / name
+            copy.write_bytes(importlib.resources.files("spark").joinpath(name).read_bytes())
+            _RESOURCES[name] = copy
+    return _RESOURCES[name]
 
 
 class SparkSetupError(FedgateError):
@@ -91,7 +110,9 @@ def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
     }
 
 
-def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> SparkSession:
+def build_session(
+    settings: SparkSettings, app: str, *, kafka: bool = True, serve: bool = False
+) -> SparkSession:
     """A session configured for fedgate's tables.
 
     ANSI mode is off on purpose: device payloads are untrusted, and under ANSI
@@ -104,7 +125,11 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
         SparkSession.builder.appName(app)
         .master(settings.master)
         .config("spark.driver.memory", settings.driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dlog4j2.configurationFile=file:{resource('log4j2.properties')}",
+        )
+        .config("spark.executor.memory", settings.executor_memory)
         .config("spark.driver.host", settings.bind_host)
         .config("spark.driver.bindAddress", settings.bind_host)
         .config("spark.driver.port", str(settings.driver_port))
@@ -114,26 +139,27 @@ def build_session(settings: SparkSettings, app: str, *, kafka: bool = True) -> S
         # the job counts the aggregates from one thread while its batches run in another:
         # fair shares between their pools instead of one's whole stage queue first
         .config("spark.scheduler.mode", "FAIR")
-        .config("spark.scheduler.allocation.file", f"file:{SCHEDULER_POOLS}")
+        .config("spark.scheduler.allocation.file", f"file:{resource('fairscheduler.xml')}")
         .config("spark.sql.ansi.enabled", "false")
         # a device's JSON or headers may repeat a key: the last wins instead of failing the batch
         .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-        # dedupe state can hold millions of message ids: RocksDB keeps them off the heap
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        # a commit writes the batch's changes, not a snapshot of the store (snapshots are made in
-        # the background); works on checkpoints written without it
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.compression.codec", "zstd")
     )
     if settings.ui_port:
         builder = builder.config("spark.ui.port", str(settings.ui_port))
+    if settings.cores_max:
+        builder = builder.config("spark.cores.max", str(settings.cores_max))
+    if serve and settings.connect_port:
+        # Spark Connect in the driver: clients get sessions of this application (spark/query.py)
+        builder = (
+            builder.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+            .config("spark.connect.grpc.binding.address", settings.bind_host)
+            .config("spark.connect.grpc.binding.port", str(settings.connect_port))
+        )
     builder = builder.config("spark.jars", ",".join(spark_jars(settings, kafka=kafka)))
     for key, value in iceberg_catalog_conf(settings).items():
         builder = builder.config(key, value)

@@ -132,10 +132,24 @@ class SparkSettings:
     )
     shuffle_partitions: int = field(default=2, metadata={"doc": "spark.sql.shuffle.partitions."})
     driver_memory: str = field(default="1g", metadata={"doc": "spark.driver.memory."})
+    executor_memory: str = field(
+        default="1g", metadata={"doc": "spark.executor.memory (on a cluster; local mode runs in the driver)."}
+    )
+    cores_max: int = field(
+        default=0, metadata={"doc": "spark.cores.max: cores the job takes of a cluster (0: Spark's default)."}
+    )
     bind_host: str = field(default="127.0.0.1", metadata={"doc": "Address the Spark driver binds."})
     driver_port: int = field(default=0, metadata={"doc": "spark.driver.port (0: any free port)."})
     block_manager_port: int = field(default=0, metadata={"doc": "spark.blockManager.port (0: any)."})
     ui_port: int = field(default=0, metadata={"doc": "Spark UI port (0: UI off)."})
+    connect_port: int = field(
+        default=0,
+        metadata={
+            "doc": "Port (on bind_host) where the job serves its Spark session over Spark Connect, so "
+            "that `fedgate query` answers without starting Spark (0: not served).  Unauthenticated: "
+            "bind it where only analysts reach."
+        },
+    )
     progress_file: str = field(
         default="", metadata={"doc": "Where the job writes its queries' progress (JSON); empty: nowhere."}
     )

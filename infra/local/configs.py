@@ -47,6 +47,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "bind_host": s.host,
         "driver_port": job.spec.ports["driver"],
         "block_manager_port": job.spec.ports["block_manager"],
+        "connect_port": job.spec.ports["connect"],
         "trigger_s": s.spark_trigger_s,
         "compact_interval_s": s.spark_compact_interval_s,
         "jars_dir": str(s.spark_jars),

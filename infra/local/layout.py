@@ -58,7 +58,7 @@ ROUTER_OFFSETS = {"metrics": 30}
 #: the DNS server devices resolve mqtt.<domain> at (infra/dns)
 DNS_OFFSETS = {"dns": 8}
 DNS_NODE = "dns"
-SPARK_OFFSETS = {"driver": 40, "block_manager": 41}
+SPARK_OFFSETS = {"driver": 40, "block_manager": 41, "connect": 42}
 SPARK_NODE = "spark"
 BACKEND_NODE = "backend"
 #: the router that routes commands (the others only bridge the uplink)

@@ -103,7 +103,7 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
         "SELECT device, CAST(fields['seq'] AS INT) AS seq FROM telemetry_raw "
         f"WHERE device LIKE '{device_prefix}%'"
     )
-    with session(settings) as spark:
+    with session(settings, remote=False) as spark:
 
         def read() -> list[tuple[str, int]]:
             return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -29,7 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 def spark(federation):
     from spark.query import session
 
-    with session(federation.spark_settings()) as s:
+    # a Spark of the tests' own, as a notebook's: reading the tables beside the job
+    with session(federation.spark_settings(), remote=False) as s:
         yield s
 
 
@@ -59,6 +61,19 @@ def wait_counted(spark, federation, device: str, expect: int, timeout: float = 1
     """Until device_minute counts `expect` of `device`'s messages; the count."""
     sql = f"SELECT coalesce(sum(count), 0) FROM device_minute WHERE device = '{device}' AND field = '*'"
     return wait_rows(spark, federation, sql, expect, timeout)
+
+
+def wait_aggregates(spark, federation, where: str, timeout: float = 90.0) -> None:
+    """Until the aggregates count the telemetry_raw rows `where` (the job counts them within
+    its aggregate_interval_s: the batch that landed them is refreshed through)."""
+    from spark.tables import Catalog
+
+    ((landed,),) = query(spark, federation, f"SELECT max(ingest_batch) FROM telemetry_raw WHERE {where}")
+    catalog = Catalog(spark, federation.spark_settings())
+    deadline = time.monotonic() + timeout
+    while catalog.refreshed_through() < landed:
+        assert time.monotonic() < deadline, f"the aggregates did not count batch {landed} in {timeout:g} s"
+        time.sleep(1)
 
 
 def counts_per_minute(spark, federation, where: str) -> tuple[dict, dict]:
@@ -148,6 +163,7 @@ def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, s
         assert r["user_properties"] == (tags if region == "local-eu" else {}), "MQTT 5 user properties"
     assert len({r["message_id"] for r in rows}) == 20
 
+    wait_aggregates(spark, federation, f"device IN ('{devices}')")
     per_device = query(
         spark,
         federation,
@@ -175,6 +191,32 @@ def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, s
         assert by_region[region]["p99"] is not None
 
 
+def test_fedgate_query_is_answered_by_the_jobs_own_session(federation, spark, uid):
+    """`fedgate query` with the job running: the job's Spark session answers over Spark
+    Connect (no Spark start in the CLI), and what it answers is what the tables hold."""
+    import os
+    import subprocess
+    import sys
+
+    sql = "SELECT count(*) AS n FROM telemetry_raw"
+    env = {**os.environ, "FEDGATE_STATE_DIR": str(federation.state_dir)}
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "fedgate"), "query", sql, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - t0
+    print(f"fedgate query through the job's session: {took:.1f} s, exit {done.returncode}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "answered by the Spark job's session" in done.stderr
+    (answer,) = json.loads(done.stdout)
+    (now,) = query(spark, federation, sql)
+    assert 0 < answer["n"] <= now[0], "the job's session reads the same tables"
+
+
 def test_duplicates_injected_into_kafka_appear_once(federation, endpoints, spark, uid):
     dev = f"dup-{uid}"
     now = ms(dt.datetime.now(dt.UTC))
@@ -195,6 +237,7 @@ def test_duplicates_injected_into_kafka_appear_once(federation, endpoints, spark
         for r in query(spark, federation, f"SELECT fields['seq'] FROM telemetry_raw WHERE device = '{dev}'")
     )
     assert set(seqs) == {str(i) for i in range(50)} and set(seqs.values()) == {1}
+    wait_aggregates(spark, federation, f"device = '{dev}'")
     (total,) = query(
         spark, federation, f"SELECT sum(count) FROM device_minute WHERE device = '{dev}' AND field = '*'"
     )
@@ -337,16 +380,15 @@ def test_a_backlog_of_hours_read_unevenly_loses_no_row(federation, endpoints, sp
     devices = f"device LIKE 'offline-{uid}-%'"
     n = wait_rows(spark, federation, f"SELECT count(*) FROM telemetry_raw WHERE {devices}", 720)
     assert n == 720, f"720 readings of 4 hours: {n} rows"
-    raw, agg = {}, {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the aggregates commit right after telemetry_raw
+    region_sql = f"SELECT sum(messages) FROM region_minute WHERE region = '{region}'"
+    raw, agg, messages = {}, {}, [None]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # the aggregates count them within aggregate_interval_s
         raw, agg = counts_per_minute(spark, federation, devices)
-        if raw == agg:
+        (messages,) = query(spark, federation, region_sql)  # committed after device_minute
+        if raw == agg and messages[0] == 721:
             break
         time.sleep(2)
-    (messages,) = query(
-        spark, federation, f"SELECT sum(messages) FROM region_minute WHERE region = '{region}'"
-    )
     print(f"backlog: {n} rows, {sum(agg.values())} counted in device_minute, {messages[0]} in region_minute")
     assert len(raw) == 720 and set(raw.values()) == {1}, "a row per device and minute"
     assert agg == raw, "device_minute counts every reading of the backlog in its minute"
