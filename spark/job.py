@@ -2,14 +2,18 @@
 
 One Structured Streaming query reads the bridge's topics with Spark's Kafka
 source, and each micro-batch (every `trigger_s`) lands in the Iceberg tables
-(spark/tables.py), in this order:
+(spark/tables.py):
 
   rejects        the records that cannot be rows, with the reason
   telemetry_raw  every other record, inserted if its message id is not there
                  yet, however late: from here a reading is queryable
-  device_minute  the minutes (per device / per region) the batch's readings
-  region_minute  fall in, computed again from telemetry_raw: a late reading
-                 is counted in its minute, never dropped
+
+Beside the batches, every `aggregate_interval_s` (run(), its own scheduler
+pool), the rows the batches since the last time added are counted:
+
+  device_minute  the minutes (per device / per region) those rows fall in,
+  region_minute  computed again from telemetry_raw: a late reading is counted
+                 in its minute, never dropped (Catalog.refresh)
 
 The topics are exactly those the router's mapping rules produce, plus its
 catch-all and dead-letter topics (settings `topics`, from
@@ -18,8 +22,11 @@ small files of the dates it wrote into large ones and expires old snapshots.
 
 Each table's commit adds a key only once (Catalog.land): stop the job anywhere
 (SIGTERM, SIGKILL, a crash, between two tables' commits) and the next start
-resumes from the checkpoint, replays the batch it had not recorded, and the
-tables end up complete and free of duplicates.
+resumes from the checkpoint, replays the batch it had not recorded, counts in
+the aggregates every batch they did not count yet (the table property
+Catalog.refreshed_through), and the tables end up complete and free of
+duplicates.  The driver also serves its session over Spark Connect
+(`connect_port`) for `fedgate query`.
 
     python -m spark.job --config state/nodes/spark/spark.toml
 """
@@ -108,8 +115,8 @@ class TelemetryJob:
         self._refreshed_through = -1
         self._pending_through = -1
         self._refreshed_at = time.monotonic()
-        #: refreshes run from the query's batches, and from run() when no batch comes; a
-        #: compaction never runs beside one (both rewrite the aggregates' files)
+        #: refreshes run from run() (and stop()), compactions from the batches: never both
+        #: at once (both rewrite the aggregates' files)
         self._refresh_lock = threading.Lock()
 
     def start(self) -> None:

@@ -12,7 +12,7 @@ import json
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -96,7 +96,12 @@ def job_session(settings: SparkSettings) -> SparkSession | None:
         socket.create_connection((host, settings.connect_port), timeout=1).close()
     except OSError:
         return None
-    return SparkSession.builder.remote(f"sc://{host}:{settings.connect_port}").getOrCreate()
+    # Spark Connect's own builder: pyspark's generic one marks the whole process as a Spark
+    # Connect one (SPARK_CONNECT_MODE_ENABLED), and every later local session fails
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    remote = ConnectSession.builder.remote(f"sc://{host}:{settings.connect_port}").create()
+    return cast(SparkSession, remote)
 
 
 def run_sql(spark: SparkSession, sql: str, limit: int = 100) -> tuple[list[str], list[tuple[Any, ...]]]:
