@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
+from backend.kafka_security import KafkaSecurity
+
 Match = Callable[[Message, dict[str, str]], bool]
 
 #: A topic created a moment ago has partitions without a leader for a while; its offsets
@@ -21,10 +23,13 @@ Match = Callable[[Message, dict[str, str]], bool]
 LEADER_RETRIES = 60
 
 
-def throwaway_consumer(bootstrap: str, purpose: str = "read") -> Consumer:
+def throwaway_consumer(
+    bootstrap: str, purpose: str = "read", security: KafkaSecurity | None = None
+) -> Consumer:
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
+            **(security or KafkaSecurity()).librdkafka(),
             "group.id": f"fedgate-{purpose}-{uuid.uuid4().hex[:12]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -81,11 +86,12 @@ def read_records(
     expect: int,
     timeout: float = 20.0,
     settle_s: float = 0.0,
+    security: KafkaSecurity | None = None,
 ) -> list[tuple[Message, dict[str, str]]]:
     """Records of `topic` from its start that `match` (with their headers decoded), in partition
     order, until `expect` of them arrived and then `settle_s` passed with no new match (a
     duplicate would arrive then), or until `timeout`."""
-    consumer = throwaway_consumer(bootstrap)
+    consumer = throwaway_consumer(bootstrap, security=security)
     assign_from_start(consumer, topic)
     out: list[tuple[Message, dict[str, str]]] = []
     deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -32,9 +32,19 @@ class KafkaUnavailable(FedgateError):
     retriable = True
 
 
-def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+#: Where Kafka is and how to log in: bootstrap servers alone, or a client's properties
+#: (RouterSettings.kafka_client).
+KafkaClient = str | Mapping[str, Any]
+
+
+def client_config(client: KafkaClient) -> dict[str, Any]:
+    return {"bootstrap.servers": client} if isinstance(client, str) else dict(client)
+
+
+def producer_config(client: KafkaClient, **extra: Any) -> dict[str, Any]:
+    """The router's producer: `client` and the delivery guarantees."""
     return {
-        "bootstrap.servers": bootstrap,
+        **client_config(client),
         # Exactly one copy per produce() in the log, in order, across retries.
         "enable.idempotence": True,
         "acks": "all",
@@ -178,7 +188,7 @@ def _dispatch(batch: list[tuple[DeliveryCallback, KafkaError | None, Message]]) 
 
 
 def ensure_topics(
-    bootstrap: str,
+    client: KafkaClient,
     topics: list[str],
     partitions: int,
     replication: int,
@@ -189,11 +199,22 @@ def ensure_topics(
 
     Fails fast with KafkaUnavailable when Kafka cannot be reached.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = client_config(client)
+    refused: list[KafkaError] = []  # librdkafka tells a failed login only to error_cb
+    admin = AdminClient(
+        {
+            **config,
+            "error_cb": lambda err: refused.append(err) if err.code() == KafkaError._AUTHENTICATION else None,
+        }
+    )
     try:
         existing = set(admin.list_topics(timeout=timeout).topics)
     except KafkaException as e:
-        raise KafkaUnavailable(f"Kafka at {bootstrap} unreachable: {e}") from e
+        where = config["bootstrap.servers"]
+        admin.poll(0)  # serves error_cb
+        if refused:
+            raise KafkaUnavailable(f"Kafka at {where} refused the login: {refused[-1].str()}") from e
+        raise KafkaUnavailable(f"Kafka at {where} unreachable: {e}") from e
     missing = [t for t in topics if t not in existing]
     if not missing:
         return []

@@ -37,7 +37,7 @@ import aio_pika.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from backend import contract as c
-from router.lifecycle import Lifecycle
+from router.lifecycle import Lifecycle, cancel_task
 from router.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,7 @@ class Leadership(Lifecycle):
 
     async def _stop(self) -> None:
         """Give up the lead: closing the connection hands the token to the next router."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_task(self._task)
         await self._step_down()
 
     async def _run(self) -> None:

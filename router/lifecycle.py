@@ -16,6 +16,8 @@ half-done `_start`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 from types import TracebackType
 from typing import Any, Self
@@ -73,3 +75,11 @@ class Lifecycle:
 
     async def _stop(self) -> None:
         raise NotImplementedError
+
+
+async def cancel_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a part's background task and wait until it has ended (None: there was none)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -28,7 +28,6 @@ but not running (its other side down) is RabbitMQ's own to retry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from urllib.parse import quote
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from gateways.wiring import DOWNLINK_UPSTREAM
+from router.lifecycle import cancel_task
 from router.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -124,10 +124,7 @@ class LinkKeeper:
 
     async def stand_by(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_task(task)
         self._absent_since.clear()
 
     async def _run(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -39,6 +40,7 @@ from router.metrics import HttpEndpoint, Metrics, json_response
 from router.outcomes import OUTCOMES_TOPIC, CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable
+from router.region_watch import RegionWatch, merged
 from router.settings import RouterSettings, RouterSettingsError, load_router_settings
 from router.stores import (
     COMPACTED,
@@ -63,24 +65,20 @@ class Router(Lifecycle):
         self.settings = settings
         self.metrics = Metrics()
         self.presence = PresenceTable()
-        self.producer = AsyncProducer(
-            producer_config(settings.kafka_bootstrap), on_fatal=self._producer_failed
-        )
+        self.producer = AsyncProducer(producer_config(settings.kafka_client), on_fatal=self._producer_failed)
         self.producer_alone = AsyncProducer(
-            one_record_per_batch(producer_config(settings.kafka_bootstrap)), on_fatal=self._producer_failed
+            one_record_per_batch(producer_config(settings.kafka_client)), on_fatal=self._producer_failed
         )
         #: why the router cannot go on (a fatal Kafka producer error): /health fails, run() exits 1
         self.failed: str | None = None
         self.failed_event = asyncio.Event()
         self.bridge = UplinkBridge(settings, self.producer, self.metrics, self.producer_alone)
         self.desired_table = KafkaTable(
-            settings.kafka_bootstrap, DESIRED_TOPIC, self.producer, settings.router_id
+            settings.kafka_client, DESIRED_TOPIC, self.producer, settings.router_id
         )
-        self.parked_table = KafkaTable(
-            settings.kafka_bootstrap, PARKED_TOPIC, self.producer, settings.router_id
-        )
+        self.parked_table = KafkaTable(settings.kafka_client, PARKED_TOPIC, self.producer, settings.router_id)
         self.presence_table = KafkaTable(
-            settings.kafka_bootstrap, PRESENCE_TOPIC, self.producer, settings.router_id
+            settings.kafka_client, PRESENCE_TOPIC, self.producer, settings.router_id
         )
         self.downlink = Downlink(
             settings,
@@ -92,10 +90,20 @@ class Router(Lifecycle):
             PresenceStore(self.presence_table),
             outcomes=CommandOutcomes(self.producer, self.metrics, settings),
         )
+        #: the settings of the config file (SIGHUP replaces them); `settings` adds the regions
+        #: registered in the backend to their gateways
+        self.configured = settings
         bm = settings.backend_management
+        backend_admin = RabbitAdmin(bm.management_urls, bm.user, bm.password) if bm else None
+        #: the regions registered in the backend, followed (router/region_watch.py)
+        self.region_watch = (
+            RegionWatch(backend_admin, settings.regions_poll_s, self._apply_regions, self.metrics)
+            if backend_admin is not None and settings.regions_poll_s > 0
+            else None
+        )
         #: the leader's watch over the federation links (router/link_keeper.py)
         self.link_keeper = LinkKeeper(
-            RabbitAdmin(bm.management_urls, bm.user, bm.password) if bm else None,
+            backend_admin,
             lambda: self.downlink.gateways.clients,
             settings.link_repair_after_s,
             self.metrics,
@@ -121,13 +129,13 @@ class Router(Lifecycle):
             await loop.run_in_executor(
                 None,
                 lambda: ensure_topics(
-                    s.kafka_bootstrap, topics, s.kafka_partitions, s.kafka_replication, timeout=20
+                    s.kafka_client, topics, s.kafka_partitions, s.kafka_replication, timeout=20
                 ),
             )
             await loop.run_in_executor(
                 None,
                 lambda: ensure_topics(
-                    s.kafka_bootstrap,
+                    s.kafka_client,
                     [DESIRED_TOPIC, PARKED_TOPIC, PRESENCE_TOPIC],
                     1,
                     s.kafka_replication,
@@ -138,7 +146,7 @@ class Router(Lifecycle):
             await loop.run_in_executor(
                 None,
                 lambda: ensure_topics(
-                    s.kafka_bootstrap, [OUTCOMES_TOPIC], s.kafka_partitions, s.kafka_replication, timeout=20
+                    s.kafka_client, [OUTCOMES_TOPIC], s.kafka_partitions, s.kafka_replication, timeout=20
                 ),
             )
         except KafkaUnavailable as e:
@@ -157,6 +165,9 @@ class Router(Lifecycle):
             raise StartupError(
                 f"backend AMQP at {', '.join(_redact(u) for u in s.amqp_urls)} unreachable: {e}"
             ) from e
+        if self.region_watch is not None:
+            # before presence is rebuilt: it asks every region's gateways
+            await self.region_watch.start()
         if s.metrics_port:
             self.http = HttpEndpoint(
                 s.metrics_host,
@@ -164,6 +175,9 @@ class Router(Lifecycle):
                 {
                     "/metrics": lambda q: (200, "text/plain; version=0.0.4", self.metrics.render()),
                     "/presence": self._presence_json,
+                    "/regions": lambda q: json_response(
+                        {"regions": self.settings.regions, "configured": self.configured.regions}
+                    ),
                     "/health": self.health,
                 },
             )
@@ -200,17 +214,28 @@ class Router(Lifecycle):
         await self.downlink.stand_by()
 
     def reload(self, settings: RouterSettings) -> None:
-        """Take a new set of gateways (regions) without a restart; other settings need one."""
+        """Take a new config's set of gateways (regions) without a restart; other settings
+        need one."""
+        self.configured = settings
+        self._apply_regions()
+
+    def _apply_regions(self) -> None:
+        """Route, broadcast and rebuild with the config's regions and the registered ones."""
+        registered = self.region_watch.registered if self.region_watch is not None else None
+        settings = dataclasses.replace(
+            self.configured, gateways=merged(self.configured.gateways, registered or ())
+        )
         before = set(self.settings.regions)
         self.settings = settings
         self.downlink.set_gateways(settings)
         after = set(settings.regions)
-        log.info(
-            "reloaded: regions %s (added %s, removed %s)",
-            sorted(after),
-            sorted(after - before),
-            sorted(before - after),
-        )
+        if before != after:
+            log.info(
+                "regions %s (added %s, removed %s)",
+                sorted(after),
+                sorted(after - before),
+                sorted(before - after),
+            )
 
     def _presence_json(self, query: str) -> tuple[int, str, str]:
         device = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("device")
@@ -256,6 +281,8 @@ class Router(Lifecycle):
         # uplink first: its deliveries are held from now on, and what is in flight drains
         await self.bridge.stop_intake()
         await self.link_keeper.stand_by()
+        if self.region_watch is not None:
+            await self.region_watch.stop()
         await self.downlink.stop()
         # the next router leads from here (what this one had not acked goes to it)
         await self.leadership.stop()

@@ -33,39 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from backend import contract as c
-from backend.errors import FedgateError
+from backend.kafka_security import KafkaSecurity, KafkaSecurityError
 from backend.settings_layers import coerce, read_layers
+from router.access import (
+    GatewayAccess,
+    ManagementAccess,
+    RouterSettingsError,
+    parse_gateways,
+    parse_management,
+)
 from router.topics import DEFAULT_RULES, Rule, RuleError, kafka_topics, parse_rules
-
-
-class RouterSettingsError(FedgateError, ValueError):
-    pass
-
-
-def _urls(value: object) -> tuple[str, ...]:
-    """A management_url: one URL, or a list of the cluster nodes' URLs."""
-    urls = (value,) if isinstance(value, str) else tuple(value)  # type: ignore[arg-type]
-    if not urls or not all(isinstance(u, str) and u for u in urls):
-        raise ValueError(f"not a URL or a list of URLs: {value!r}")
-    return urls
-
-
-@dataclass(frozen=True)
-class GatewayAccess:
-    region: str
-    #: the management API of every node of the region's gateway cluster (any one answers for all)
-    management_urls: tuple[str, ...]
-    user: str
-    password: str
-
-
-@dataclass(frozen=True)
-class ManagementAccess:
-    """A cluster's management API: every node's URL (any one answers for all)."""
-
-    management_urls: tuple[str, ...]
-    user: str
-    password: str
 
 
 @dataclass(frozen=True)
@@ -74,6 +51,18 @@ class RouterSettings:
         metadata={"doc": "AMQP URL of the backend (the router's own user).", "wiring": True}
     )
     kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers.", "wiring": True})
+    # how the router's Kafka clients authenticate (backend/kafka_security.py)
+    kafka_security_protocol: str = field(
+        default="PLAINTEXT", metadata={"doc": "PLAINTEXT, SSL or SASL_SSL (MSK: SASL_SSL).", "wiring": True}
+    )
+    kafka_sasl_mechanism: str = field(
+        default="SCRAM-SHA-512", metadata={"doc": "SCRAM-SHA-512 or SCRAM-SHA-256.", "wiring": True}
+    )
+    kafka_sasl_username: str = field(default="", metadata={"doc": "SCRAM user.", "wiring": True})
+    kafka_sasl_password: str = field(default="", metadata={"doc": "SCRAM password.", "wiring": True})
+    kafka_ca_file: str = field(
+        default="", metadata={"doc": "PEM CA of the brokers (empty: the system's).", "wiring": True}
+    )
     amqp_failover_urls: tuple[str, ...] = field(
         default=(),
         metadata={
@@ -135,6 +124,14 @@ class RouterSettings:
             "doc": "A federation link absent from its cluster this long gets its policy applied anew, "
             "which starts it (RabbitMQ 4.0 can lose a link when its node dies after another restarted; "
             "router/link_keeper.py).  0: never."
+        },
+    )
+    regions_poll_s: float = field(
+        default=5.0,
+        metadata={
+            "doc": "How often the router reads the regions registered in the backend (needs "
+            "backend_management; router/region_watch.py): a region joining or leaving reaches it "
+            "within this.  0: only the config's [gateways]."
         },
     )
     max_payload_bytes: int = field(
@@ -213,6 +210,15 @@ class RouterSettings:
         return kafka_topics(self.rules, self.unmatched_topic, self.deadletter_topic)
 
     @property
+    def kafka_security(self) -> KafkaSecurity:
+        return KafkaSecurity.of(self)
+
+    @property
+    def kafka_client(self) -> dict[str, str]:
+        """What every Kafka client of the router starts from: where Kafka is, how to log in."""
+        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security.librdkafka()}
+
+    @property
     def amqp_urls(self) -> tuple[str, ...]:
         """Every backend node's AMQP URL, amqp_url first."""
         return (self.amqp_url, *self.amqp_failover_urls)
@@ -226,6 +232,10 @@ class RouterSettings:
                 raise RouterSettingsError(f"{name}: must start with amqp:// or amqps://, got {url!r}")
         if not self.kafka_bootstrap:
             raise RouterSettingsError("kafka_bootstrap: missing")
+        try:
+            self.kafka_security.validate()
+        except KafkaSecurityError as e:
+            raise RouterSettingsError(str(e)) from e
         if self.unknown_device not in ("broadcast", "park"):
             raise RouterSettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
         if not 0 <= self.router_index < self.router_count:
@@ -255,11 +265,10 @@ class RouterSettings:
             )
         if not 0 <= self.metrics_port <= 65535:
             raise RouterSettingsError(f"metrics_port: {self.metrics_port} is not a TCP port")
-        for g in self.gateways:
-            try:
-                c.validate_region(g.region)
-            except c.InvalidRegionError as e:
-                raise RouterSettingsError(f"gateways: {e}") from e
+        if self.regions_poll_s < 0:
+            raise RouterSettingsError(
+                f"regions_poll_s: must be 0 (off) or positive, got {self.regions_poll_s}"
+            )
         return self
 
 
@@ -335,31 +344,9 @@ def _settings(values: dict[str, Any]) -> RouterSettings:
     except (TypeError, AttributeError) as e:
         raise RouterSettingsError(f"rules: a list of tables with pattern, topic and key ({e})") from e
     if "gateways" in values:
-        gws = values["gateways"]
-        try:
-            values["gateways"] = tuple(
-                GatewayAccess(
-                    region,
-                    _urls(g["management_url"]),
-                    g.get("user", c.ADMIN_USER),
-                    g.get("password", ""),
-                )
-                for region, g in gws.items()
-            )
-        except (KeyError, AttributeError, TypeError, ValueError) as e:
-            raise RouterSettingsError(
-                f"gateways: each needs management_url, a URL or a list of its nodes' ({e})"
-            ) from e
+        values["gateways"] = parse_gateways(values["gateways"])
     if "backend_management" in values:
-        b = values["backend_management"]
-        try:
-            values["backend_management"] = ManagementAccess(
-                _urls(b["management_url"]), b.get("user", c.ADMIN_USER), b.get("password", "")
-            )
-        except (KeyError, AttributeError, TypeError, ValueError) as e:
-            raise RouterSettingsError(
-                f"backend_management: needs management_url, a URL or a list of the nodes' ({e})"
-            ) from e
+        values["backend_management"] = parse_management(values["backend_management"])
     for key, kind in known.items():
         if key in values and kind in ("int", "float", "bool", "tuple[str, ...]"):
             values[key] = coerce(key, kind, values[key], RouterSettingsError)

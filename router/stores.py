@@ -37,7 +37,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from router.kafka import AsyncProducer
+from router.kafka import AsyncProducer, KafkaClient, client_config
 from router.lifecycle import Lifecycle
 from router.presence import Session
 
@@ -91,7 +91,7 @@ SEP = "\x00"
 class KafkaTable(Lifecycle):
     """An in-memory dict mirrored from a compacted topic, written through Kafka."""
 
-    def __init__(self, bootstrap: str, topic: str, producer: AsyncProducer, name: str):
+    def __init__(self, client: KafkaClient, topic: str, producer: AsyncProducer, name: str):
         super().__init__()
         self.topic = topic
         self.producer = producer
@@ -102,7 +102,7 @@ class KafkaTable(Lifecycle):
         self._stop_tailing = threading.Event()
         self._consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **client_config(client),
                 "group.id": f"fedgate-{name}-{uuid.uuid4().hex[:8]}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",

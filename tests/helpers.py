@@ -7,7 +7,7 @@ import time
 import urllib.request
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import Message, Producer
 
 from backend import contract as c
 from backend.kafka_read import Match, read_records
@@ -133,3 +133,49 @@ def record_counts(**counts: Any) -> None:
 
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
     CHAOS_COUNTS.append((test, counts))
+
+
+def produce_bridge_records(
+    bootstrap: str,
+    records: list[tuple[str, bytes]],
+    *,
+    with_id: bool = True,
+    timestamp_ms: int = 0,
+    region: str = "local-eu",
+    partition: int = -1,
+    kafka_topic: str = "telemetry.telemetry",
+) -> None:
+    """Records as the bridge writes them: (device, payload) into `kafka_topic` (into
+    `partition`, if one is given); a `timestamp_ms` counts only on a topic that keeps
+    producers' times (producer_timestamps)."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for dev, payload in records:
+        topic = c.device_telemetry_topic(dev)
+        headers = [
+            (c.KAFKA_REGION_HEADER, region.encode()),
+            (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
+            (c.KAFKA_DEVICE_HEADER, dev.encode()),
+            (c.KAFKA_RECEIVED_AT_HEADER, str(int(time.time() * 1000)).encode()),
+        ]
+        if with_id:
+            headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(topic, payload).encode()))
+        p.produce(
+            kafka_topic,
+            payload,
+            dev.encode(),
+            headers=headers,
+            timestamp=timestamp_ms,
+            partition=partition,
+        )
+        p.poll(0)
+    assert p.flush(30) == 0, "Kafka did not confirm every record"
+
+
+def sasl_security(federation):  # type: ignore[no-untyped-def]
+    """How a client logs in at the federation's Kafka SASL_SSL listener (every broker's is the
+    same user and CA)."""
+    from infra.local.services import KafkaNode
+
+    (security,) = {n.sasl_security() for n in federation.nodes() if isinstance(n, KafkaNode)}
+    assert security is not None, "the test federation runs with tls, hence the SASL_SSL listener"
+    return security

@@ -63,7 +63,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
 def router_config(
     settings: LocalSettings, secrets: dict[str, Any], nodes: list[Node], router: Node
 ) -> dict[str, Any]:
-    """What router.toml holds: where the backend, Kafka and the gateways' management APIs are."""
+    """What router.toml holds: where the backend and Kafka are."""
     sec = secrets
     host = settings.host
     backends = region_nodes((n.spec for n in nodes), ROLE_BACKEND)
@@ -89,13 +89,20 @@ def router_config(
             "user": c.ADMIN_USER,
             "password": sec["admin"],
         },
-        "gateways": {
-            region: {
-                # every node of the region's cluster: the router asks the next when one is down
-                "management_url": [f"http://{host}:{s.ports['management']}" for s in members],
-                "user": c.ADMIN_USER,
-                "password": sec["admin"],
-            }
-            for region, members in gateway_clusters(n.spec for n in nodes).items()
-        },
+        # no [gateways]: the routers read the regions registered in the backend
+        # (router/region_watch.py), which the wiring keeps (gateway_tables)
+    }
+
+
+def gateway_tables(settings: LocalSettings, secrets: dict[str, Any], nodes: list[Node]) -> dict[str, Any]:
+    """Each region's `[gateways.<region>]` table, as the backend's region registry holds it
+    (backend/region_registry.py)."""
+    return {
+        region: {
+            # every node of the region's cluster: the router asks the next when one is down
+            "management_url": [f"http://{settings.host}:{s.ports['management']}" for s in members],
+            "user": c.ADMIN_USER,
+            "password": secrets["admin"],
+        }
+        for region, members in gateway_clusters(n.spec for n in nodes).items()
     }

@@ -309,17 +309,13 @@ class LocalFederation:
         """Start a gateway for `region` and join it to the running federation.
 
         Nothing else restarts: the backend gets the region's upstream and
-        downlink exchange, the routers re-read their config (SIGHUP).
+        downlink exchange and registers it; the routers read it from there.
         """
         return self.region_changes.add(region)
 
     def remove_region(self, region: str) -> None:
         """Stop a region's gateway and remove every trace of it from the federation."""
         self.region_changes.remove(region)
-
-    def reload_routers(self, nodes: list[Node]) -> None:
-        """Re-render every running router's config and make it re-read it (SIGHUP)."""
-        self.region_changes.reload_routers(nodes)
 
     # --- devices (devices.py) ---------------------------------------------------------------
 

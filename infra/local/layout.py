@@ -38,7 +38,8 @@ ROLE_DNS = "dns"
 
 #: Offsets of each node's ports from port_base.
 EPMD_OFFSET = 0
-KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11}
+#: `sasl`: the SASL_SSL (SCRAM) listener beside the plaintext one (with tls, infra/local/services.py)
+KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11, "sasl": 12}
 BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23, "amqps": 24}
 GATEWAY_BASE_OFFSET = 100
 GATEWAY_STRIDE = 10
@@ -46,7 +47,7 @@ GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus
 
 #: Kafka brokers after the first ("kafka-2", ...): KAFKA_OFFSETS moved by this much per broker.
 KAFKA_EXTRA_OFFSET = 50
-KAFKA_EXTRA_STRIDE = 2
+KAFKA_EXTRA_STRIDE = 3
 #: Backend nodes after the first ("backend-2", ...): BACKEND_OFFSETS moved by this much per node.
 BACKEND_EXTRA_OFFSET = 60
 BACKEND_EXTRA_STRIDE = 5
@@ -341,7 +342,7 @@ class StateFiles:
     def secrets(self, regions: Iterable[str]) -> dict[str, Any]:
         """Generated credentials, created once per state dir (one per gateway of `regions`)."""
         return SecretsFile(self.secrets_file).ensure(
-            ("admin", "backend_link", "router", "erlang_cookie"),
+            ("admin", "backend_link", "router", "erlang_cookie", "kafka_client"),
             {"gateways": regions},
         )
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -100,6 +99,11 @@ class Node:
         return self.settings.state_dir / "nodes" / self.name
 
     @property
+    def local_ca(self) -> LocalCA:
+        """The federation's CA (state/tls), which signs its nodes' certificates."""
+        return LocalCA(StateFiles(self.settings.state_dir).tls_dir)
+
+    @property
     def pid_file(self) -> Path:
         return self.dir / "pid"
 
@@ -137,14 +141,20 @@ class Node:
 
     # --- lifecycle -------------------------------------------------------------
 
-    def preflight(self) -> None:
-        """Raise NodeError if the node cannot start (missing binary, port taken)."""
+    def taken_port(self) -> str | None:
+        """The first of the node's ports that something holds, described; None: all free."""
         for port_name, port in self.spec.ports.items():
             if port_in_use(address := self.spec.bind_address(port_name, self.host), port):
-                raise NodeError(
-                    f"{self.name}: port {port} ({port_name}) on {address} is already in use; "
-                    "choose other ports with FEDGATE_PORT_BASE or [ports] in fedgate.toml"
-                )
+                return f"port {port} ({port_name}) on {address}"
+        return None
+
+    def preflight(self) -> None:
+        """Raise NodeError if the node cannot start (missing binary, port taken)."""
+        if taken := self.taken_port():
+            raise NodeError(
+                f"{self.name}: {taken} is already in use; "
+                "choose other ports with FEDGATE_PORT_BASE or [ports] in fedgate.toml"
+            )
 
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
         raise NotImplementedError
@@ -191,11 +201,15 @@ class Node:
         return 0
 
     def kill(self) -> None:
-        """SIGKILL every process of the node at once, as a crash of its host would (chaos tests)."""
-        processes.signal_pids(processes.marked_pids(self.marker), signal.SIGKILL)
-        pid = self.pid()
-        if pid is not None:
+        """SIGKILL every process of the node at once, as a crash of its host would (chaos
+        tests); returns once its ports are free for a restart (a killed JVM's zombie shows
+        while its threads still exit, and hold its sockets), 30 s at most."""
+        processes.kill_marked(self.marker)
+        if (pid := self.pid()) is not None:
             processes.forget(pid)
+        deadline = time.monotonic() + 30
+        while self.taken_port() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def stop(self, grace: float = 30.0) -> list[int]:
         """SIGTERM, then SIGKILL after `grace`; returns the pids that had to be killed."""
@@ -265,22 +279,6 @@ def check_runtime(settings: LocalSettings, who: str) -> None:
         runtime_of(settings).check(who)
     except BrokerRuntimeError as e:
         raise NodeError(str(e)) from e
-
-
-class EpmdNode(Node):
-    """Erlang's port mapper, from the same release as the RabbitMQ nodes that register with it."""
-
-    def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        runtime = runtime_of(self.settings)
-        args = ["-port", str(self.spec.ports["epmd"]), "-address", self.host]
-        return runtime.command(runtime.epmd, args, shared=[]), self.base_env(), None
-
-    def preflight(self) -> None:
-        check_runtime(self.settings, self.name)
-        super().preflight()
-
-    def ready(self) -> bool:
-        return port_open(self.host, self.spec.ports["epmd"])
 
 
 def erlang_node_name(node: str) -> str:
@@ -354,7 +352,7 @@ class RabbitNode(Node):
         (self.dir / "rabbitmq.conf").write_text(config.rabbitmq_conf())
         if self.settings.tls:
             also = (self.spec.address, f"mqtt.{self.settings.dns_domain}") if self.spec.address else ()
-            cert = LocalCA(self.settings.state_dir / "tls").node_cert(self.name, self.host, *also)
+            cert = self.local_ca.node_cert(self.name, self.host, *also)
             with open(self.dir / "rabbitmq.conf", "a") as conf:
                 mqtts = (self.spec.bind_address("mqtts", self.host), p["mqtts"]) if "mqtts" in p else None
                 conf.write(tls_listeners_conf(self.host, cert, p["amqps"], mqtts))

@@ -170,6 +170,17 @@ def stop_marked(prefix: str, *, primary: Sequence[int] = (), grace: float = 30.0
     return stragglers
 
 
+def kill_marked(prefix: str, wait: float = 10.0) -> None:
+    """SIGKILL every process carrying `prefix` at once; return once they are gone (a JVM
+    with a large heap takes a moment to exit, and holds its ports until it has), or after
+    `wait` seconds."""
+    signal_pids(marked_pids(prefix), signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while marked_pids(prefix) and time.monotonic() < deadline:
+        _reap_children()
+        time.sleep(0.05)
+
+
 def _reap_children() -> None:
     """Collect exit statuses of our node children so they do not linger as zombies."""
     for proc in list(_CHILDREN.values()):

@@ -2,8 +2,10 @@
 
 A region joins with its own gateway (one node, or a cluster of three in the ha
 profile); nothing else restarts.  The
-backend gets the region's upstream and downlink exchange (re-wiring), and the
-routers re-read their config (SIGHUP).  Removing is the reverse, in the order
+backend gets the region's upstream and downlink exchange and registers the
+region (re-wiring); the routers read the registry every few seconds
+(router/region_watch.py), and the driver waits until each has the region
+before DNS sends devices there.  Removing is the reverse, in the order
 RabbitMQ 3.10 needs.  Apart from booting because it changes a federation that
 is already up, and keeps federation.json, secrets.json and the façade's
 settings in step while it does.
@@ -12,9 +14,7 @@ settings in step while it does.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -65,7 +65,7 @@ class RegionChanges:
         try:
             start_and_wait(members, started, boot_timeout=fed.settings.boot_timeout, progress=fed.progress)
             fed.wire(nodes)
-            self.reload_routers(nodes)
+            self.wait_for_routers(nodes)
             self.reload_dns(nodes)
         except (NodeError, AdminError, TimeoutError) as e:
             fed.progress(f"error: {e}; removing {region} again")
@@ -99,11 +99,12 @@ class RegionChanges:
         backend = fed.backend()
         if backend.is_running():
             # The reverse of joining: the upstream sets drop the region first (RabbitMQ
-            # stops its links), the routers stop sending there, and only then do its
-            # upstream and exchange go.  Deleting the upstream while a set still named
-            # it made RabbitMQ 3.10 fail the next set update (HTTP 500, link not_found).
+            # stops its links) and the registry forgets it, the routers stop sending there,
+            # and only then do its upstream and exchange go.  Deleting the upstream while a
+            # set still named it made RabbitMQ 3.10 fail the next set update (HTTP 500,
+            # link not_found).
             fed.wire(fed.nodes())
-            self.reload_routers(fed.nodes())
+            self.wait_for_routers(fed.nodes())
             backend.admin().remove_gateway(region, c.gateway_upstream_name(region))
         fed.progress(f"region {region} removed")
 
@@ -124,14 +125,23 @@ class RegionChanges:
                 n.reload(serial=int(time.time()))
                 self.fed.progress(f"{n.name} answers for {', '.join(self.fed.settings.regions)}")
 
-    def reload_routers(self, nodes: list[Node]) -> None:
-        """Re-render every running router's config and make it re-read it (SIGHUP)."""
+    #: How long the routers have to read a change of the registry (their regions_poll_s is
+    #: 5 s by default).
+    ROUTERS_TIMEOUT_S = 60.0
+
+    def wait_for_routers(self, nodes: list[Node]) -> None:
+        """Until every running router routes to exactly the federation's regions (its
+        /regions), which it reads from the backend's registry by itself."""
         fed = self.fed
+        want = sorted(fed.settings.regions)
         for r in nodes:
-            if isinstance(r, RouterNode) and r.is_running():
-                r.config = fed.router_config(nodes, r)
-                r.prepare()
-                pid = r.pid()
-                if pid is not None:
-                    os.kill(pid, signal.SIGHUP)
-                    fed.progress(f"{r.name} reloads its gateways")
+            if not (isinstance(r, RouterNode) and r.is_running()):
+                continue
+            deadline = time.monotonic() + self.ROUTERS_TIMEOUT_S
+            while (have := r.regions()) != want:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{r.name} routes to {have}, not {want}, after {self.ROUTERS_TIMEOUT_S:g}s"
+                    )
+                time.sleep(0.5)
+            fed.progress(f"{r.name} routes to {', '.join(want)}")

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from backend.kafka_security import KafkaSecurity
 from infra.local.dns_node import DnsNode
 from infra.local.layout import (
     ROLE_BACKEND,
@@ -32,9 +33,37 @@ from infra.local.layout import (
     StateFiles,
     kafka_broker_id,
 )
-from infra.local.nodes import EpmdNode, Node, NodeError, RabbitNode, port_open, render
+from infra.local.nodes import (
+    Node,
+    NodeError,
+    RabbitNode,
+    check_runtime,
+    port_open,
+    render,
+    runtime_of,
+)
 from infra.local.settings import PROJECT_ROOT
 from infra.local.toml_out import to_toml, toml_lines
+
+#: The SCRAM user and mechanism of the local Kafka's SASL_SSL listener (KafkaNode.sasl_listener).
+KAFKA_CLIENT_USER = "fedgate-client"
+KAFKA_SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+class EpmdNode(Node):
+    """Erlang's port mapper, from the same release as the RabbitMQ nodes that register with it."""
+
+    def command(self) -> tuple[list[str], dict[str, str], int | None]:
+        runtime = runtime_of(self.settings)
+        args = ["-port", str(self.spec.ports["epmd"]), "-address", self.host]
+        return runtime.command(runtime.epmd, args, shared=[]), self.base_env(), None
+
+    def preflight(self) -> None:
+        check_runtime(self.settings, self.name)
+        super().preflight()
+
+    def ready(self) -> bool:
+        return port_open(self.host, self.spec.ports["epmd"])
 
 
 class KafkaNode(Node):
@@ -84,6 +113,7 @@ class KafkaNode(Node):
             # a federation recorded with fewer brokers than the settings say keeps its own count
             replication=min(s.kafka_replication, len(brokers)),
             min_insync=min(s.kafka_min_insync, len(brokers)),
+            **self.sasl_listener(),
         )
         render(
             tdir / "kafka-log4j2.properties",
@@ -102,6 +132,15 @@ class KafkaNode(Node):
                     cluster_id,
                     "-c",
                     str(self.dir / "server.properties"),
+                    # the SASL_SSL listener's user, in the cluster's metadata from the start
+                    *(
+                        [
+                            "--add-scram",
+                            f"{KAFKA_SCRAM_MECHANISM}=[name={KAFKA_CLIENT_USER},password={self.secrets['kafka_client']}]",
+                        ]
+                        if s.tls
+                        else []
+                    ),
                 ],
                 env={**self.base_env(), "FEDGATE_NODE_ID": self.marker},
                 capture_output=True,
@@ -113,6 +152,30 @@ class KafkaNode(Node):
                 raise NodeError(
                     f"{self.name}: formatting the KRaft storage failed; see {self.dir / 'format.log'}"
                 )
+
+    def sasl_listener(self) -> dict[str, str]:
+        """With tls: a SASL_SSL listener (SCRAM, what MSK offers) beside the plaintext one, its
+        certificate from the local CA; the federation's own clients stay on plaintext."""
+        if not self.settings.tls:
+            return {"sasl_listener": "", "sasl_config": ""}
+        cert = self.local_ca.node_cert(self.name, self.host)
+        keystore = self.dir / "sasl-keystore.pem"  # Kafka's PEM keystore: the key, then the chain
+        keystore.write_text(cert.key.read_text() + cert.cert.read_text())
+        keystore.chmod(0o600)
+        return {
+            "sasl_listener": f",SASL_SSL://{self.sasl_bootstrap}",
+            "sasl_config": "\n".join(
+                [
+                    "# The SASL_SSL listener: SCRAM users over TLS (created at format, fedgate's",
+                    "# kafka_client secret); no authorizer, so a user may do what a plaintext client may.",
+                    f"sasl.enabled.mechanisms={KAFKA_SCRAM_MECHANISM}",
+                    f"listener.name.sasl_ssl.{KAFKA_SCRAM_MECHANISM.lower()}.sasl.jaas.config="
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                    "ssl.keystore.type=PEM",
+                    f"ssl.keystore.location={keystore}",
+                ]
+            ),
+        }
 
     def java_prefix(self) -> list[str]:
         return [
@@ -149,6 +212,23 @@ class KafkaNode(Node):
     def bootstrap(self) -> str:
         return f"{self.host}:{self.spec.ports['bootstrap']}"
 
+    @property
+    def sasl_bootstrap(self) -> str:
+        """Where the SASL_SSL listener is ("": no tls, no such listener)."""
+        return f"{self.host}:{self.spec.ports['sasl']}" if self.settings.tls else ""
+
+    def sasl_security(self) -> KafkaSecurity | None:
+        """How a client logs in at the SASL_SSL listener (None: no tls, no such listener)."""
+        if not self.settings.tls:
+            return None
+        return KafkaSecurity(
+            "SASL_SSL",
+            KAFKA_SCRAM_MECHANISM,
+            KAFKA_CLIENT_USER,
+            self.secrets["kafka_client"],
+            str(self.local_ca.ca_cert),
+        )
+
 
 class RouterNode(Node):
     """The router service (python -m router), configured by a rendered router.toml."""
@@ -184,6 +264,14 @@ class RouterNode(Node):
         env["PYTHONPATH"] = str(PROJECT_ROOT)
         env["PYTHONUNBUFFERED"] = "1"
         return [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")], env, 65536
+
+    def regions(self) -> list[str] | None:
+        """The regions the router routes to (its /regions); None while it does not answer."""
+        try:
+            with urllib.request.urlopen(self.metrics_url + "/regions", timeout=3) as r:
+                return sorted(json.loads(r.read())["regions"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def metrics(self) -> dict[str, float]:
         """The router's Prometheus metrics, summed over labels."""

@@ -256,8 +256,21 @@ class LocalSettings:
         metadata={"doc": "Its password (empty: the admin password in cloud_state_dir/secrets.json)."},
     )
     cloud_node_count: int = field(
-        default=2,
-        metadata={"doc": "Gateway nodes per cloud region (cost knob)."},
+        default=3,
+        metadata={"doc": "Gateway nodes per cloud region: 3 or more (a majority survives one lost node)."},
+    )
+    cloud_state_bucket: str = field(
+        default="",
+        metadata={"doc": "S3 bucket of every region's Terraform state (empty: each region's folder)."},
+    )
+    cloud_state_region: str = field(
+        default="", metadata={"doc": "AWS region of that bucket and lock table (empty: AWS_REGION)."}
+    )
+    cloud_state_key_prefix: str = field(
+        default="fedgate", metadata={"doc": "A region's state is <prefix>/<region>/terraform.tfstate."}
+    )
+    cloud_state_lock_table: str = field(
+        default="", metadata={"doc": "DynamoDB table locking the state (empty: a lock object in the bucket)."}
     )
     cloud_instance_type: str = field(
         default="t3.small",

@@ -70,8 +70,8 @@ def check_settings(self: LocalSettings) -> LocalSettings:
                 raise SettingsError(f"{name}: {cidr!r} is not a CIDR block") from e
     if not 1 <= self.cloud_backend_amqp_port <= 65535:
         raise SettingsError(f"cloud_backend_amqp_port: {self.cloud_backend_amqp_port} is not a TCP port")
-    if self.cloud_node_count < 1:
-        raise SettingsError("cloud_node_count: at least 1")
+    if self.cloud_node_count < 3:
+        raise SettingsError("cloud_node_count: at least 3 (a majority of the cluster survives one lost node)")
     block = self.address_block.split(".")
     if len(block) != 2 or block[0] != "127" or not (block[1].isdigit() and 0 <= int(block[1]) <= 255):
         raise SettingsError(f"gateway_addresses: 127.X with X in 0..255, got {self.gateway_addresses!r}")

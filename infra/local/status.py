@@ -221,7 +221,13 @@ def endpoints(
             }
             for region, members in gateway_clusters(n.spec for n in nodes).items()
         },
-        "kafka": {"bootstrap": kafka_bootstrap(nodes)},
+        "kafka": {
+            "bootstrap": kafka_bootstrap(nodes),
+            # with tls: SASL_SSL, the SCRAM user fedgate-client (secrets.json's kafka_client)
+            "sasl_bootstrap": ",".join(
+                n.sasl_bootstrap for n in nodes if isinstance(n, KafkaNode) and n.sasl_bootstrap
+            ),
+        },
         # where devices resolve their gateway (infra/local/dns_node.py)
         "dns": next(
             (

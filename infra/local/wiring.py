@@ -15,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from backend import region_registry
 from backend.devices import device_users
 from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry
+from infra.local import configs
 from infra.local.layout import BACKEND_NODE, ROLE_BACKEND, ROLE_GATEWAY, gateway_clusters, region_nodes
 from infra.local.nodes import Node, RabbitNode, erlang_node_name
 from infra.local.settings import LocalSettings
@@ -93,6 +95,8 @@ def wire(
             uplink_shards=settings.uplink_shards,
         )
     )
+    # what the routers learn the regions from, at run time (router/region_watch.py)
+    region_registry.sync(backend.admin(), configs.gateway_tables(settings, sec, nodes))
     progress("federation wired; waiting for links")
     wait_for_links(nodes, timeout=60)
 

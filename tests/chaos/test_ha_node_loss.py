@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -40,12 +41,24 @@ from tests.helpers import DeviceCredentials, _metrics, device, leader_url, recor
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.kafka]
 
 HA_PORT_BASE = TEST_PORT_BASE + 2000
+#: Seconds between one device's readings.  The HA federation is 16 processes on two cores,
+#: each reading replicated three times in RabbitMQ and in Kafka: at full speed (0.01) the
+#: machine is saturated and a SIGKILLed JVM took over 90 s to boot again on CI.  The claims
+#: here are about faults, not throughput: ~100 readings/s are in flight at every kill.
+HA_PUBLISH_INTERVAL = 0.04
+#: A node restarted after SIGKILL recovers its logs (Kafka) or its quorum members (RabbitMQ)
+#: under the devices' load: more than a clean boot's 90 s on a slow machine.
+HA_BOOT_TIMEOUT_S = 180.0
 
 
 @pytest.fixture(scope="module")
 def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     fed = make_federation(
-        tmp_path_factory.mktemp("ha-federation"), HA_PORT_BASE, profile="ha", router=ROUTER_TABLE
+        tmp_path_factory.mktemp("ha-federation"),
+        HA_PORT_BASE,
+        profile="ha",
+        router=ROUTER_TABLE,
+        boot_timeout=HA_BOOT_TIMEOUT_S,
     )
     try:
         fed.up()
@@ -137,7 +150,10 @@ def test_a_kafka_broker_killed_while_devices_publish_loses_nothing(ha_federation
     leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
     victim_id = max(set(leaders.values()), key=list(leaders.values()).count)
     victim = next(n for n in fed.nodes() if n.spec.role == "kafka" and kafka_broker_id(n.name) == victim_id)
-    with KafkaWrites(ep) as writes, Fleet.on_both_gateways(ep, f"hak-{uid}", per_region=2) as fleet:
+    with (
+        KafkaWrites(ep) as writes,
+        Fleet.on_both_gateways(ep, f"hak-{uid}", per_region=2, interval=HA_PUBLISH_INTERVAL) as fleet,
+    ):
         time.sleep(2.0)
         pid = victim.pid()
         assert pid is not None
@@ -226,7 +242,7 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
             wait_present(ep, d.device_id, r)
         with (
             KafkaWrites(ep) as writes,
-            Fleet.on_both_gateways(ep, f"hab-{uid}", per_region=2) as fleet,
+            Fleet.on_both_gateways(ep, f"hab-{uid}", per_region=2, interval=HA_PUBLISH_INTERVAL) as fleet,
             CommandSender(ep["backend"]["urls"], cmd_ids) as commands,
         ):
             time.sleep(2.0)
@@ -316,7 +332,7 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
             wait_present(ep, d.device_id, region)
         with (
             KafkaWrites(ep) as writes,
-            Fleet.on_both_gateways(ep, f"hag-{uid}", per_region=3) as fleet,
+            Fleet.on_both_gateways(ep, f"hag-{uid}", per_region=3, interval=HA_PUBLISH_INTERVAL) as fleet,
             CommandSender(ep["backend"]["url"], cmd_ids) as commands,
         ):
             time.sleep(2.0)
@@ -382,7 +398,10 @@ def test_the_router_bridging_most_shards_killed_the_other_takes_them_and_nothing
     most uplink shards) while devices publish QoS 1 on both gateways; keep it down 15 s; start
     it again.  The other router, standing by on every shard, takes them at once."""
     fed, ep = ha_federation, ha_endpoints
-    with KafkaWrites(ep) as writes, Fleet.on_both_gateways(ep, f"har-{uid}", per_region=3) as fleet:
+    with (
+        KafkaWrites(ep) as writes,
+        Fleet.on_both_gateways(ep, f"har-{uid}", per_region=3, interval=HA_PUBLISH_INTERVAL) as fleet,
+    ):
         time.sleep(1.0)
         before = _per_router(ep, "fedgate_router_bridged_total")
         time.sleep(2.0)
@@ -442,13 +461,13 @@ def test_one_node_of_every_engine_killed_at_once_loses_nothing(ha_federation, ha
             wait_present(ep, d.device_id, r)
         with (
             KafkaWrites(ep) as writes,
-            Fleet.on_both_gateways(ep, f"haall-{uid}", per_region=3) as fleet,
+            Fleet.on_both_gateways(ep, f"haall-{uid}", per_region=3, interval=HA_PUBLISH_INTERVAL) as fleet,
             CommandSender(ep["backend"]["urls"], cmd_ids) as commands,
         ):
             time.sleep(2.0)
             killed_at = time.monotonic()
-            for v in victims:
-                v.kill()
+            with ThreadPoolExecutor(len(victims)) as pool:  # at once: each kill waits for its exit
+                list(pool.map(lambda v: v.kill(), victims))
             acked_at_kill = fleet.total_acked
             time.sleep(15)
             acked_while_down = fleet.total_acked - acked_at_kill

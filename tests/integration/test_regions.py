@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from backend import contract as c
+from backend import region_registry
 from backend.amqp import Tap, send_command
 from fedgate.devices import SimDevice
 from fedgate.dns_resolver import device_address, resolver_for
@@ -16,9 +17,56 @@ from fedgate.resolver import Endpoint
 from infra.dns.query import DnsServer, ask_server
 from infra.local import processes
 from infra.local.driver import gateway_node_name
+from infra.local.services import RouterNode
 from tests.helpers import device, kafka_records, leader_url, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+
+def routers(federation) -> list[RouterNode]:
+    return [n for n in federation.nodes() if isinstance(n, RouterNode) and n.is_running()]
+
+
+def wait_routers_regions(federation, want: set[str], timeout: float = 20.0) -> dict[str, list[str] | None]:
+    """Until every running router routes to exactly `want`; what each routes to."""
+    deadline = time.monotonic() + timeout
+    while True:
+        have = {r.name: r.regions() for r in routers(federation)}
+        if all(set(h or ()) == want for h in have.values()) or time.monotonic() > deadline:
+            return have
+        time.sleep(0.5)
+
+
+def test_a_region_registered_in_the_backend_reaches_running_routers_and_a_malformed_one_is_skipped(
+    federation,
+):
+    """Tried: with the routers running, an operator's tooling registers a region in the
+    backend (no config file, no signal: in the cloud nothing can send one), then a malformed
+    entry, then deregisters both.  The routers follow within a poll, skip the malformed entry
+    with an error in their log, and nothing restarts."""
+    admin = federation.backend().admin()
+    before = set(region_registry.registered(admin))
+    pids = {r.name: r.pid() for r in routers(federation)}
+    assert pids, "the federation runs routers"
+    # a region whose gateways do not answer (nothing listens on port 9): its presence is kept
+    # empty, nothing is sent there while it is registered
+    extra = {"management_url": ["http://127.0.0.1:9"], "user": "fedgate-admin", "password": "x"}
+    try:
+        region_registry.register(admin, "local-zz", extra)
+        region_registry.register(admin, "local-bad", {"management_url": 42})
+        have = wait_routers_regions(federation, before | {"local-zz"})
+        assert all(set(h or ()) == before | {"local-zz"} for h in have.values()), (
+            f"every router added the registered region and skipped the malformed one: {have}"
+        )
+    finally:
+        region_registry.deregister(admin, "local-zz")
+        region_registry.deregister(admin, "local-bad")
+    have = wait_routers_regions(federation, before)
+    assert all(set(h or ()) == before for h in have.values()), f"and dropped it when deregistered: {have}"
+    assert {r.name: r.pid() for r in routers(federation)} == pids, "no router restarted"
+    for r in routers(federation):
+        log = r.log_file.read_text(errors="replace")
+        assert "registered region local-bad skipped" in log, f"{r.name} says why it skipped the entry"
 
 
 def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(federation, endpoints, uid):
@@ -29,6 +77,9 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
         assert {n.name: n.pid() for n in federation.nodes() if n.name in others} == others, (
             "nothing restarted"
         )
+        # the routers learnt it from the backend's registry, where the wiring put it
+        assert region in region_registry.registered(federation.backend().admin())
+        assert all(region in (r.regions() or []) for r in routers(federation))
         ep = {**endpoints, **federation.endpoints()}  # now with the new region's gateway
         dev_id = f"ap-{uid}"
         with Tap(ep["backend"]["url"], c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap:
@@ -55,6 +106,8 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
     assert processes.marked_pids(processes.marker(federation.state_dir, f"gw-{region}")) == []
     assert f"gw-{region}" not in {n.name for n in federation.nodes()}
     backend = federation.backend().admin()
+    assert region not in region_registry.registered(backend), "the backend's registry forgot it"
+    assert all(region not in (r.regions() or []) for r in routers(federation)), "so did the routers"
     assert c.gateway_upstream_name(region) not in {
         p["name"] for p in backend.get("parameters/federation-upstream")
     }
