@@ -42,7 +42,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ QUERY = "tables"
 def kafka_source(spark: SparkSession, s: SparkSettings) -> DataFrame:
     return (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", s.kafka_bootstrap)
+        .options(**s.kafka_options())
         .option("subscribe", ",".join(s.require_topics()))
         .option("startingOffsets", s.starting_offsets)
         .option("includeHeaders", "true")
@@ -151,12 +150,12 @@ class TelemetryJob:
         try:
             timings: dict[str, int] = {}
             # an empty frame commits nothing (Catalog.land)
-            self._landed(REJECTS, self.catalog.land, tr.reject_rows(batch), timings)
+            self._landed(REJECTS, tr.reject_rows(batch), timings)
             # copies inside one batch (a redelivery right behind its original) are one row;
             # copies across batches are kept out by the MERGE
             rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
             rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
-            if self._landed(RAW, self.catalog.land, rows, timings):
+            if self._landed(RAW, rows, timings):
                 # counted in the aggregates by run(), beside the next batches
                 self._pending_through = batch_id
             self.last_batch_ms = timings
@@ -168,16 +167,11 @@ class TelemetryJob:
         ):
             self.compact()
 
-    def _landed(
-        self,
-        table: Table,
-        commit: Callable[[Table, DataFrame], TimeSpan | None],
-        rows: DataFrame,
-        timings: dict[str, int],
-    ) -> bool:
-        """Commit `rows` to `table`, timed; note its dates for compaction.  False: no rows."""
+    def _landed(self, table: Table, rows: DataFrame, timings: dict[str, int]) -> bool:
+        """Land `rows` in `table` (Catalog.land), timed; note its dates for compaction.  False:
+        no rows."""
         t0 = time.monotonic()
-        span = commit(table, rows)
+        span = self.catalog.land(table, rows)
         self._note_dates(table, span)
         if span is not None:
             timings[table.name] = round((time.monotonic() - t0) * 1000)
@@ -238,6 +232,9 @@ class TelemetryJob:
                 "input_rows_per_s": p.get("inputRowsPerSecond"),
                 "processed_rows_per_s": p.get("processedRowsPerSecond"),
                 "batch_ms": (p.get("durationMs") or {}).get("triggerExecution"),
+                # where a batch's time went: Kafka offsets, planning, addBatch (the tables'
+                # commits), the checkpoint's writes
+                "durations_ms": p.get("durationMs") or {},
                 "commit_ms": self.last_batch_ms,
                 "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),

@@ -29,9 +29,8 @@ import zipfile
 from pathlib import Path
 
 from spark.session import spark_jars
-from spark.settings import SparkSettings
+from spark.settings import PROJECT_ROOT, SparkSettings
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: the packages the job imports (spark.settings and spark.transforms import backend's)
 PACKAGES = ("spark", "backend")
 RESOURCES = ("log4j2.properties", "fairscheduler.xml")

@@ -36,8 +36,12 @@ def open_catalog(settings: SparkSettings) -> Any:
     """pyiceberg's view of the job's catalog (named as in Spark: settings.catalog)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    # an s3a:// warehouse: pyarrow's S3 file system, credentials from AWS's usual chain
+    s3 = {"s3.endpoint": settings.s3_endpoint} if settings.s3_endpoint else {}
+    if settings.s3_region:
+        s3["s3.region"] = settings.s3_region
     return SqlCatalog(
-        settings.catalog, uri=sqlalchemy_uri(settings.catalog_jdbc_uri), warehouse=settings.warehouse
+        settings.catalog, uri=sqlalchemy_uri(settings.catalog_jdbc_uri), warehouse=settings.warehouse, **s3
     )
 
 

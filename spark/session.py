@@ -110,6 +110,29 @@ def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
     }
 
 
+def s3a_conf(settings: SparkSettings) -> dict[str, str]:
+    """Hadoop's s3a file system for an s3a:// warehouse and checkpoints (hadoop-aws and the AWS
+    SDK's S3 modules: infra/setup/spark-pom.xml).  Credentials: the SDK's own chain."""
+    if not settings.on_s3:
+        return {}
+    # (s3a:// is bound to S3AFileSystem by Hadoop's own defaults.)  The tables' commits are the
+    # catalog's (a row in a database), never a rename; the checkpoint's writes are renames,
+    # which s3a does as copy + delete: safe with the one writer a streaming query has
+    conf: dict[str, str] = {}
+    if settings.s3_endpoint:
+        conf |= {
+            "spark.hadoop.fs.s3a.endpoint": settings.s3_endpoint,
+            # stores other than AWS (MinIO, moto) serve buckets as paths, not as host names
+            "spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": str(
+                settings.s3_endpoint.startswith("https:")
+            ).lower(),
+        }
+    if settings.s3_region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.s3_region
+    return conf
+
+
 def build_session(
     settings: SparkSettings, app: str, *, kafka: bool = True, serve: bool = False
 ) -> SparkSession:
@@ -161,7 +184,7 @@ def build_session(
             .config("spark.connect.grpc.binding.port", str(settings.connect_port))
         )
     builder = builder.config("spark.jars", ",".join(spark_jars(settings, kafka=kafka)))
-    for key, value in iceberg_catalog_conf(settings).items():
+    for key, value in (iceberg_catalog_conf(settings) | s3a_conf(settings)).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

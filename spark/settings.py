@@ -27,6 +27,7 @@ from typing import Any
 
 from backend import contract as c
 from backend.errors import FedgateError
+from backend.kafka_security import KafkaSecurity, KafkaSecurityError
 from backend.settings_layers import coerce, read_layers
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,21 @@ _KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 class SparkSettings:
     kafka_bootstrap: str = field(metadata={"doc": "Kafka bootstrap servers."})
     warehouse: str = field(
-        metadata={"doc": "Folder (or hdfs:// / s3a:// URL) holding the Iceberg tables' data and metadata."}
+        metadata={
+            "doc": "Folder (or s3a://bucket/path, hdfs://) holding the Iceberg tables' data and metadata."
+        }
+    )
+    # how the job's Kafka client authenticates (backend/kafka_security.py)
+    kafka_security_protocol: str = field(
+        default="PLAINTEXT", metadata={"doc": "PLAINTEXT, SSL or SASL_SSL (MSK: SASL_SSL)."}
+    )
+    kafka_sasl_mechanism: str = field(
+        default="SCRAM-SHA-512", metadata={"doc": "SCRAM-SHA-512 or SCRAM-SHA-256."}
+    )
+    kafka_sasl_username: str = field(default="", metadata={"doc": "SCRAM user."})
+    kafka_sasl_password: str = field(default="", metadata={"doc": "SCRAM password."})
+    kafka_ca_file: str = field(
+        default="", metadata={"doc": "PEM CA of the brokers (empty: the JVM's trust store)."}
     )
     catalog_uri: str = field(
         default="",
@@ -66,6 +81,17 @@ class SparkSettings:
     checkpoints: str = field(
         default="",
         metadata={"doc": "Streaming checkpoints; default <warehouse>/_checkpoints. Keep with the tables."},
+    )
+    s3_endpoint: str = field(
+        default="",
+        metadata={
+            "doc": "S3 endpoint URL for s3a:// warehouses and checkpoints when not AWS's own (MinIO, "
+            "moto: http://host:port, path-style).  Credentials come from AWS's usual chain "
+            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, an instance profile), never from this file."
+        },
+    )
+    s3_region: str = field(
+        default="", metadata={"doc": "The S3 bucket's region (empty: the AWS SDK's default chain)."}
     )
     master: str = field(default="local[2]", metadata={"doc": "Spark master URL."})
     jars_dir: str = field(
@@ -96,9 +122,9 @@ class SparkSettings:
     aggregate_interval_s: float = field(
         default=10.0,
         metadata={
-            "doc": "How often the batches' new rows are counted in device_minute and region_minute "
-            "(in the batch after this much time; 0: every batch).  Between two, a batch lands only "
-            "telemetry_raw and rejects, and is queryable sooner."
+            "doc": "How often the rows the micro-batches landed since the last time are counted in "
+            "device_minute and region_minute, beside the batches (0: as often as the job's 2 s "
+            "round allows).  The batches themselves land only telemetry_raw and rejects."
         },
     )
     compact_interval_s: float = field(
@@ -160,6 +186,10 @@ class SparkSettings:
                 raise SparkSettingsError(f"topics: {topic!r} is not a Kafka topic name")
         if not self.kafka_bootstrap:
             raise SparkSettingsError("kafka_bootstrap: required")
+        try:
+            self.kafka_security.validate()
+        except KafkaSecurityError as e:
+            raise SparkSettingsError(str(e)) from e
         if not self.warehouse:
             raise SparkSettingsError("warehouse: required")
         if self.starting_offsets not in ("earliest", "latest"):
@@ -175,6 +205,12 @@ class SparkSettings:
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", getattr(self, name)):
                 raise SparkSettingsError(
                     f"{name}: lower-case letters, digits and _, not {getattr(self, name)!r}"
+                )
+        for name in ("warehouse", "checkpoints"):
+            if re.match(r"s3n?://", getattr(self, name)):
+                raise SparkSettingsError(
+                    f"{name}: write s3a://{getattr(self, name).split('://', 1)[1]} "
+                    "(Hadoop's S3 file system, which the job's jars bring, is s3a)"
                 )
         if not self.catalog_uri and "://" in self.warehouse and not self.warehouse.startswith("file:"):
             raise SparkSettingsError(
@@ -192,10 +228,23 @@ class SparkSettings:
         return self.topics
 
     @property
+    def kafka_security(self) -> KafkaSecurity:
+        return KafkaSecurity.of(self)
+
+    def kafka_options(self) -> dict[str, str]:
+        """The Kafka source's client options: where Kafka is, how to log in."""
+        client = {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security.java()}
+        return {f"kafka.{k}": v for k, v in client.items()}
+
+    @property
     def catalog_jdbc_uri(self) -> str:
         if self.catalog_uri:
             return self.catalog_uri
         return f"jdbc:sqlite:{self.warehouse.removeprefix('file:').rstrip('/')}/catalog.db"
+
+    @property
+    def on_s3(self) -> bool:
+        return any(p.startswith("s3a://") for p in (self.warehouse, self.checkpoints))
 
     @property
     def checkpoint_dir(self) -> str:

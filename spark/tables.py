@@ -26,10 +26,10 @@ late is counted in its minute, and once.  No watermark, no state to expire.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -218,7 +218,7 @@ class Catalog:
         and latency percentiles do not add up, and batches refreshed again after a crash
         between the commits compute the same rows instead of counting them twice.  The new
         rows are found by their `ingest_batch` (a file's range of it prunes the rest)."""
-        minute = F.floor(F.unix_seconds("event_time") / 60).cast("long")
+        minute = _epoch_minute("event_time")
         raw = self.read(RAW)
         batch = F.col("ingest_batch")
         new = (
@@ -230,17 +230,13 @@ class Catalog:
             minutes = [r[0] for r in new.select("_minute").distinct().collect()]
             if not minutes:
                 return {}
-            spans = minute_spans(minutes)
-            in_spans = F.lit(False)
-            for lo, hi in spans:
-                # literals, so that Iceberg skips the files whose event_time range is outside
-                in_spans = in_spans | (
-                    (F.col("event_time") >= F.expr(_timestamp(_utc(lo * 60_000_000))))
-                    & (F.col("event_time") < F.expr(_timestamp(_utc(hi * 60_000_000))))
-                )
-            dates = sorted({_utc(m * 60_000_000).date() for lo, hi in spans for m in (lo, hi - 1)})
+            # the rows of those minutes (at most a few runs of them: the semi-join below is exact)
+            runs = time_runs(minutes, _MINUTE_US)
+            first, last = runs[0][0].date(), (runs[-1][1] - dt.timedelta(microseconds=1)).date()
             scope = (
-                raw.where(F.col("date").between(F.lit(dates[0]), F.lit(dates[-1])) & in_spans)
+                raw.where(
+                    F.col("date").between(F.lit(first), F.lit(last)) & F.expr(_in_runs("event_time", runs))
+                )
                 .withColumn("_minute", minute)
                 .persist()  # read once for both aggregates
             )
@@ -308,8 +304,8 @@ class TimeSpan:
 
     first: dt.datetime
     last: dt.datetime
-    #: telemetry_raw: the [start, end) runs of device times (payload `ts`) of the rows that
-    #: have one -- every copy has the same
+    #: telemetry_raw: the [start, end) runs of seconds of device time (payload `ts`) of the
+    #: rows that have one -- every copy has the same
     device_times: tuple[tuple[dt.datetime, dt.datetime], ...] = ()
     #: telemetry_raw: the event times, less the lookback, of the rows without a device time
     kafka_times: tuple[dt.datetime, dt.datetime] | None = None
@@ -323,10 +319,7 @@ class TimeSpan:
                 f"t.date BETWEEN DATE'{self.first.date()}' AND DATE'{self.last.date()}' AND "
                 f"t.{table.time} BETWEEN {_timestamp(self.first)} AND {_timestamp(self.last)}"
             )
-        parts = [
-            f"(t.device_ts >= {_timestamp(lo)} AND t.device_ts < {_timestamp(hi)})"
-            for lo, hi in self.device_times
-        ]
+        parts = [_in_runs("t.device_ts", self.device_times)] if self.device_times else []
         if self.kafka_times is not None:
             lo, hi = self.kafka_times
             parts.append(
@@ -336,9 +329,9 @@ class TimeSpan:
         return "(" + " OR ".join(parts) + ")"
 
 
-#: At most this many runs of device times in one MERGE's condition: a device sending
-#: random times makes the nearest runs one instead of a condition of thousands.
-MAX_DEVICE_TIME_RUNS = 16
+#: At most this many runs of time in one condition (a MERGE's, a refresh's): a device
+#: sending random times makes the nearest runs one instead of a condition of thousands.
+MAX_TIME_RUNS = 16
 
 
 def copy_window(table: Table, rows: DataFrame, lookback_days: int) -> TimeSpan | None:
@@ -348,27 +341,30 @@ def copy_window(table: Table, rows: DataFrame, lookback_days: int) -> TimeSpan |
     A copy has the same key, and the key fixes the time: a minute's group its minute, a
     reject its Kafka record.  A telemetry_raw copy carries the same payload, hence the same
     device time, whatever its event time (a clamped fast clock, an implausible time, a copy
-    a day later): copies are looked for among the rows of the same device times.  A row
+    a day later): copies are looked for among the rows of the same device times, to the
+    second.  (To the minute, a live batch's lookup met every file the last minute's batches
+    wrote -- 60 small files a region before compaction; to the second, the last two or
+    three batches' files.)  A row
     without a device time has only the Kafka time of its copy, later than its original's:
     that is looked for up to `lookback_days` before it."""
     time = F.unix_micros(F.col(table.time))
     if table is not RAW:
         first, last = rows.select(F.min(time), F.max(time)).first()  # type: ignore[misc]
         return None if first is None else TimeSpan(_utc(first), _utc(last))
-    device = F.col("device_ts")
-    minute = F.floor(F.unix_micros(device) / 60_000_000).cast("long")
-    no_device = F.when(device.isNull(), time)
-    first, last, minutes, kafka_lo, kafka_hi = rows.select(
-        F.min(time), F.max(time), F.collect_set(minute), F.min(no_device), F.max(no_device)
+    no_device = F.when(F.col("device_ts").isNull(), time)
+    first, last, seconds, kafka_lo, kafka_hi = rows.select(
+        F.min(time),
+        F.max(time),
+        F.collect_set(_epoch_units("device_ts", _SECOND_US)),
+        F.min(no_device),
+        F.max(no_device),
     ).first()  # type: ignore[misc]
     if first is None:
         return None
-    runs = coarsen(minute_spans(minutes), MAX_DEVICE_TIME_RUNS)
-    minute_us = 60_000_000
     return TimeSpan(
         _utc(first),
         _utc(last),
-        tuple((_utc(lo * minute_us), _utc(hi * minute_us)) for lo, hi in runs),
+        tuple(time_runs(seconds, _SECOND_US)),
         None if kafka_lo is None else (_utc(kafka_lo) - dt.timedelta(days=lookback_days), _utc(kafka_hi)),
     )
 
@@ -384,6 +380,35 @@ def coarsen(spans: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
     return [(spans[a][0], spans[b - 1][1]) for a, b in zip(starts, ends, strict=True)]
 
 
+_SECOND_US = 1_000_000
+_MINUTE_US = 60 * _SECOND_US
+
+
+def _epoch_units(column: str, unit_us: int) -> Column:
+    """`column` as whole units (seconds, minutes) since the epoch."""
+    return F.floor(F.unix_micros(F.col(column)) / unit_us).cast("long")
+
+
+def _epoch_minute(column: str) -> Column:
+    return _epoch_units(column, _MINUTE_US)
+
+
+def time_runs(units: list[int], unit_us: int) -> list[tuple[dt.datetime, dt.datetime]]:
+    """Epoch units of `unit_us` -> at most MAX_TIME_RUNS [start, end) runs of time covering them."""
+    runs = coarsen(unit_spans(units), MAX_TIME_RUNS)
+    return [(_utc(lo * unit_us), _utc(hi * unit_us)) for lo, hi in runs]
+
+
+def _in_runs(column: str, runs: Sequence[tuple[dt.datetime, dt.datetime]]) -> str:
+    """SQL: `column` in one of the [start, end) runs; literal bounds, so that Iceberg reads
+    only the files whose range of the column meets one."""
+    return (
+        "("
+        + " OR ".join(f"({column} >= {_timestamp(lo)} AND {column} < {_timestamp(hi)})" for lo, hi in runs)
+        + ")"
+    )
+
+
 def _utc(micros: int) -> dt.datetime:
     return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
 
@@ -393,10 +418,10 @@ def _timestamp(t: dt.datetime) -> str:
     return f"TIMESTAMP'{t.astimezone(dt.UTC).strftime('%Y-%m-%d %H:%M:%S.%f')}'"
 
 
-def minute_spans(minutes: list[int]) -> list[tuple[int, int]]:
-    """Epoch minutes -> the fewest [first, end) runs of consecutive minutes covering them."""
+def unit_spans(units: list[int]) -> list[tuple[int, int]]:
+    """Epoch units -> the fewest [first, end) runs of consecutive units covering them."""
     spans: list[tuple[int, int]] = []
-    for m in sorted(set(minutes)):
+    for m in sorted(set(units)):
         if spans and spans[-1][1] == m:
             spans[-1] = (spans[-1][0], m + 1)
         else:

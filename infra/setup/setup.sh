@@ -14,8 +14,9 @@
 #      rabbitmq-server, Erlang and mosquitto are not needed)
 #   2. the project virtualenv (.venv) with the Python dependencies
 #   3. Apache Kafka's broker jars (pinned, KRaft) into .cache/jars/kafka-<v>/
-#   4. Spark's Kafka source and Apache Iceberg's Spark runtime (with the SQLite
-#      JDBC driver of its local catalog) matching the installed pyspark into
+#   4. Spark's Kafka source, Apache Iceberg's Spark runtime (with the SQLite
+#      JDBC driver of its local catalog) and Hadoop's s3a file system with the
+#      AWS SDK modules it uses, matching the installed pyspark, into
 #      .cache/jars/spark-<v>/
 #   (1. also installs PowerDNS, the devices' DNS server: pdns-server and
 #      pdns-backend-bind; their package would start a system-wide server,
@@ -99,10 +100,15 @@ fi
 # pyspark is pinned to a release whose Kafka source resolves from Maven Central
 # here (4.0.0: the later 4.x Kafka source jars were not all resolvable).
 # -U: retry artifacts an earlier failed run marked missing.---------------------------------------
+# A folder is complete when its .complete stamp holds the hash of the pom it was
+# resolved from: editing a pom fetches again on the next `make setup`.
+fetched=0
 fetch_jars() { # name pom dest [extra mvn args...]
-    local name=$1 pom=$2 dest=$3
+    local name=$1 pom=$2 dest=$3 stamp
     shift 3
-    if [[ -f "$dest/.complete" ]]; then
+    stamp=$(cat "$pom" <(echo "$@") | sha256sum | cut -c1-16)
+    fetched=0
+    if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
         step "$name jars present ($dest)"
         return
     fi
@@ -112,27 +118,26 @@ fetch_jars() { # name pom dest [extra mvn args...]
     mvn -B -q -U -Dstyle.color=never -f "$pom" "$@" dependency:copy-dependencies \
         -DincludeScope=runtime -DoutputDirectory="$dest.partial" \
         || die "Maven could not resolve the $name jars (see the output above)"
-    touch "$dest.partial/.complete"
+    echo "$stamp" >"$dest.partial/.complete"
     rm -rf "$dest"
     mv "$dest.partial" "$dest"
+    fetched=1
 }
 fetch_jars "Kafka $KAFKA_VERSION" "$ROOT/infra/setup/kafka-pom.xml" \
     "$CACHE/jars/kafka-$KAFKA_VERSION" -Dkafka.version="$KAFKA_VERSION"
 
 spark_version=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
 spark_jars="$CACHE/jars/spark-$spark_version"
-if [[ ! -f "$spark_jars/.complete" ]]; then
-    fetch_jars "Spark Kafka source and Iceberg for Spark $spark_version" "$ROOT/infra/setup/spark-pom.xml" \
-        "$spark_jars" -Dspark.version="$spark_version"
-    # Keep only what pyspark lacks: a second scala-library or hadoop client on
+fetch_jars "Spark $spark_version: Kafka source, Iceberg, s3a" "$ROOT/infra/setup/spark-pom.xml" \
+    "$spark_jars" -Dspark.version="$spark_version"
+if ((fetched)); then
+    # Keep only what pyspark lacks: a second scala-library, hadoop client or netty on
     # the classpath would shadow pyspark's own and break at run time.
     pyspark_jars=$("$VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
     for jar in "$spark_jars"/*.jar; do
         artifact=$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')
         if compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null; then rm -f "$jar"; fi
     done
-else
-    step "Spark $spark_version jars present: Kafka source, Iceberg ($spark_jars)"
 fi
 
 step "done in ${SECONDS}s"

@@ -21,9 +21,16 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from backend import contract as c
 from fedgate.devices import publish_properties
-from tests.helpers import device, operator_client
+from tests.helpers import device, operator_client, produce_bridge_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def job_running(federation):
+    """Each test finds the job running: one that killed it and failed before starting it
+    again does not fail the tests after it."""
+    federation.start_node("spark")  # nothing when it runs
 
 
 @pytest.fixture(scope="module")
@@ -88,41 +95,6 @@ def counts_per_minute(spark, federation, where: str) -> tuple[dict, dict]:
         spark, federation, f"SELECT device, minute, count FROM device_minute WHERE {where} AND field = '*'"
     )
     return {(r[0], r[1]): r[2] for r in raw}, {(r[0], r[1]): r[2] for r in agg}
-
-
-def produce_bridge_records(
-    bootstrap: str,
-    records: list[tuple[str, bytes]],
-    *,
-    with_id: bool = True,
-    timestamp_ms: int = 0,
-    region: str = "local-eu",
-    partition: int = -1,
-) -> None:
-    """Records as the bridge writes them: (device, payload) into telemetry.telemetry (into
-    `partition`, if one is given); a `timestamp_ms` counts only on a topic that keeps
-    producers' times (producer_timestamps)."""
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for dev, payload in records:
-        topic = c.device_telemetry_topic(dev)
-        headers = [
-            (c.KAFKA_REGION_HEADER, region.encode()),
-            (c.KAFKA_MQTT_TOPIC_HEADER, topic.encode()),
-            (c.KAFKA_DEVICE_HEADER, dev.encode()),
-            (c.KAFKA_RECEIVED_AT_HEADER, str(int(time.time() * 1000)).encode()),
-        ]
-        if with_id:
-            headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(topic, payload).encode()))
-        p.produce(
-            "telemetry.telemetry",
-            payload,
-            dev.encode(),
-            headers=headers,
-            timestamp=timestamp_ms,
-            partition=partition,
-        )
-        p.poll(0)
-    assert p.flush(30) == 0, "Kafka did not confirm every record"
 
 
 def test_device_readings_become_raw_rows_and_aggregates(federation, endpoints, spark, uid):
@@ -320,6 +292,57 @@ def test_job_killed_mid_stream_and_restarted_leaves_complete_tables_without_dupl
 
     counted = wait_counted(spark, federation, dev, 3000)
     assert counted == 3000, f"device_minute counts each reading once: {counted}"
+
+
+def test_a_job_killed_between_landing_readings_and_counting_them_counts_them_once_at_restart(
+    federation, endpoints, spark, uid
+):
+    """Tried: readings land in telemetry_raw; the job is SIGKILLed before its next refresh of
+    the aggregates (between the two tables' commits) and started again, with no new record
+    after it.  The batches the aggregates had not counted are counted at the restart, once:
+    found by the mark the aggregates keep (`refreshed_through`) and telemetry_raw's
+    `ingest_batch`, not by the next batch's traffic."""
+    from spark.tables import Catalog
+
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    node = federation.node("spark")
+    catalog = Catalog(spark, federation.spark_settings())
+    reading = lambda i: json.dumps({"ts": ms(dt.datetime.now(dt.UTC)) + i, "seq": i}).encode()  # noqa: E731
+    for attempt in range(3):
+        dev = f"uncounted-{uid}-{attempt}"
+        # right after a refresh, the next is aggregate_interval_s (10 s) away: the window
+        refreshed = node.progress().get("aggregates", {}).get("at_ms")
+        produce_bridge_records(bootstrap, [(f"tick-{uid}", reading(attempt))])
+        deadline = time.monotonic() + 60
+        while node.progress().get("aggregates", {}).get("at_ms") == refreshed:
+            assert time.monotonic() < deadline, "the job did not refresh its aggregates in 60 s"
+            time.sleep(0.2)
+        produce_bridge_records(bootstrap, [(dev, reading(i)) for i in range(40)])
+        landed = None
+        while landed is None:
+            assert time.monotonic() < deadline + 60, "the readings did not land in 60 s"
+            ((n, batch),) = query(
+                spark,
+                federation,
+                f"SELECT count(*), max(ingest_batch) FROM telemetry_raw WHERE device = '{dev}'",
+            )
+            landed = batch if n == 40 else None
+            time.sleep(0.2)
+        node.kill()
+        if catalog.refreshed_through() < landed:  # the kill came before the refresh: the fault tried
+            break
+        federation.start_node("spark")  # a refresh came first: try again
+    else:
+        pytest.fail("three times the job had counted the readings before the kill")
+    federation.start_node("spark")
+    # the mark first: a refresh the kill cut short (after its rewrite, before its mark) may
+    # already count the readings, and the restart's refresh must count them again, not twice
+    wait_aggregates(spark, federation, f"device = '{dev}'", timeout=90)
+    counted = wait_counted(spark, federation, dev, 40, timeout=30)
+    print(
+        f"killed after batch {landed} landed, before its refresh: {counted} of 40 counted after the restart"
+    )
+    assert counted == 40, f"the readings landed before the kill are counted once at the restart: {counted}"
 
 
 def test_a_device_10_minutes_fast_leaves_every_other_devices_aggregates_intact(

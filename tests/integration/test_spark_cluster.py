@@ -4,7 +4,9 @@ the session federation's Kafka.
 
 What a user checks: the job runs as an application of the cluster (its executor on the
 worker, not in the driver), every record becomes a row once and is counted in the
-aggregates, and SIGTERM ends it cleanly.
+aggregates, and SIGTERM ends it cleanly; with its warehouse and checkpoints on S3 (moto's
+S3 server, reached through Hadoop's s3a as AWS would be), a job killed in the middle of a
+batch and submitted again leaves every table complete, without duplicates.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from spark.reading import duckdb_with_tables
 from spark.session import spark_jars
 from spark.settings import SparkSettings
 from tests.conftest import TEST_PORT_BASE
+from tests.helpers import produce_bridge_records, sasl_security
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 
@@ -50,9 +53,21 @@ class Cluster:
             return dict(json.load(r))
 
 
+#: what the AWS SDK of every process (driver, executors, pyarrow) takes for credentials: moto
+#: accepts any; no instance metadata lookups (traffic stays on loopback)
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "fedgate-test",
+    "AWS_SECRET_ACCESS_KEY": "fedgate-test",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+S3_PORT = PORTS + 4
+S3_REGION = "us-east-1"
+
+
 def _spark_env(logs: Path) -> dict[str, str]:
     return {
         **os.environ,
+        **S3_ENV,  # the worker's executors write the tables' files
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(logs),
         "SPARK_NO_DAEMONIZE": "1",
@@ -124,13 +139,8 @@ def _driver_pid(submit: subprocess.Popen) -> int | None:
     return None
 
 
-def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cluster, tmp_path, uid):
-    """Tried: 2,000 bridge records into a topic of the job's own, the job submitted to the
-    cluster with its package; then SIGTERM to its driver."""
-    bootstrap = endpoints["kafka"]["bootstrap"]
-    topic = f"cluster.telemetry-{uid}"
-    ensure_topics(bootstrap, [topic], 2, 1)
-    archive, main = package.build(tmp_path / "package")
+def _job_config(cluster: Cluster, bootstrap: str, topic: str, tmp_path: Path, **more: object) -> Path:
+    """The job's spark.toml for this cluster, reading `topic` only."""
     config = {
         "kafka_bootstrap": bootstrap,
         "warehouse": str(tmp_path / "warehouse"),
@@ -143,18 +153,64 @@ def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cl
         "progress_file": str(tmp_path / "progress.json"),
         # packaged, the job has no project folder to find them in: where make setup put them
         "jars_dir": SparkSettings.load(kafka_bootstrap="-", warehouse="-").jars_dir,
-    }
+    } | more
     toml = tmp_path / "spark.toml"
     toml.write_text("\n".join(toml_lines(config)) + "\n")
-    settings = SparkSettings.load(toml)
+    return toml
+
+
+def _submit(cluster: Cluster, toml: Path, log: Path) -> subprocess.Popen:
+    """spark-submit of the job's package (make spark-package) to the cluster, in its own
+    process group (spark-submit's JVM and the Python driver it starts)."""
+    archive, main = package.build(toml.parent / "package")
     env = {
         **_spark_env(cluster.logs),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
-    command = package.submit_command(archive, main, cluster.url, str(toml), spark_jars(settings))
+    jars = spark_jars(SparkSettings.load(toml))
+    command = package.submit_command(archive, main, cluster.url, str(toml), jars)
     command[0] = str(SPARK_BIN / "spark-submit")
-    submit = _start(command, tmp_path / "submit.log", env)
+    return _start(command, log, env)
+
+
+def _tables(settings: SparkSettings, prefix: str) -> tuple[int, int, int]:
+    """(rows, distinct message ids, readings counted in device_minute) of devices `prefix`*,
+    read without Spark (pyiceberg); zeros before the job's first commit."""
+    try:
+        con = duckdb_with_tables(settings)
+        rows, ids = con.execute(
+            f"SELECT count(*), count(DISTINCT message_id) FROM telemetry_raw WHERE device LIKE '{prefix}%'"
+        ).fetchall()[0]
+        (counted,) = con.execute(
+            f"SELECT coalesce(sum(count), 0) FROM device_minute WHERE field = '*' AND device LIKE '{prefix}%'"
+        ).fetchall()[0]
+    except Exception:  # noqa: BLE001 -- the tables appear with the job's first commit
+        return 0, 0, 0
+    return int(rows), int(ids), int(counted)
+
+
+def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cluster, tmp_path, uid):
+    """Tried: 2,000 bridge records into a topic of the job's own, the job submitted to the
+    cluster with its package, reading Kafka as on MSK: over TLS with SASL/SCRAM (the local
+    Kafka's SASL_SSL listener, the local CA); then SIGTERM to its driver."""
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    topic = f"cluster.telemetry-{uid}"
+    ensure_topics(bootstrap, [topic], 2, 1)
+    security = sasl_security(federation)
+    toml = _job_config(
+        cluster,
+        endpoints["kafka"]["sasl_bootstrap"],
+        topic,
+        tmp_path,
+        kafka_security_protocol=security.protocol,
+        kafka_sasl_mechanism=security.sasl_mechanism,
+        kafka_sasl_username=security.username,
+        kafka_sasl_password=security.password,
+        kafka_ca_file=security.ca_file,
+    )
+    settings = SparkSettings.load(toml)
+    submit = _submit(cluster, toml, tmp_path / "submit.log")
     try:
         produce_records(bootstrap, topic, RECORDS)
         rows = counted = 0
@@ -162,16 +218,7 @@ def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cl
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and submit.poll() is None:
             apps = apps or [a for a in cluster.state().get("activeapps", []) if a["name"] == "fedgate-tables"]
-            try:
-                con = duckdb_with_tables(settings)
-                rows = con.execute(
-                    f"SELECT count(*) FROM telemetry_raw WHERE device LIKE '{BACKLOG_PREFIX}%'"
-                ).fetchall()[0][0]
-                counted = con.execute(
-                    "SELECT coalesce(sum(count), 0) FROM device_minute WHERE field = '*'"
-                ).fetchall()[0][0]
-            except Exception:  # noqa: BLE001 -- the tables appear with the job's first commit
-                pass
+            rows, _, counted = _tables(settings, BACKLOG_PREFIX)
             if rows >= RECORDS and counted >= RECORDS:
                 break
             time.sleep(3)
@@ -192,3 +239,125 @@ def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cl
         assert finished, "the cluster lists the job as finished"
     finally:
         _end(submit)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """moto's S3 server on loopback, with a bucket for the warehouse: its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{S3_PORT}"
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def _s3_client(endpoint: str):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=S3_REGION,
+        aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def _keys(client, bucket: str, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def _batch_ids(client, bucket: str, prefix: str) -> set[int]:  # type: ignore[no-untyped-def]
+    """Batch ids of a streaming checkpoint's offsets/ or commits/ folder (one object each)."""
+    return {int(k.rsplit("/", 1)[1]) for k in _keys(client, bucket, prefix) if k.rsplit("/", 1)[1].isdigit()}
+
+
+def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
+    federation, endpoints, cluster, s3, tmp_path, uid, monkeypatch
+):
+    """Tried: the job on the cluster with its warehouse and checkpoints in an S3 bucket, a
+    backlog of 3,000 readings in batches of 400; SIGKILL to spark-submit and its driver while
+    a batch is in flight (its offsets written to the checkpoint, its commit not), 1,000 of
+    the readings produced again, the job submitted again."""
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)  # this process reads the tables from S3 too (pyarrow)
+    bootstrap = endpoints["kafka"]["bootstrap"]
+    topic = f"s3.telemetry-{uid}"
+    ensure_topics(bootstrap, [topic], 2, 1)
+    bucket = f"fedgate-{uid}".lower()
+    client = _s3_client(s3)
+    client.create_bucket(Bucket=bucket)
+    toml = _job_config(
+        cluster,
+        bootstrap,
+        topic,
+        tmp_path,
+        warehouse=f"s3a://{bucket}/warehouse",
+        # the catalog is a database every job and reader reaches (here a SQLite file)
+        catalog_uri=f"jdbc:sqlite:{tmp_path / 'catalog.db'}",
+        s3_endpoint=s3,
+        s3_region=S3_REGION,
+        max_offsets_per_trigger=400,
+    )
+    settings = SparkSettings.load(toml)
+    dev = f"s3-{uid}-"
+    now = int(time.time() * 1000)
+    readings = [(f"{dev}{i % 50}", json.dumps({"ts": now + i, "seq": i}).encode()) for i in range(3000)]
+    produce_bridge_records(bootstrap, readings, kafka_topic=topic)
+    offsets, commits = "warehouse/_checkpoints/tables/offsets/", "warehouse/_checkpoints/tables/commits/"
+
+    killed_mid_batch = None
+    for attempt in range(3):
+        submit = _submit(cluster, toml, tmp_path / f"submit-{attempt}.log")
+        try:
+            deadline = time.monotonic() + 180
+            while killed_mid_batch is None:
+                assert submit.poll() is None, (
+                    f"spark-submit ended: {(tmp_path / f'submit-{attempt}.log').read_text()[-3000:]}"
+                )
+                assert time.monotonic() < deadline, "no batch of the backlog was ever in flight in 180 s"
+                started, done = _batch_ids(client, bucket, offsets), _batch_ids(client, bucket, commits)
+                if done and max(started) > max(done):  # a batch landed, the next in flight
+                    os.killpg(submit.pid, signal.SIGKILL)  # no chance to finish the batch
+                    submit.wait(10)
+                    # the checkpoint as the kill left it: was that batch still without its commit?
+                    started, done = _batch_ids(client, bucket, offsets), _batch_ids(client, bucket, commits)
+                    if max(started) > max(done):
+                        killed_mid_batch = max(started)
+                    break
+                time.sleep(0.2)
+        finally:
+            _end(submit)
+        if killed_mid_batch is not None:
+            break
+    assert killed_mid_batch is not None, "three times the kill came between batches"
+    rows_at_kill = _tables(settings, dev)[0]
+    produce_bridge_records(bootstrap, readings[1000:2000], kafka_topic=topic)  # redelivered copies
+
+    submit = _submit(cluster, toml, tmp_path / "submit-again.log")
+    try:
+        rows = ids = counted = 0
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and submit.poll() is None:
+            rows, ids, counted = _tables(settings, dev)
+            if rows >= 3000 and counted >= 3000:
+                break
+            time.sleep(2)
+        print(
+            f"S3 job killed with batch {killed_mid_batch} in flight ({rows_at_kill} rows landed); "
+            f"after the restart: {rows} rows, {ids} message ids, {counted} counted"
+        )
+        assert (rows, ids, counted) == (3000, 3000, 3000), (
+            "4,000 records of 3,000 readings, the job killed mid-batch: each reading one row, counted once"
+        )
+    finally:
+        _end(submit)
+    data = _keys(client, bucket, "warehouse/telemetry/telemetry_raw/data/")
+    assert data and all(k.endswith(".parquet") for k in data), "the tables' files are objects of the bucket"
+    assert _batch_ids(client, bucket, commits) >= {killed_mid_batch}, "the checkpoint went on in the bucket"
+    assert not (tmp_path / "warehouse").exists(), "nothing was written to local disk instead"

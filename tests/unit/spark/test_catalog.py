@@ -20,8 +20,8 @@ from spark.tables import (
     TimeSpan,
     coarsen,
     copy_window,
-    minute_spans,
     schemas,
+    unit_spans,
 )
 from tests.unit.spark.test_transforms import NOW, decode, record
 
@@ -108,11 +108,11 @@ def test_a_late_copy_of_a_reading_whose_time_came_from_kafka_is_still_one_row(sp
     land_raw(spark, catalog, [(fast, 1, NOW), (no_clock, 2, NOW)])
     later = NOW + dt.timedelta(days=1)
     rows, window = raw_batch(spark, [(fast, 7, later), (no_clock, 8, later)])
-    fast_minute = utc(NOW.replace(second=0) + dt.timedelta(hours=3))
+    fast_second = utc(NOW.replace(microsecond=0) + dt.timedelta(hours=3))
     assert window == TimeSpan(
         utc(NOW + dt.timedelta(hours=3)),
         utc(later),
-        device_times=((fast_minute, fast_minute + dt.timedelta(minutes=1)),),
+        device_times=((fast_second, fast_second + dt.timedelta(seconds=1)),),
         kafka_times=(utc(later - dt.timedelta(days=2)), utc(later)),
     )
     catalog.land(RAW, rows)
@@ -120,16 +120,16 @@ def test_a_late_copy_of_a_reading_whose_time_came_from_kafka_is_still_one_row(sp
 
 
 def test_copies_are_looked_for_only_among_the_same_device_times(spark):
-    """A batch of readings with their device's time looks for copies only in the minutes of
-    those times: a lone reading from 2019 adds its minute, not the years between."""
+    """A batch of readings with their device's time looks for copies only in the seconds of
+    those times: a lone reading from 2019 adds its second, not the years between."""
     old = dt.datetime(2019, 5, 1, 12, 0, 10)
     _, window = raw_batch(
         spark,
         [({"ts": ms(NOW), "seq": 1}, 1, NOW), ({"ts": ms(old), "seq": 2}, 2, NOW)],
     )
-    now_minute, old_minute = utc(NOW.replace(second=0)), utc(old.replace(second=0))
-    minute = dt.timedelta(minutes=1)
-    assert window.device_times == ((old_minute, old_minute + minute), (now_minute, now_minute + minute))
+    now_second, old_second = utc(NOW.replace(microsecond=0)), utc(old)
+    second = dt.timedelta(seconds=1)
+    assert window.device_times == ((old_second, old_second + second), (now_second, now_second + second))
     assert window.kafka_times is None, "no reading without a device time: no lookback"
 
 
@@ -239,9 +239,9 @@ def test_a_reading_three_hours_late_is_counted_in_its_minute_once(spark, catalog
     assert catalog.read(RAW).count() == 4
 
 
-def test_minutes_become_the_fewest_runs():
-    assert minute_spans([5, 3, 4, 9, 9, 11, 10]) == [(3, 6), (9, 12)]
-    assert minute_spans([]) == []
+def test_seconds_or_minutes_become_the_fewest_runs():
+    assert unit_spans([5, 3, 4, 9, 9, 11, 10]) == [(3, 6), (9, 12)]
+    assert unit_spans([]) == []
 
 
 def test_compaction_rewrites_small_files_into_one_and_keeps_every_row(spark, catalog):

@@ -65,3 +65,35 @@ def test_the_job_has_no_topics_of_its_own():
 def test_a_topic_kafka_would_refuse_is_named():
     with pytest.raises(SparkSettingsError, match="^topics: 'telemetry.\\*' is not a Kafka topic name"):
         SparkSettings.load(kafka_bootstrap="k", warehouse="w", topics="telemetry.*")
+
+
+def test_an_s3_warehouse_is_spelled_s3a_and_needs_a_shared_catalog():
+    with pytest.raises(SparkSettingsError, match=r"^warehouse: write s3a://bucket/wh"):
+        SparkSettings(kafka_bootstrap="k", warehouse="s3://bucket/wh", catalog_uri="jdbc:sqlite:/c.db")
+    with pytest.raises(SparkSettingsError, match=r"^catalog_uri: required"):
+        SparkSettings(kafka_bootstrap="k", warehouse="s3a://bucket/wh")
+
+
+def test_an_s3_warehouse_configures_s3a_for_the_tables_and_the_checkpoints():
+    from spark.session import s3a_conf
+
+    local = SparkSettings(kafka_bootstrap="k", warehouse="/wh")
+    assert not local.on_s3 and s3a_conf(local) == {}, "a local warehouse configures no S3 client"
+    s3 = SparkSettings(
+        kafka_bootstrap="k",
+        warehouse="s3a://bucket/wh",
+        catalog_uri="jdbc:sqlite:/c.db",
+        s3_endpoint="http://127.0.0.1:9000",
+        s3_region="eu-west-1",
+    )
+    conf = s3a_conf(s3)
+    assert s3.checkpoint_dir == "s3a://bucket/wh/_checkpoints"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert not any("key" in k for k in conf), "credentials never come from settings"
+    on_aws = s3a_conf(
+        SparkSettings(kafka_bootstrap="k", warehouse="s3a://b/wh", catalog_uri="jdbc:sqlite:/c.db")
+    )
+    assert "spark.hadoop.fs.s3a.endpoint" not in on_aws, "AWS's own endpoint, found by region"
