@@ -7,8 +7,9 @@
    cloud settings are set;
 2. writes the region's root module (``<cloud_state_dir>/<region>/main.tf.json``,
    mode 600: it carries the region's passwords) around
-   ``infra/terraform/modules/gateway-region``. One folder, one local state per
-   region;
+   ``infra/terraform/modules/gateway-region``, with fedgate's node files beside
+   it (root_module.py). One folder per region; its state there, or in S3
+   (state_backend.py);
 3. ``terraform init`` against the provider mirror, ``plan -out``, shows the
    plan and applies it after confirmation (or ``auto_approve``). A region that
    exists already plans no changes and applies nothing;
@@ -19,158 +20,69 @@
 
 ``remove(region)`` deregisters it from the backend, plans a destroy, applies
 it after confirmation and deletes the region's folder.
+
+The regions' records, backend registration, device users and the DNS check
+are fleet.py's (CloudFleet, which CloudDriver extends).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import boto3
-import botocore.exceptions
-from python_terraform import IsFlagged, Terraform
 
 from backend import contract as c
-from backend.definitions import NodeDefinitions
 from backend.devices import device_users
-from backend.errors import FedgateError
-from backend.rabbitmq_admin import AdminError, RabbitAdmin, definitions_file
+from backend.rabbitmq_admin import definitions_file
 from backend.wiring import AmqpEndpoint
 from gateways.wiring import gateway_definitions
-from infra.cloud import registration, route53
+from infra.cloud import registration
+from infra.cloud.errors import CloudError
+from infra.cloud.fleet import KIND, CloudFleet, CloudRegion, Progress
 from infra.cloud.regions import UnknownRegionError, validate_aws_region
+from infra.cloud.root_module import (
+    NODE_FILES,
+    RABBITMQ_VERSION,
+    gateway_node_files,
+    gateway_root_module,
+)
+from infra.cloud.state_backend import BACKEND_FILE, S3StateBackend
+from infra.cloud.terraform_run import TerraformRun, terraform_in
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
-from infra.device_registry import DeviceRegistry, DeviceUpdate, apply_to_gateway, sync_gateway
-from infra.local.settings import PROJECT_ROOT, LocalSettings
+from infra.device_registry import DeviceRegistry
+from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA
-from infra.regions import RegionRow
-from infra.secrets_file import SecretsFile, write_private_json
+from infra.secrets_file import write_private_json
 
-MODULE_DIR = PROJECT_ROOT / "infra" / "terraform" / "modules" / "gateway-region"
-PLAN_FILE = "tfplan"
+__all__ = ["CloudDriver", "CloudError", "CloudRegion"]
 
-#: RabbitMQ on the cloud nodes: Debian 13's rabbitmq-server, the release the local nodes run
-#: (the rabbitmq-nodes module boots Debian 13 and starts no other release).
-RABBITMQ_VERSION = "4.0.5"
-
-#: AWS APIs the gateway-region module calls; all go to aws_endpoint_url when it is set.
-AWS_SERVICES = ("ec2", "elbv2", "autoscaling", "iam", "route53", "sts")
-
-Progress = Callable[[str], None]
 Confirm = Callable[[str], bool]
 
 
-class CloudError(FedgateError):
-    """A cloud region could not be added, removed or read; the message says what to do."""
+class CloudDriver(CloudFleet):
+    """The RegionDriver (infra/regions.py) of AWS regions: the Terraform side of a region;
+    its records and what is done to it once it runs are CloudFleet's."""
 
-
-def module_outputs() -> list[str]:
-    """Output names of the gateway-region module (its outputs.tf), re-exported by the root module."""
-    return re.findall(r'^output "([^"]+)"', (MODULE_DIR / "outputs.tf").read_text(), re.M)
-
-
-@dataclass
-class CloudRegion:
-    region: str
-    state: str  # applied | planned | failed
-    outputs: dict[str, Any]
-    registered: bool
-    updated_at: float
-
-    @property
-    def mqtt(self) -> str:
-        host = self.outputs.get("mqtt_hostname") or (self.outputs.get("mqtt_endpoint") or {}).get("host")
-        return f"{host}:{route53.MQTT_PORT}" if host else "-"
-
-    def summary(self) -> str:
-        """What `fedgate gateway add` prints."""
-        return (
-            f"{self.region}: {self.state}, MQTT {self.mqtt}, registered with the backend: "
-            f"{'yes' if self.registered else 'no'}"
-        )
-
-    def row(self) -> RegionRow:
-        """Its line of `fedgate regions`, as last recorded by Terraform."""
-        return RegionRow(
-            region=self.region,
-            kind=CloudDriver.kind,
-            gateway=self.outputs.get("autoscaling_group_name", "-"),
-            state=self.state + ("" if self.registered else " (not registered)"),
-            mqtt=self.mqtt,
-            connections=None,
-        )
-
-
-class CloudDriver:
-    """The RegionDriver (infra/regions.py) of AWS regions."""
-
-    kind = "cloud"
+    kind = KIND
 
     def __init__(
-        self, settings: LocalSettings, progress: Progress | None = None, confirm: Confirm | None = None
+        self,
+        settings: LocalSettings,
+        progress: Progress | None = None,
+        confirm: Confirm | None = None,
+        state_backend: S3StateBackend | None = None,
     ):
-        self.settings = settings
-        self.progress: Progress = progress or (lambda msg: None)
+        """`state_backend`: where the regions' state lives; None: the settings' cloud_state_*
+        (no bucket there: each region's folder)."""
+        super().__init__(settings, progress)
         self.confirm: Confirm = confirm or (lambda prompt: False)
-
-    # --- files ------------------------------------------------------------------------
-
-    @property
-    def state_dir(self) -> Path:
-        return self.settings.cloud_state_dir
-
-    def region_dir(self, region: str) -> Path:
-        return self.state_dir / c.validate_region(region)
-
-    @property
-    def secrets_file(self) -> Path:
-        return self.state_dir / "secrets.json"
-
-    def secrets(self, region: str | None = None) -> dict[str, Any]:
-        """Generated once per cloud state folder; a region gets its link password and cookie on first use."""
-        store = SecretsFile(self.secrets_file)
-        if region is not None:
-            store.ensure(per_region={"gateways": [region], "erlang_cookies": [region]}, nbytes=24)
-        return store.ensure(("admin", "backend_link"))
-
-    def _forget_secrets(self, region: str) -> None:
-        SecretsFile(self.secrets_file).forget(region, ("gateways", "erlang_cookies"))
-
-    def record(self, region: str) -> CloudRegion | None:
-        try:
-            data = json.loads((self.region_dir(region) / "outputs.json").read_text())
-        except FileNotFoundError:
-            return None
-        return CloudRegion(
-            data["region"], data["state"], data["outputs"], data["registered"], data["updated_at"]
-        )
-
-    def _write_record(self, rec: CloudRegion) -> None:
-        path = self.region_dir(rec.region) / "outputs.json"
-        path.write_text(json.dumps(rec.__dict__, indent=2))
-
-    def regions(self) -> list[RegionRow]:
-        """`fedgate regions`' lines: every cloud region with a folder here, as last recorded."""
-        return [rec.row() for rec in self.records()]
-
-    def records(self) -> list[CloudRegion]:
-        """Every cloud region with a folder here, as last recorded."""
-        if not self.state_dir.is_dir():
-            return []
-        out = []
-        for d in sorted(self.state_dir.iterdir()):
-            if (d / "main.tf.json").exists():
-                rec = self.record(d.name)
-                out.append(rec or CloudRegion(d.name, "planned", {}, False, d.stat().st_mtime))
-        return out
+        self.state_backend = state_backend or S3StateBackend.from_settings(settings, os.environ)
 
     # --- checks -----------------------------------------------------------------------------
 
@@ -218,7 +130,8 @@ class CloudDriver:
     # --- terraform ---------------------------------------------------------------------------
 
     def root_module(self, region: str) -> dict[str, Any]:
-        """The region's root module (JSON syntax): the provider, the gateway-region module, its outputs."""
+        """The region's root module (JSON syntax): the gateway-region module with the region's
+        settings and passwords (root_module.py adds the provider, node files and outputs)."""
         s = self.settings
         sec = self.secrets(region)
         backend_ep = AmqpEndpoint(
@@ -240,17 +153,7 @@ class CloudDriver:
         definitions.users += fleet.users
         definitions.permissions += fleet.permissions
         definitions.topic_permissions += fleet.topic_permissions
-        provider: dict[str, Any] = {"region": region}
-        if s.aws_endpoint_url:
-            # moto (or another stand-in) answers every API: no account lookups, no metadata service.
-            provider.update(
-                endpoints=dict.fromkeys(AWS_SERVICES, s.aws_endpoint_url),
-                skip_credentials_validation=True,
-                skip_requesting_account_id=True,
-                skip_metadata_api_check=True,
-            )
         module: dict[str, Any] = {
-            "source": str(MODULE_DIR),
             "region": region,
             "node_count": s.cloud_node_count,
             "instance_type": s.cloud_instance_type,
@@ -270,65 +173,22 @@ class CloudDriver:
             module["ami_id"] = s.cloud_ami_id
         if s.tls:
             module.update(self._node_tls(f"gw-{region}", self.gateway_server_name(region)))
-        return {
-            "terraform": {
-                "required_providers": {"aws": {"source": "hashicorp/aws", "version": ">= 5.40, < 6.0"}},
-                "backend": {"local": {"path": "terraform.tfstate"}},
-            },
-            "provider": {"aws": provider},
-            "module": {"gateway": module},
-            "output": {name: {"value": f"${{module.gateway.{name}}}"} for name in module_outputs()},
-        }
+        return gateway_root_module(region, module, endpoint_url=s.aws_endpoint_url, state=self.state_backend)
 
-    @contextlib.contextmanager
-    def _terraform(self, region: str, toolchain: Toolchain) -> Iterator[Terraform]:
-        """python-terraform in the region's folder, with our CLI config in its environment."""
-        env = toolchain.env()
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            tf = Terraform(
-                working_dir=str(self.region_dir(region)), terraform_bin_path=str(toolchain.terraform)
-            )
-            tf.variables = None  # the root module holds its inputs; no -var-file
-            yield tf
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    def write_root_module(self, region: str) -> Path:
+        """The region's folder with its root module, node files and state backend settings."""
+        d = self.region_dir(region)
+        d.mkdir(parents=True, exist_ok=True)
+        write_private_json(d / "main.tf.json", self.root_module(region))
+        (d / NODE_FILES).write_text(json.dumps(gateway_node_files(), indent=2))
+        if self.state_backend is not None:
+            (d / BACKEND_FILE).write_text(self.state_backend.tfbackend(region))
+        else:
+            (d / BACKEND_FILE).unlink(missing_ok=True)
+        return d
 
-    @staticmethod
-    def _run(
-        what: str, result: tuple[int, str | None, str | None], ok: tuple[int, ...] = (0,)
-    ) -> tuple[int, str]:
-        code, out, err = result
-        if code not in ok:
-            detail = (err or out or "").strip()
-            raise CloudError(f"terraform {what} failed (exit {code}):\n{detail}")
-        return code, out or ""
-
-    def _init(self, tf: Terraform) -> None:
-        self._run("init", tf.cmd("init", input=False, no_color=IsFlagged, upgrade=IsFlagged))
-
-    def _plan(self, tf: Terraform, *, destroy: bool = False) -> tuple[bool, str]:
-        """(has changes, plan text). Exit code 2 of -detailed-exitcode means changes."""
-        code, out = self._run(
-            "plan",
-            tf.plan(
-                out=PLAN_FILE,
-                destroy=IsFlagged if destroy else None,
-                input=False,
-                no_color=IsFlagged,
-                lock_timeout="60s",
-            ),
-            ok=(0, 2),
-        )
-        return code == 2, out
-
-    def _apply_plan(self, tf: Terraform) -> None:
-        self._run("apply", tf.apply(PLAN_FILE, skip_plan=True, input=False, no_color=IsFlagged))
+    def _init(self, tf: TerraformRun) -> None:
+        tf.init(backend_config=BACKEND_FILE if self.state_backend is not None else None)
 
     def _approved(self, action: str, auto_approve: bool) -> bool:
         if auto_approve:
@@ -339,14 +199,17 @@ class CloudDriver:
 
     def add(self, region: str, *, auto_approve: bool = False, plan_out: Progress = print) -> CloudRegion:
         toolchain = self.check(region)
-        d = self.region_dir(region)
-        d.mkdir(parents=True, exist_ok=True)
-        write_private_json(d / "main.tf.json", self.root_module(region))
-        with self._terraform(region, toolchain) as tf:
-            self.progress(f"{region}: terraform init ({toolchain.mirror or 'registry'})")
+        d = self.write_root_module(region)
+        with terraform_in(d, toolchain) as tf:
+            state = (
+                f"state s3://{self.state_backend.bucket}/{self.state_backend.key(region)}"
+                if self.state_backend is not None
+                else "local state"
+            )
+            self.progress(f"{region}: terraform init ({toolchain.mirror or 'registry'}, {state})")
             self._init(tf)
             self.progress(f"{region}: terraform plan")
-            changed, plan_text = self._plan(tf)
+            changed, plan_text = tf.plan()
             if changed:
                 plan_out(plan_text)
                 if not self._approved(f"apply this plan to {region}", auto_approve):
@@ -354,7 +217,7 @@ class CloudDriver:
                 t0 = time.monotonic()
                 self.progress(f"{region}: terraform apply")
                 try:
-                    self._apply_plan(tf)
+                    tf.apply_plan()
                 except CloudError:
                     self._write_record(CloudRegion(region, "failed", {}, False, time.time()))
                     raise
@@ -382,9 +245,9 @@ class CloudDriver:
             self.progress(f"region {region} is not part of the federation")
             return
         toolchain = self.check(region, for_add=False)
-        with self._terraform(region, toolchain) as tf:
+        with terraform_in(d, toolchain) as tf:
             self._init(tf)
-            changed, plan_text = self._plan(tf, destroy=True)
+            changed, plan_text = tf.plan(destroy=True)
             if changed:
                 plan_out(plan_text)
                 if not self._approved(f"destroy {region}", auto_approve):
@@ -393,7 +256,7 @@ class CloudDriver:
             self.deregister_from_backend(region)
             if changed:
                 self.progress(f"{region}: terraform destroy")
-                self._apply_plan(tf)
+                tf.apply_plan()
         shutil.rmtree(d)
         self._forget_secrets(region)
         self.progress(f"region {region} removed")
@@ -433,134 +296,3 @@ class CloudDriver:
         path = self.state_dir / "backend-tls.auto.tfvars.json"
         write_private_json(path, self._node_tls("backend", self.backend_server_name()))
         return path
-
-    # --- backend registration -------------------------------------------------------------------
-
-    def backend_admin(self) -> RabbitAdmin | None:
-        s = self.settings
-        if not s.cloud_backend_management_url:
-            return None
-        password = s.cloud_backend_password or self.secrets()["admin"]
-        return RabbitAdmin(s.cloud_backend_management_url, s.cloud_backend_user, password)
-
-    def register_with_backend(self) -> bool:
-        """Apply the backend's side for every applied region (the upstream sets list them all)."""
-        admin = self.backend_admin()
-        if admin is None:
-            self.progress("backend registration skipped: FEDGATE_CLOUD_BACKEND_MANAGEMENT_URL is not set")
-            return False
-        sec = self.secrets()
-        links = [
-            registration.link_for(r.region, r.outputs["amqp_endpoint"], sec["gateways"][r.region])
-            for r in self.records()
-            if r.state == "applied" and "amqp_endpoint" in r.outputs
-        ]
-        try:
-            registration.register_regions(
-                admin,
-                links,
-                admin_password=self.settings.cloud_backend_password or sec["admin"],
-                backend_link_password=sec["backend_link"],
-                uplink_shards=self.settings.uplink_shards,
-            )
-        except AdminError as e:
-            raise CloudError(f"registering with the backend at {admin.base_url}: {e}") from e
-        self.progress(f"backend {admin.base_url} holds {', '.join(lk.region for lk in links)}")
-        return True
-
-    def deregister_from_backend(self, region: str) -> None:
-        """Remove the region's objects from the backend; the upstream sets then list the others."""
-        rec = self.record(region)
-        if rec is not None:
-            rec.state = "destroying"  # no longer one of the regions register_with_backend lists
-            self._write_record(rec)
-        admin = self.backend_admin()
-        if admin is None:
-            return
-        rest = [r for r in self.records() if r.state == "applied"]
-        try:
-            registration.deregister_region(admin, region)
-            if not rest:
-                registration.drop_upstream_sets(admin)
-        except AdminError as e:
-            raise CloudError(f"deregistering {region} from the backend at {admin.base_url}: {e}") from e
-        if rest:
-            self.register_with_backend()
-
-    # --- devices on running gateways ---------------------------------------------------------------
-
-    def gateway_admin(self, rec: CloudRegion) -> RabbitAdmin:
-        """The management API of one running node of the region's gateway cluster.
-
-        The API is not behind the load balancer: it listens on the nodes, open
-        to admin_cidr_blocks only.  Users are cluster-wide, so one node will do.
-        """
-        aws = {
-            "region_name": rec.outputs["aws_region"],
-            "endpoint_url": self.settings.aws_endpoint_url or None,
-        }
-        groups = boto3.client("autoscaling", **aws).describe_auto_scaling_groups(
-            AutoScalingGroupNames=[rec.outputs["autoscaling_group_name"]]
-        )["AutoScalingGroups"]
-        ids = [i["InstanceId"] for g in groups for i in g["Instances"] if i["LifecycleState"] == "InService"]
-        if not ids:
-            raise CloudError(f"{rec.region}: no gateway node in service")
-        reservations = boto3.client("ec2", **aws).describe_instances(InstanceIds=ids)["Reservations"]
-        hosts = [
-            i.get("PublicIpAddress") or i["PrivateIpAddress"] for r in reservations for i in r["Instances"]
-        ]
-        return RabbitAdmin(f"http://{hosts[0]}:15672", c.ADMIN_USER, self.secrets()["admin"])
-
-    def push_devices(self, added: NodeDefinitions | None, revoked: list[str]) -> DeviceUpdate:
-        """Apply new device users and revocations to every applied cloud region's running gateways.
-
-        `failed` names the regions that could not be updated, with why: the
-        registry stays the truth, and `fedgate devices sync` pushes it again.
-        A region added later gets the whole registry in its boot definitions.
-        """
-        return DeviceUpdate(
-            failed=self._on_every_region(lambda admin: apply_to_gateway(admin, added, revoked))
-        )
-
-    def sync_devices(self, hashes: Mapping[str, str]) -> DeviceUpdate:
-        """Make every cloud region's device users exactly the registry's (see sync_gateway)."""
-        return DeviceUpdate(failed=self._on_every_region(lambda admin: sync_gateway(admin, hashes)))
-
-    def _on_every_region(self, action: Callable[[RabbitAdmin], object]) -> dict[str, str]:
-        failed: dict[str, str] = {}
-        for rec in self.records():
-            if rec.state != "applied":
-                continue
-            try:
-                action(self.gateway_admin(rec))
-            except (CloudError, AdminError, KeyError, botocore.exceptions.BotoCoreError,
-                    botocore.exceptions.ClientError) as e:  # fmt: skip
-                failed[rec.region] = str(e)
-                continue
-            self.progress(f"{rec.region}: devices updated on its gateways")
-        return failed
-
-    # --- DNS ---------------------------------------------------------------------------------------
-
-    def route53_client(self) -> Any:
-        return boto3.client("route53", endpoint_url=self.settings.aws_endpoint_url or None)
-
-    def verify_dns(self, rec: CloudRegion) -> tuple[route53.LatencyRecord, route53.HealthCheck]:
-        o = rec.outputs
-        try:
-            found = route53.verify_region_record(
-                self.route53_client(),
-                zone_id=self.settings.cloud_zone_id,
-                hostname=o["mqtt_hostname"],
-                set_identifier=rec.region,
-                aws_region=o["aws_region"],
-                target=o["lb_dns_name"],
-            )
-        except route53.Route53VerificationError as e:
-            raise CloudError(f"{rec.region}: {e}") from e
-        r, hc = found
-        self.progress(
-            f"{rec.region}: latency record {r.name} [{r.set_identifier}] -> {r.targets[0]}, "
-            f"health check {hc.id} ({hc.type} {hc.fqdn}:{hc.port})"
-        )
-        return found

@@ -25,8 +25,11 @@ AWS_PROVIDER = "registry.terraform.io/hashicorp/aws"
 AWS_PROVIDER_MAJOR = 5
 PLATFORM = "linux_amd64"
 
+#: The modules' required_version: templatestring and validations that read other variables.
+MIN_TERRAFORM = (1, 9)
+
 INSTALL_HINT = (
-    "install Terraform >= 1.5 (the release zip from releases.hashicorp.com) or set "
+    "install Terraform >= 1.9 (the release zip from releases.hashicorp.com) or set "
     "FEDGATE_TERRAFORM_BIN; see docs/operations.md, 'Terraform without the network'"
 )
 
@@ -67,7 +70,7 @@ def find_terraform(configured: str = "terraform") -> tuple[Path, str]:
     if not m:
         raise ToolchainError(f"terraform at {path} does not report a version: {out[:200]!r}")
     major, minor = (int(x) for x in m.group(1).split(".")[:2])
-    if (major, minor) < (1, 5):
+    if (major, minor) < MIN_TERRAFORM:
         raise ToolchainError(f"terraform {m.group(1)} at {path} is too old: {INSTALL_HINT}")
     return Path(path), m.group(1)
 

@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 import pytest
 
-from infra.cloud.driver import AWS_SERVICES
+from infra.cloud.root_module import AWS_SERVICES
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
 
@@ -170,3 +170,13 @@ provider "aws" {{
   }}
 }}
 """
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake AWS credentials for moto, in eu-west-1; no profile of the machine's."""
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")

@@ -25,15 +25,6 @@ HOSTNAME = "mqtt.fleet.example.com"
 GW_NAME = f"gw-{REGION}.fleet.example.com"
 
 
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-
-
 def _dns(zone_name: str = "fleet.example.com", *, region: str = REGION, port: int = 1883) -> str:
     """What the gateway-region module would have created: a latency record with a health check."""
     r53 = boto3.client("route53")
@@ -97,6 +88,8 @@ def _driver(
         cloud_backend_cidrs="198.51.100.10/32",
         cloud_backend_amqp_host="backend.fleet.example.com",
         cloud_backend_management_url=backend_url,
+        # the settings' default (2) is below what the gateway-region module accepts
+        cloud_node_count=3,
         **values,
     )
     return CloudDriver(settings, progress=lambda m: None, confirm=lambda prompt: confirm)

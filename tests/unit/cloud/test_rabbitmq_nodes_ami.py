@@ -42,7 +42,7 @@ module "nodes" {
   ami_id             = var.ami_id
   ami_name_filter    = var.ami_name_filter
   instance_type      = var.instance_type
-  node_count         = 1
+  node_count         = 3
   subnet_ids         = ["subnet-0123456789abcdef0"]
   security_group_ids = ["sg-0123456789abcdef0"]
 }

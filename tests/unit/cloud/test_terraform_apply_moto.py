@@ -92,12 +92,12 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     lb_ports = {(r["FromPort"], r["ToPort"]) for r in lb_sg["IpPermissions"]}
     assert {(1883, 1883), (8883, 8883), (5671, 5672)} == lb_ports
 
-    # the gateway nodes: an autoscaling group of two
+    # the gateway nodes: an autoscaling group of three (a majority survives the loss of one)
     asg = moto_client("autoscaling", moto_url, REGION).describe_auto_scaling_groups(  # type: ignore[attr-defined]
         AutoScalingGroupNames=[outputs["autoscaling_group_name"]]
     )["AutoScalingGroups"][0]
     # MQTT, AMQP, and passed-through AMQPS and MQTT over TLS
-    assert asg["DesiredCapacity"] == 2 and len(asg["TargetGroupARNs"]) == 4
+    assert asg["DesiredCapacity"] == 3 and len(asg["TargetGroupARNs"]) == 4
 
     # the nodes boot with the TLS listeners and the certificate files (cloud-init)
     template = ec2.describe_launch_template_versions(  # type: ignore[attr-defined]
@@ -109,8 +109,12 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     cloud_config = yaml.safe_load(user_data)
     assert user_data.startswith("#cloud-config\n") and cloud_config["packages"] == [
         "ca-certificates",
+        "curl",
         "rabbitmq-server",
     ]
+    # the node reads its private address with an IMDSv2 token (the node name's address)
+    metadata = template["LaunchTemplateData"]["MetadataOptions"]
+    assert metadata["HttpTokens"] == "required" and metadata["HttpEndpoint"] == "enabled"
     files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
     # the plugins of a local gateway node, plus peer discovery
     local_plugins = (PROJECT_ROOT / "gateways" / "templates" / "enabled_plugins").read_text().strip()
@@ -120,12 +124,14 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     assert "cluster_formation.peer_discovery_backend = aws" in files["/etc/rabbitmq/rabbitmq.conf"]
     # the same emulator flags and statistics setting as a local gateway node
     local_erl_args = (PROJECT_ROOT / "gateways" / "templates" / "erl_args").read_text().strip()
-    env = files["/etc/rabbitmq/rabbitmq-env.conf"].splitlines()
+    env = [line for line in files["/etc/rabbitmq/rabbitmq-env.conf"].splitlines() if not line.startswith("#")]
     assert env[0] == f'SERVER_ADDITIONAL_ERL_ARGS="{local_erl_args}"'
     # the gateway's authentication backend: its source on the node, compiled there before
     # the broker starts, into a folder first in the plugins path (gateways/node.py plugin_sources)
     plugin = PROJECT_ROOT / "gateways" / "mqtt_auth_plugin"
     assert env[1].startswith('PLUGINS_DIR="/usr/local/lib/fedgate/rabbitmq-plugins:')
+    # the node's name comes at boot (test_rabbitmq_nodes_boot.py), not from Terraform
+    assert len(env) == 2
     assert (
         files["/usr/local/src/fedgate/fedgate_mqtt_auth/fedgate_mqtt_auth.erl"]
         == (plugin / "src" / "fedgate_mqtt_auth.erl").read_text()
@@ -213,4 +219,25 @@ def test_backend_example_plans_against_moto_with_debian_13_nodes_and_the_backend
         "].", ",rabbitmq_peer_discovery_aws].\n"
     )
     assert "cluster_name = fedgate-backend" in files["/etc/rabbitmq/rabbitmq.conf"]
-    assert "/etc/rabbitmq/rabbitmq-env.conf" not in files  # no emulator flags of its own
+    # no emulator flags or plugins of its own: only the node name, added at boot
+    env = files["/etc/rabbitmq/rabbitmq-env.conf"]
+    assert [line for line in env.splitlines() if not line.startswith("#")] == []
+    conf = files["/etc/rabbitmq/rabbitmq.conf"]
+    assert "quorum_queue.continuous_membership_reconciliation.target_group_size = 3" in conf
+
+    # Kafka: every partition on 3 brokers, 2 of them in sync for a write to count
+    kafka_config = next(
+        r
+        for r in json.loads(shown.stdout)["planned_values"]["root_module"]["child_modules"][0]["resources"]
+        if r["address"] == "module.backend.aws_msk_configuration.this[0]"
+    )["values"]
+    properties = dict(
+        (k.strip(), v.strip())
+        for k, v in (
+            line.split("=", 1) for line in kafka_config["server_properties"].splitlines() if "=" in line
+        )
+    )
+    assert properties["default.replication.factor"] == "3"
+    assert properties["min.insync.replicas"] == "2"
+    assert properties["auto.create.topics.enable"] == "false"
+    assert kafka_config["kafka_versions"] == ["3.6.0"]

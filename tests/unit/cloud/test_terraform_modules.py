@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,50 @@ def test_terraform_validate_passes(toolchain: Toolchain, terraform_tree: Path, r
     r = run_tf(toolchain, cwd, "validate", "-no-color")
     assert r.returncode == 0, f"{rel}: {r.stdout}{r.stderr}"
     assert "Warning" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+# --- self-contained modules: usable from a registry or a git subfolder --------------------------
+
+#: Terraform's functions that read files, and their first argument.
+FILE_READS = re.compile(
+    r"\b(file|templatefile|fileset|filebase64|filemd5|filesha256|fileexists)\(\s*([^,)]*)"
+)
+LOCAL_SOURCE = re.compile(r'^\s*source\s*=\s*"(\.\.?/[^"]+)"', re.M)
+
+
+def _called_modules(module: Path) -> set[Path]:
+    """The local modules `module` calls, and theirs, recursively (not `module` itself)."""
+    found: set[Path] = set()
+    todo = [module]
+    while todo:
+        for tf in todo.pop().glob("*.tf"):
+            for src in LOCAL_SOURCE.findall(tf.read_text()):
+                called = (tf.parent / src).resolve()
+                if called not in found:
+                    found.add(called)
+                    todo.append(called)
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_a_module_reads_files_of_its_own_folder_only(path: Path) -> None:
+    for tf in path.glob("*.tf"):
+        text = tf.read_text()
+        for m in FILE_READS.finditer(text):
+            arg = m.group(2).strip()
+            assert arg.startswith('"${path.module}/') and ".." not in arg, f"{tf.name}: {m.group(0)}"
+        assert "path.root" not in text and "path.cwd" not in text, tf.name
+    # a module calls only its siblings, which a package of the modules folder carries along
+    assert {p.parent for p in _called_modules(path)} <= {TERRAFORM_DIR / "modules"}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_a_module_copied_alone_is_valid(toolchain: Toolchain, tmp_path: Path, path: Path) -> None:
+    """The module's folder (and the sibling modules it calls) away from the repository."""
+    for module in {path, *_called_modules(path)}:
+        shutil.copytree(module, tmp_path / module.name, ignore=shutil.ignore_patterns(".terraform*"))
+    cwd = tmp_path / path.name
+    init = run_tf(toolchain, cwd, "init", "-backend=false", "-input=false", "-no-color")
+    assert init.returncode == 0, init.stderr
+    r = run_tf(toolchain, cwd, "validate", "-no-color")
+    assert r.returncode == 0, f"{path.name} alone: {r.stdout}{r.stderr}"

@@ -5,6 +5,12 @@ provider "aws" {
   region = var.aws_region
 }
 
+# This example lives in the fedgate repository and takes the backend's templates
+# from there; the module itself reads nothing outside its folder.
+locals {
+  repo = "${path.module}/../../../.."
+}
+
 module "backend" {
   source = "../../modules/backend"
 
@@ -16,6 +22,10 @@ module "backend" {
   gateway_cidr_blocks = ["0.0.0.0/0"]
   admin_password      = var.admin_password
   erlang_cookie       = var.erlang_cookie
+
+  rabbitmq_conf_template = file("${local.repo}/backend/templates/rabbitmq.conf")
+  enabled_plugins        = file("${local.repo}/backend/templates/enabled_plugins")
+  tls_conf_template      = file("${local.repo}/gateways/templates/tls.conf")
 
   # From `fedgate backend-tls` (backend-tls.auto.tfvars.json beside this file).
   node_tls         = var.node_tls

@@ -7,15 +7,14 @@ data "aws_availability_zones" "available" {
 }
 
 locals {
-  name          = "${var.name_prefix}-backend"
-  azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
-  templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../backend/templates")
-  tags          = merge({ "fedgate:role" = "backend" }, var.tags)
+  name = "${var.name_prefix}-backend"
+  azs  = slice(data.aws_availability_zones.available.names, 0, var.az_count)
+  tags = merge({ "fedgate:role" = "backend" }, var.tags)
 
   # The TLS listener lines every fedgate node shares (local and cloud).
   node_tls = var.node_tls != null
   tls_dir  = "/etc/rabbitmq/tls"
-  tls_conf = local.node_tls ? templatefile("${path.module}/../../../../gateways/templates/tls.conf", {
+  tls_conf = local.node_tls ? templatestring(var.tls_conf_template, {
     host           = "0.0.0.0"
     amqps_port     = 5671
     cacertfile     = "${local.tls_dir}/ca.pem"
@@ -214,7 +213,7 @@ module "nodes" {
 
   name = "${local.name}-nodes"
   tags = local.tags
-  rabbitmq_conf = join("", [templatefile("${local.templates_dir}/rabbitmq.conf", {
+  rabbitmq_conf = join("", [templatestring(var.rabbitmq_conf_template, {
     cluster_name    = "fedgate-backend"
     host            = "0.0.0.0"
     amqp_port       = 5672
@@ -229,13 +228,14 @@ module "nodes" {
     cert_pem = var.node_tls.cert_pem
     key_pem  = var.node_tls_key_pem
   } : null
-  enabled_plugins    = file("${local.templates_dir}/enabled_plugins")
+  enabled_plugins    = var.enabled_plugins
   erlang_cookie      = var.erlang_cookie
   ami_id             = var.ami_id
   ami_owners         = var.ami_owners
   ami_name_filter    = var.ami_name_filter
   instance_type      = var.instance_type
   node_count         = var.node_count
+  allow_single_node  = var.allow_single_node
   subnet_ids         = aws_subnet.private[*].id
   security_group_ids = [aws_security_group.backend.id]
   target_group_arns  = concat([aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn], aws_lb_target_group.amqps[*].arn)
@@ -323,13 +323,56 @@ resource "aws_lb_listener" "management" {
 
 # --- Kafka (Amazon MSK) -------------------------------------------------------------------
 
+locals {
+  # Every record the router bridges is acked to the gateway only after Kafka has it
+  # (acks=all): with 3 replicas and 2 in sync, a write survives the loss of a broker
+  # and the topic stays writable while one broker is down (a rolling MSK patch).
+  kafka_replication_factor  = 3
+  kafka_min_insync_replicas = 2
+  kafka_brokers             = var.az_count * var.kafka_brokers_per_az
+}
+
+resource "aws_msk_configuration" "this" {
+  count = var.create_kafka ? 1 : 0
+
+  name           = local.name
+  kafka_versions = [var.kafka_version]
+  description    = "fedgate: replication ${local.kafka_replication_factor}, ${local.kafka_min_insync_replicas} in sync, topics created by the router"
+
+  # The router creates its topics ahead of time with the partitions it shards by;
+  # a topic auto-created by a typo would take Kafka's defaults. Kafka's own topics
+  # (consumer offsets, transactions) get the same replication as fedgate's, and no
+  # out-of-sync replica may become leader (it would drop acknowledged records).
+  server_properties = <<-EOT
+    auto.create.topics.enable = false
+    default.replication.factor = ${local.kafka_replication_factor}
+    min.insync.replicas = ${local.kafka_min_insync_replicas}
+    offsets.topic.replication.factor = ${local.kafka_replication_factor}
+    transaction.state.log.replication.factor = ${local.kafka_replication_factor}
+    transaction.state.log.min.isr = ${local.kafka_min_insync_replicas}
+    unclean.leader.election.enable = false
+  EOT
+}
+
 resource "aws_msk_cluster" "this" {
   count = var.create_kafka ? 1 : 0
 
   cluster_name           = local.name
   kafka_version          = var.kafka_version
-  number_of_broker_nodes = var.az_count * var.kafka_brokers_per_az
+  number_of_broker_nodes = local.kafka_brokers
   tags                   = local.tags
+
+  configuration_info {
+    arn      = aws_msk_configuration.this[0].arn
+    revision = aws_msk_configuration.this[0].latest_revision
+  }
+
+  lifecycle {
+    precondition {
+      condition     = local.kafka_brokers >= local.kafka_replication_factor
+      error_message = "Kafka replicates every partition ${local.kafka_replication_factor} times: az_count x kafka_brokers_per_az must be at least ${local.kafka_replication_factor} (e.g. az_count = 2 with kafka_brokers_per_az = 2)."
+    }
+  }
 
   broker_node_group_info {
     instance_type   = var.kafka_instance_type

@@ -33,6 +33,14 @@ output "kafka_bootstrap_brokers_tls" {
   value       = var.create_kafka ? aws_msk_cluster.this[0].bootstrap_brokers_tls : null
 }
 
+output "kafka_topic_settings" {
+  description = "Replication the MSK cluster is configured for: the router creates its topics with replication_factor and produces with acks=all (min_insync_replicas must acknowledge); null without create_kafka."
+  value = var.create_kafka ? {
+    replication_factor  = local.kafka_replication_factor
+    min_insync_replicas = local.kafka_min_insync_replicas
+  } : null
+}
+
 output "analytics_bucket" {
   description = "Name of the analytics bucket."
   value       = aws_s3_bucket.analytics.bucket

@@ -62,9 +62,20 @@ variable "instance_type" {
 }
 
 variable "node_count" {
-  description = "Backend RabbitMQ nodes; 3 lets the quorum queues survive the loss of one (cost knob)."
+  description = "Backend RabbitMQ nodes (cost knob). At least 3, so that the quorum queues and the cluster's own state keep a majority through the loss of a node; 1 with allow_single_node; never 2."
   type        = number
   default     = 3
+
+  validation {
+    condition     = floor(var.node_count) == var.node_count && (var.node_count >= 3 || (var.allow_single_node && var.node_count == 1))
+    error_message = "node_count: at least 3, so that a majority survives the loss of a node; 1 only with allow_single_node = true (development, no redundancy)."
+  }
+}
+
+variable "allow_single_node" {
+  description = "Allow node_count = 1: a backend of one node for development, with no redundancy."
+  type        = bool
+  default     = false
 }
 
 variable "memory_mb" {
@@ -85,10 +96,28 @@ variable "erlang_cookie" {
   sensitive   = true
 }
 
-variable "templates_dir" {
-  description = "Folder with the backend's rabbitmq.conf and enabled_plugins templates. Null: the repository's backend/templates."
+# The module reads nothing outside its folder (it works from a registry or a git
+# subfolder): fedgate's node templates come in as text.
+
+variable "rabbitmq_conf_template" {
+  description = "The backend's rabbitmq.conf template (fedgate's backend/templates/rabbitmq.conf, the one the local backend renders); the module fills in cluster_name, host, amqp_port, management_port, prometheus_port, memory_mb, admin_user and admin_password."
+  type        = string
+}
+
+variable "enabled_plugins" {
+  description = "The backend's enabled_plugins file (backend/templates/enabled_plugins, an Erlang list)."
+  type        = string
+}
+
+variable "tls_conf_template" {
+  description = "The TLS listener lines' template every fedgate node shares (gateways/templates/tls.conf); the module fills in host, amqps_port, cacertfile, certfile, keyfile and mqtts_listener (empty here). Required with node_tls."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.node_tls == null || var.tls_conf_template != null
+    error_message = "tls_conf_template: required with node_tls (gateways/templates/tls.conf)."
+  }
 }
 
 variable "create_nat_gateway" {
@@ -116,7 +145,7 @@ variable "kafka_instance_type" {
 }
 
 variable "kafka_brokers_per_az" {
-  description = "MSK brokers in each availability zone (cost knob)."
+  description = "MSK brokers in each availability zone (cost knob); az_count x kafka_brokers_per_az must be at least 3 (every partition has 3 replicas)."
   type        = number
   default     = 1
 }

@@ -1,5 +1,7 @@
 terraform {
-  required_version = ">= 1.5.0"
+  # 1.9: templatestring (callers pass the node templates in as text) and
+  # validations that read other variables (node_count and allow_single_node).
+  required_version = ">= 1.9.0"
 
   required_providers {
     aws = {

@@ -10,12 +10,9 @@ data "aws_availability_zones" "available" {
 }
 
 locals {
-  name          = "${var.name_prefix}-${var.region}"
-  azs           = slice(data.aws_availability_zones.available.names, 0, var.az_count)
-  templates_dir = coalesce(var.templates_dir, "${path.module}/../../../../gateways/templates")
-  # the gateway's authentication backend, an Erlang plugin (gateways/node.py plugin_sources)
-  mqtt_auth_plugin = "${path.module}/../../../../gateways/mqtt_auth_plugin"
-  tags             = merge({ "fedgate:region" = var.region, "fedgate:role" = "gateway" }, var.tags)
+  name = "${var.name_prefix}-${var.region}"
+  azs  = slice(data.aws_availability_zones.available.names, 0, var.az_count)
+  tags = merge({ "fedgate:region" = var.region, "fedgate:role" = "gateway" }, var.tags)
 
   # Ports of a cloud node: the standard ones (each node has its own host).
   mqtt_port       = 1883
@@ -31,7 +28,7 @@ locals {
   mqtts_on_nodes = local.node_tls && var.certificate_arn == null
   tls_dir        = "/etc/rabbitmq/tls"
   server_name    = local.node_tls ? var.node_tls.server_name : null
-  tls_conf = local.node_tls ? templatefile("${local.templates_dir}/tls.conf", {
+  tls_conf = local.node_tls ? templatestring(var.tls_conf_template, {
     host           = "0.0.0.0"
     amqps_port     = local.amqps_port
     cacertfile     = "${local.tls_dir}/ca.pem"
@@ -240,7 +237,7 @@ module "nodes" {
 
   name = "${local.name}-gateway"
   tags = local.tags
-  rabbitmq_conf = join("", [templatefile("${local.templates_dir}/rabbitmq.conf", {
+  rabbitmq_conf = join("", [templatestring(var.rabbitmq_conf_template, {
     region          = var.region
     cluster_name    = var.region
     host            = "0.0.0.0"
@@ -259,25 +256,18 @@ module "nodes" {
     cert_pem = var.node_tls.cert_pem
     key_pem  = var.node_tls_key_pem
   } : null
-  enabled_plugins = file("${local.templates_dir}/enabled_plugins")
-  erlang_cookie   = var.erlang_cookie
-  definitions     = var.rabbitmq_definitions
-  max_fds         = var.max_fds
-  # the gateway's emulator flags, the same file as local gateways (gateways/node.py erl_args)
-  erl_args = trimspace(file("${local.templates_dir}/erl_args"))
-  # the gateway's authentication backend (gateways/node.py plugin_sources), built on each node
-  erlang_plugins = {
-    fedgate_mqtt_auth = {
-      vsn     = regex("\\{vsn,\\s*\"([^\"]+)\"\\}", file("${local.mqtt_auth_plugin}/fedgate_mqtt_auth.app"))[0]
-      app     = file("${local.mqtt_auth_plugin}/fedgate_mqtt_auth.app")
-      sources = { for f in fileset("${local.mqtt_auth_plugin}/src", "*.erl") : f => file("${local.mqtt_auth_plugin}/src/${f}") }
-    }
-  }
+  enabled_plugins    = var.enabled_plugins
+  erlang_cookie      = var.erlang_cookie
+  definitions        = var.rabbitmq_definitions
+  max_fds            = var.max_fds
+  erl_args           = trimspace(var.erl_args)
+  erlang_plugins     = var.erlang_plugins
   ami_id             = var.ami_id
   ami_owners         = var.ami_owners
   ami_name_filter    = var.ami_name_filter
   instance_type      = var.instance_type
   node_count         = var.node_count
+  allow_single_node  = var.allow_single_node
   subnet_ids         = aws_subnet.public[*].id
   security_group_ids = [aws_security_group.gateway.id]
   target_group_arns = concat(

@@ -82,14 +82,20 @@ variable "instance_type" {
 }
 
 variable "node_count" {
-  description = "Gateway nodes in the autoscaling group; they form one RabbitMQ cluster (cost knob)."
+  description = "Gateway nodes in the autoscaling group; they form one RabbitMQ cluster (cost knob). At least 3, so that a majority (quorum queues, the cluster's own state) survives the loss of a node; 1 with allow_single_node; never 2."
   type        = number
-  default     = 2
+  default     = 3
 
   validation {
-    condition     = var.node_count >= 1
-    error_message = "node_count: at least 1."
+    condition     = floor(var.node_count) == var.node_count && (var.node_count >= 3 || (var.allow_single_node && var.node_count == 1))
+    error_message = "node_count: at least 3, so that a majority survives the loss of a node; 1 only with allow_single_node = true (development, no redundancy)."
   }
+}
+
+variable "allow_single_node" {
+  description = "Allow node_count = 1: a gateway of one node for development, with no redundancy (its loss takes the region's devices offline until the autoscaling group replaces it)."
+  type        = bool
+  default     = false
 }
 
 variable "memory_mb" {
@@ -129,10 +135,44 @@ variable "rabbitmq_definitions" {
   sensitive   = true
 }
 
-variable "templates_dir" {
-  description = "Folder with the gateway's rabbitmq.conf and enabled_plugins templates. Null: the repository's gateways/templates, the ones the local driver renders."
+# --- what the node runs: fedgate's files, passed in by the caller -----------------
+# The module reads nothing outside its folder (it works from a registry or a git
+# subfolder): the gateway's templates and plugin come in as text.
+
+variable "rabbitmq_conf_template" {
+  description = "The gateway's rabbitmq.conf template (fedgate's gateways/templates/rabbitmq.conf, the one the local driver renders); the module fills in region, cluster_name, host, mqtt_host, amqp_port, management_port, prometheus_port, mqtt_port, mqtt_tcp_buffer, memory_mb, admin_user and admin_password."
+  type        = string
+}
+
+variable "tls_conf_template" {
+  description = "The TLS listener lines' template (gateways/templates/tls.conf); the module fills in host, amqps_port, cacertfile, certfile, keyfile and mqtts_listener. Required with node_tls."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.node_tls == null || var.tls_conf_template != null
+    error_message = "tls_conf_template: required with node_tls (gateways/templates/tls.conf)."
+  }
+}
+
+variable "enabled_plugins" {
+  description = "The gateway's enabled_plugins file (gateways/templates/enabled_plugins, an Erlang list)."
+  type        = string
+}
+
+variable "erl_args" {
+  description = "Extra Erlang emulator flags of the gateway nodes (gateways/templates/erl_args, the local gateways' flags); empty: none."
+  type        = string
+  default     = ""
+}
+
+variable "erlang_plugins" {
+  description = "fedgate's own Erlang plugins the gateway enables, compiled on each node: app name => { vsn, app (the .app file), sources (file name => .erl text) }. The gateway's rabbitmq.conf authenticates with fedgate_mqtt_auth (gateways/mqtt_auth_plugin), so it must be here."
+  type = map(object({
+    vsn     = string
+    app     = string
+    sources = map(string)
+  }))
 }
 
 # --- load balancer and DNS ----------------------------------------------------

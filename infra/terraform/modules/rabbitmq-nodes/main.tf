@@ -43,7 +43,11 @@ locals {
   # Debian 13's rabbitmq-server is 4.0.x (4.0.5-6+deb13u2 when this was
   # written); a node with any other release stays stopped and says why.
   rabbitmq_release = "4.0"
+  env_file         = "/etc/rabbitmq/rabbitmq-env.conf"
   start_if_release = join(" ", [
+    # a node without its IP name would boot a cluster of its own: better not at all
+    "grep -q '^NODENAME=rabbit@' ${local.env_file} ||",
+    "{ echo 'fedgate: no node name from the metadata service in ${local.env_file}; not started' >&2; exit 1; };",
     "v=$(dpkg-query -W -f='$${Version}' rabbitmq-server);",
     "case \"$v\" in",
     "${local.rabbitmq_release}.*) systemctl start rabbitmq-server ;;",
@@ -58,6 +62,21 @@ locals {
     "cluster_formation.aws.region = ${data.aws_region.current.name}",
     "cluster_formation.aws.use_autoscaling_group = true",
     "cluster_formation.aws.use_private_ip = true",
+    # The first nodes wait for each other instead of each forming a cluster of one.
+    "cluster_formation.target_cluster_size_hint = ${var.node_count}",
+    # The autoscaling group replaces a failed node with a new instance, a new IP and so
+    # a new node name: the old name stays a member that never comes back, counts
+    # against every majority and holds quorum queue replicas. Peer discovery lists the
+    # group's instances only, so a node it no longer lists is one the group terminated
+    # (a stopped or rebooting node keeps its place in the group and is not removed).
+    "cluster_formation.node_cleanup.interval = ${var.node_cleanup_interval}",
+    "cluster_formation.node_cleanup.only_log_warning = false",
+    # RabbitMQ 4.0 grows quorum queues back onto the replacement node (and drops the
+    # replicas of removed nodes), so a queue returns to one replica per node without an
+    # operator running rabbitmq-queues grow/shrink.
+    "quorum_queue.continuous_membership_reconciliation.enabled = true",
+    "quorum_queue.continuous_membership_reconciliation.target_group_size = ${var.node_count}",
+    "quorum_queue.continuous_membership_reconciliation.auto_remove = true",
     local.has_definitions ? "load_definitions = /etc/rabbitmq/definitions.json" : "",
     "",
   ])
@@ -80,11 +99,15 @@ locals {
       "ERL_LIBS=${local.package_plugins} erlc -o ${local.plugins_root}/${name}-${p.vsn}/ebin /usr/local/src/fedgate/${name}/*.erl",
     ]
   ]
-  # rabbitmq-env.conf is sourced by RabbitMQ's scripts (sh): the package's folder is found at boot
+  # rabbitmq-env.conf is sourced by RabbitMQ's scripts (sh): the package's folder is found at
+  # boot. NODENAME and USE_LONGNAME are added at boot (nodename_script): the address is the
+  # instance's, unknown here.
   rabbitmq_env = join("", concat(
+    ["# written by the rabbitmq-nodes Terraform module; ${local.nodename_script} adds the node name\n"],
     var.erl_args == "" ? [] : ["SERVER_ADDITIONAL_ERL_ARGS=\"${var.erl_args}\"\n"],
     length(var.erlang_plugins) == 0 ? [] : ["PLUGINS_DIR=\"${local.plugins_root}:${local.package_plugins}\"\n"],
   ))
+  nodename_script = "/usr/local/sbin/fedgate-rabbitmq-nodename"
 
   user_data = join("\n", ["#cloud-config", yamlencode({
     package_update = true
@@ -92,15 +115,19 @@ locals {
     # for any HTTP request, also the plain-HTTP metadata query of AWS peer
     # discovery; without it the node fails to boot (no_cacerts_found), and
     # rabbitmq-server does not depend on it.
-    packages = ["ca-certificates", "rabbitmq-server"]
+    # curl: the node name's address comes from the metadata service (nodename_script).
+    packages = ["ca-certificates", "curl", "rabbitmq-server"]
     write_files = concat(
       [
         { path = "/etc/rabbitmq/rabbitmq.conf", permissions = "0640", content = local.rabbitmq_conf },
         { path = "/etc/rabbitmq/enabled_plugins", permissions = "0644", content = "${local.enabled_plugins}\n" },
         { path = "/etc/fedgate/erlang.cookie", permissions = "0400", content = var.erlang_cookie },
-      ],
-      local.rabbitmq_env == "" ? [] : [
-        { path = "/etc/rabbitmq/rabbitmq-env.conf", permissions = "0644", content = local.rabbitmq_env },
+        { path = local.env_file, permissions = "0644", content = local.rabbitmq_env },
+        { path = local.nodename_script, permissions = "0755", content = file("${path.module}/files/rabbitmq-nodename.sh") },
+        # Debian's package would start the broker on install, under the host name and
+        # with its own cookie, and try to join the cluster as a stranger. Services stay
+        # down until runcmd (which removes this file again, for later upgrades).
+        { path = "/usr/sbin/policy-rc.d", permissions = "0755", content = "#!/bin/sh\n# fedgate: no service starts while cloud-init installs packages\nexit 101\n" },
       ],
       local.plugin_files,
       var.max_fds == null ? [] : [
@@ -120,12 +147,16 @@ locals {
         { path = "/etc/rabbitmq/tls/key.pem", permissions = "0400", content = var.tls_files.key_pem },
       ],
     )
-    # The package starts the broker with its defaults; restart it with the
-    # cluster's cookie and fedgate's config -- only if the package is the
-    # release fedgate runs everywhere (another AMI could bring another one).
+    # The broker's first start: with the cluster's cookie, fedgate's config and
+    # the node's IP name -- only if the package is the release fedgate runs
+    # everywhere (another AMI could bring another one). Whatever a start before
+    # this one left behind (an image that started it anyway) is stopped and its
+    # data removed, so that the node joins the cluster as itself.
     runcmd = concat([
+      ["rm", "-f", "/usr/sbin/policy-rc.d"],
       ["systemctl", "stop", "rabbitmq-server"],
       ], local.compile_plugins, [
+      [local.nodename_script, local.env_file],
       ["install", "-o", "rabbitmq", "-g", "rabbitmq", "-m", "0400", "/etc/fedgate/erlang.cookie", "/var/lib/rabbitmq/.erlang.cookie"],
       ["chown", "-R", "rabbitmq:rabbitmq", "/etc/rabbitmq"],
       ["rm", "-rf", "/var/lib/rabbitmq/mnesia"],
@@ -182,8 +213,12 @@ resource "aws_launch_template" "this" {
     arn = aws_iam_instance_profile.this.arn
   }
 
+  # IMDSv2 only: a node reads its private address (its node name) with a session
+  # token; one hop, so a container on the node cannot reach the node's role.
   metadata_options {
-    http_tokens = "required"
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
   }
 
   tag_specifications {

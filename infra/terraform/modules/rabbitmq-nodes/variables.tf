@@ -69,12 +69,30 @@ variable "instance_type" {
 }
 
 variable "node_count" {
-  description = "Nodes in the autoscaling group; they form one RabbitMQ cluster (cost knob)."
+  description = "Nodes in the autoscaling group; they form one RabbitMQ cluster (cost knob). At least 3: quorum queues and the cluster's own state need a majority of the nodes, and 3 keep one through the loss of a node. 1 with allow_single_node; never 2 (losing either node loses the majority)."
   type        = number
+  default     = 3
 
   validation {
-    condition     = var.node_count >= 1
-    error_message = "node_count: at least 1."
+    condition     = floor(var.node_count) == var.node_count && (var.node_count >= 3 || (var.allow_single_node && var.node_count == 1))
+    error_message = "node_count: at least 3, so that a majority survives the loss of a node; 1 only with allow_single_node = true (development, no redundancy)."
+  }
+}
+
+variable "allow_single_node" {
+  description = "Allow node_count = 1: a cluster of one node for development, with no redundancy (its loss stops the broker)."
+  type        = bool
+  default     = false
+}
+
+variable "node_cleanup_interval" {
+  description = "Seconds between a node's checks for cluster members the autoscaling group no longer lists (replaced instances); those are removed from the cluster."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.node_cleanup_interval >= 10
+    error_message = "node_cleanup_interval: at least 10 seconds."
   }
 }
 

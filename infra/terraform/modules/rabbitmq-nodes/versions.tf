@@ -1,5 +1,6 @@
 terraform {
-  required_version = ">= 1.5.0"
+  # 1.9: validations that read other variables (node_count and allow_single_node).
+  required_version = ">= 1.9.0"
 
   required_providers {
     aws = {
