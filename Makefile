@@ -53,6 +53,9 @@ army: up ## simulated devices, counted end to end: make army DEVICES=2000 RATE=2
 demo: setup ## the whole federation on this machine with devices sending and receiving
 	@$(FEDGATE) demo
 
+cloud-rehearsal: setup ## boot the backend module's nodes from their Terraform-rendered cloud-init on 3 network namespaces: one cluster?
+	@$(FEDGATE) cloud-rehearsal $(if $(JSON),--json,)
+
 spark-package: ## the Spark job packaged for spark-submit -> build/spark/ (prints the submit command)
 	@$(VENV)/bin/python -m spark.package
 
@@ -73,4 +76,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo spark-package test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo cloud-rehearsal spark-package test unit bench lint clean

@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from backend.devices import DeviceRegistryError
@@ -444,6 +445,32 @@ def cmd_backend_tls(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cloud_rehearsal(ctx: Context, args: argparse.Namespace) -> int:
+    from infra.cloud.rehearsal.run import RehearsalOptions, rehearse
+
+    options = RehearsalOptions(
+        work_dir=args.work_dir or ctx.settings.state_dir / "cloud-rehearsal",
+        subnet=args.subnet,
+        prefix=args.prefix,
+    )
+    try:
+        report = rehearse(ctx.settings, options, _progress)
+    except FedgateError as e:
+        print(f"fedgate: cloud-rehearsal: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(report.json())
+    else:
+        print(
+            f"cloud rehearsal passed: one cluster of {len(report.node_names)} nodes "
+            f"formed in {report.formed_in_s} s, "
+            f"quorum queue on {len(report.queue_members)} nodes, {report.consumed} of "
+            f"{report.confirmed_before_kill + report.confirmed_after_kill} confirmed messages kept "
+            f"with {report.killed} killed"
+        )
+    return 0
+
+
 def cmd_query(ctx: Context, args: argparse.Namespace) -> int:
     from spark import query
 
@@ -581,6 +608,18 @@ def build_parser() -> argparse.ArgumentParser:
         "backend-tls",
         help="write the cloud backend module's TLS inputs (certificate from fedgate's CA) as a tfvars file",
     ).set_defaults(fn=cmd_backend_tls)
+    rh = sub.add_parser(
+        "cloud-rehearsal",
+        help="boot the backend module's RabbitMQ nodes as EC2 would (cloud-init rendered by Terraform "
+        "against moto) on 3 network namespaces of this machine, and check they form one cluster",
+    )
+    rh.add_argument(
+        "--subnet", default="10.254.80.0/24", help="the instances' subnet (namespaces of this machine)"
+    )
+    rh.add_argument("--prefix", default="fgrh", help="names of the namespaces and the bridge")
+    rh.add_argument("--work-dir", type=Path, help="the instances' folders (default: <state_dir>/cloud-rehearsal)")
+    rh.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    rh.set_defaults(fn=cmd_cloud_rehearsal)
     ar = sub.add_parser(
         "army",
         help="simulated devices (asyncio, several processes) against the running federation; "

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +12,7 @@ from typing import Any
 import boto3
 import pytest
 
-from infra.cloud.root_module import AWS_SERVICES
+from infra.cloud.rehearsal.moto import MotoError, MotoServer, debian_image, provider_override
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
 
@@ -24,39 +20,19 @@ TERRAFORM_DIR = PROJECT_ROOT / "infra" / "terraform"
 MODULES = sorted(p for p in (TERRAFORM_DIR / "modules").iterdir() if p.is_dir())
 EXAMPLES = sorted(p for p in (TERRAFORM_DIR / "examples").iterdir() if p.is_dir())
 
-#: Debian's official AMI account, the rabbitmq-nodes module's default owner.
-DEBIAN_OWNER = "136693071363"
-
-
-def _image(ami_id: str, name: str, arch: str, created: str, owner: str = DEBIAN_OWNER) -> dict[str, Any]:
-    return {
-        "ami_id": ami_id,
-        "name": name,
-        "owner_id": owner,
-        "architecture": arch,
-        "creation_date": created,
-        "state": "available",
-        "public": True,
-        "image_type": "machine",
-        "virtualization_type": "hvm",
-        "hypervisor": "xen",
-        "root_device_type": "ebs",
-        "root_device_name": "/dev/xvda",
-        "description": name,
-    }
-
-
 #: The images moto offers (MOTO_AMIS_PATH): Debian 13 for both architectures, with the older
 #: build, a newer Debian 12 and a newer look-alike from another account the lookup must pass over.
 TRIXIE_AMD64 = "ami-0de13a0d64000002"
 TRIXIE_ARM64 = "ami-0de13a4a64000002"
 BOOKWORM_AMD64 = "ami-0de12a0d64000003"
 MOTO_AMIS = [
-    _image("ami-0de13a0d64000001", "debian-13-amd64-20250814-2204", "x86_64", "2025-08-14T22:04:00.000Z"),
-    _image(TRIXIE_AMD64, "debian-13-amd64-20251006-2257", "x86_64", "2025-10-06T22:57:00.000Z"),
-    _image(TRIXIE_ARM64, "debian-13-arm64-20251006-2257", "arm64", "2025-10-06T22:57:00.000Z"),
-    _image(BOOKWORM_AMD64, "debian-12-amd64-20251101-2300", "x86_64", "2025-11-01T23:00:00.000Z"),
-    _image(
+    debian_image(
+        "ami-0de13a0d64000001", "debian-13-amd64-20250814-2204", "x86_64", "2025-08-14T22:04:00.000Z"
+    ),
+    debian_image(TRIXIE_AMD64, "debian-13-amd64-20251006-2257", "x86_64", "2025-10-06T22:57:00.000Z"),
+    debian_image(TRIXIE_ARM64, "debian-13-arm64-20251006-2257", "arm64", "2025-10-06T22:57:00.000Z"),
+    debian_image(BOOKWORM_AMD64, "debian-12-amd64-20251101-2300", "x86_64", "2025-11-01T23:00:00.000Z"),
+    debian_image(
         "ami-0de13a0d64000666",
         "debian-13-amd64-20251201-0000",
         "x86_64",
@@ -93,7 +69,6 @@ def terraform_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_tf(
     toolchain: Toolchain, cwd: Path, *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    import os
 
     env = {**os.environ, **toolchain.env()}
     return subprocess.run(
@@ -101,46 +76,15 @@ def run_tf(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
-def moto_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def moto_url() -> Iterator[str]:
     """A moto server on 127.0.0.1 whose EC2 offers MOTO_AMIS (and no other image)."""
-    moto_server = Path(sys.executable).with_name("moto_server")
-    # moto[server] is a dev dependency `make setup` installs: missing, the install is broken
-    assert moto_server.exists(), f"{moto_server} missing: run `make setup` (moto[server], pyproject.toml)"
-    amis = tmp_path_factory.mktemp("moto") / "amis.json"
-    amis.write_text(json.dumps(MOTO_AMIS))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(moto_server), "-H", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, "MOTO_AMIS_PATH": str(amis)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not start on {url}")
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with MotoServer(MOTO_AMIS) as moto:
+            yield moto.url
+    except MotoError as e:
+        # moto[server] is a dev dependency `make setup` installs: missing, the install is broken
+        pytest.fail(str(e))
 
 
 def moto_client(service: str, url: str, region: str) -> Any:
@@ -153,23 +97,8 @@ def moto_client(service: str, url: str, region: str) -> Any:
     )
 
 
-def moto_override(url: str, region: str) -> str:
-    """A Terraform file that points every AWS API of the root module at moto."""
-    endpoints = "\n".join(f'    {s} = "{url}"' for s in AWS_SERVICES)
-    return f"""# written by the test: every AWS API goes to moto
-provider "aws" {{
-  region                      = "{region}"
-  access_key                  = "testing"
-  secret_key                  = "testing"
-  skip_credentials_validation = true
-  skip_requesting_account_id  = true
-  skip_metadata_api_check     = true
-
-  endpoints {{
-{endpoints}
-  }}
-}}
-"""
+#: the provider block every test's root module gets: every AWS API to moto
+moto_override = provider_override
 
 
 @pytest.fixture

@@ -1,0 +1,111 @@
+"""The RabbitMQ nodes' cloud-init, as Terraform renders it for EC2.
+
+The backend example (infra/terraform/examples/backend) is planned against moto, as an
+operator would plan it against AWS, and the user data of the nodes' launch template is
+read from the plan: the very bytes an instance of the autoscaling group would boot with.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from backend.errors import FedgateError
+from infra.cloud.rehearsal.moto import provider_override
+from infra.cloud.toolchain import Toolchain
+from infra.local.settings import PROJECT_ROOT
+
+TERRAFORM_DIR = PROJECT_ROOT / "infra" / "terraform"
+#: what the backend example reads from the repository beside the modules
+EXAMPLE_READS = ("backend/templates", "gateways/templates")
+NODES_MODULE = "module.backend.module.nodes"
+
+
+class RenderError(FedgateError):
+    """Terraform could not plan the example; the message carries its words."""
+
+
+@dataclass(frozen=True)
+class CloudFile:
+    path: str
+    content: str
+    permissions: str
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    """A node's #cloud-config: the files it writes, the packages it installs, the commands
+    it runs, in order."""
+
+    files: dict[str, CloudFile]
+    packages: tuple[str, ...]
+    runcmd: tuple[tuple[str, ...], ...]
+
+    @classmethod
+    def parse(cls, user_data: str) -> CloudConfig:
+        doc = yaml.safe_load(user_data)
+        if not isinstance(doc, dict) or not user_data.startswith("#cloud-config"):
+            raise RenderError("the launch template's user data is not a #cloud-config document")
+        files = {
+            f["path"]: CloudFile(f["path"], f.get("content", ""), str(f.get("permissions", "0644")))
+            for f in doc.get("write_files", [])
+        }
+        runcmd = tuple(tuple(str(a) for a in cmd) for cmd in doc.get("runcmd", []))
+        return cls(files, tuple(doc.get("packages", [])), runcmd)
+
+
+def _run(toolchain: Toolchain, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    done = subprocess.run(
+        [str(toolchain.terraform), *args, "-no-color"],
+        cwd=cwd,
+        env={**os.environ, **toolchain.env()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RenderError(
+            f"terraform {args[0]} of the backend example: {(done.stderr or done.stdout)[-3000:]}"
+        )
+    return done
+
+
+def backend_user_data(
+    toolchain: Toolchain, work: Path, moto_url: str, variables: dict[str, str], aws_region: str
+) -> str:
+    """Plan the backend example (a copy in `work`) against moto with `variables` and return
+    its nodes' user data (a #cloud-config document)."""
+    tree = work / "repo"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(TERRAFORM_DIR, tree / "infra" / "terraform", ignore=shutil.ignore_patterns(".terraform*"))
+    for part in EXAMPLE_READS:
+        shutil.copytree(PROJECT_ROOT / part, tree / part)
+    example = tree / "infra" / "terraform" / "examples" / "backend"
+    (example / "moto_override.tf").write_text(provider_override(moto_url, aws_region))
+    _run(toolchain, example, "init", "-input=false")
+    tf_vars = [f"-var={k}={v}" for k, v in variables.items()] + [f"-var=aws_region={aws_region}"]
+    _run(toolchain, example, "plan", "-input=false", "-out=tfplan", *tf_vars)
+    shown: dict[str, Any] = json.loads(_run(toolchain, example, "show", "-json", "tfplan").stdout)
+    return _launch_template_user_data(shown["planned_values"]["root_module"])
+
+
+def _launch_template_user_data(module: dict[str, Any]) -> str:
+    """The nodes module's launch template's user data, decoded, anywhere under `module`."""
+    for child in module.get("child_modules", []):
+        if child["address"] == NODES_MODULE:
+            template = next(r for r in child["resources"] if r["type"] == "aws_launch_template")
+            return base64.b64decode(template["values"]["user_data"]).decode()
+        try:
+            return _launch_template_user_data(child)
+        except LookupError:
+            continue
+    raise LookupError(f"{NODES_MODULE} not in the plan")

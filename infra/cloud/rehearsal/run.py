@@ -1,0 +1,309 @@
+"""The whole rehearsal: render, boot three instances, check the cluster as an operator would.
+
+What is checked, and why each matters on EC2:
+1. every instance named its node rabbit@<its private address> through IMDSv2 (a node
+   named otherwise would not be the peer AWS discovery lists: it would boot alone);
+2. the three nodes form ONE cluster, and each of them says so (no node alone);
+3. a quorum queue declared through one node has a replica on each of the three;
+4. one instance killed (SIGKILL, as a terminated instance): the queue keeps every message it
+   had confirmed and confirms new ones through another node, and the two left still see
+   each other and the lost node as a member that is down.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pika
+
+from backend.errors import FedgateError
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
+from infra.cloud.rehearsal.hosts import HostNetwork
+from infra.cloud.rehearsal.imds import MetadataService
+from infra.cloud.rehearsal.instance import Instance
+from infra.cloud.rehearsal.moto import MotoServer, debian_image
+from infra.cloud.rehearsal.render import CloudConfig, backend_user_data
+from infra.cloud.toolchain import detect
+from infra.local.broker import broker_runtime
+from infra.local.settings import LocalSettings
+
+#: the backend example's administrator (backend/main.tf renders it into rabbitmq.conf)
+ADMIN_USER = "fedgate-admin"
+NODES = 3
+AWS_REGION = "eu-central-1"
+QUEUE = "rehearsal.quorum"
+#: an m6i.large's image, as the module looks it up
+IMAGE = debian_image(
+    "ami-0de13a0d64000002", "debian-13-amd64-20251006-2257", "x86_64", "2025-10-06T22:57:00.000Z"
+)
+
+Progress = Callable[[str], None]
+
+
+class RehearsalError(FedgateError):
+    """The rehearsal found the cloud's nodes would not work; the message says what failed."""
+
+
+@dataclass
+class RehearsalOptions:
+    #: where the instances' folders and the rendered example go
+    work_dir: Path
+    #: the instances' subnet (network namespaces of this machine, never a real network)
+    subnet: str = "10.254.80.0/24"
+    #: names of the namespaces and the bridge (<prefix>-n1.., <prefix>-br)
+    prefix: str = "fgrh"
+    #: seconds for the three nodes to form their cluster
+    form_timeout_s: float = 240.0
+
+
+@dataclass
+class Report:
+    """What the rehearsal saw, for people (lines) and tests (--json)."""
+
+    node_names: dict[str, str] = field(default_factory=dict)
+    imds_requests: list[list[str]] = field(default_factory=list)
+    cluster_seen_by: dict[str, list[str]] = field(default_factory=dict)
+    formed_in_s: float = 0.0
+    queue_members: list[str] = field(default_factory=list)
+    killed: str = ""
+    confirmed_before_kill: int = 0
+    confirmed_after_kill: int = 0
+    consumed: int = 0
+    running_after_kill: dict[str, list[str]] = field(default_factory=dict)
+    peer_discovery: list[str] = field(default_factory=list)
+
+    def json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]]:
+    """The rendered rabbitmq.conf with AWS peer discovery replaced by the nodes AWS would have
+    listed (classic_config), and the lines replaced.  Every other line is kept as rendered."""
+    replaced = [
+        line
+        for line in rendered.splitlines()
+        if line.startswith("cluster_formation.peer_discovery_backend")
+        or line.startswith("cluster_formation.aws.")
+    ]
+    if not any("= aws" in line for line in replaced):
+        raise RehearsalError("the rendered rabbitmq.conf does not discover peers through AWS")
+    kept = [line for line in rendered.splitlines() if line not in replaced]
+    listed = [f"cluster_formation.classic_config.nodes.{i + 1} = {n}" for i, n in enumerate(node_names)]
+    lines = [
+        *kept,
+        "# cloud rehearsal: the autoscaling group's instances as AWS peer discovery would list them",
+        "cluster_formation.peer_discovery_backend = classic_config",
+        *listed,
+        "",
+    ]
+    return "\n".join(lines), replaced
+
+
+def rehearse(settings: LocalSettings, options: RehearsalOptions, progress: Progress) -> Report:
+    """Render the nodes' cloud-init, then boot it and check the cluster."""
+    admin_password = secrets.token_urlsafe(18)
+    cloud = render(settings, options, admin_password, progress)
+    return boot_and_check(settings, options, cloud, admin_password, progress)
+
+
+def render(
+    settings: LocalSettings, options: RehearsalOptions, admin_password: str, progress: Progress
+) -> CloudConfig:
+    """The backend example planned against moto: its nodes' cloud-init, also kept as
+    <work_dir>/user-data (what an instance would boot with)."""
+    toolchain = detect(
+        terraform_bin=settings.terraform_bin,
+        mirror=settings.tf_plugin_mirror,
+        cache_dir=settings.cache_dir,
+        require_mirror=True,
+    )
+    variables = {
+        "analytics_bucket_name": "fedgate-rehearsal",
+        "admin_password": admin_password,
+        "erlang_cookie": secrets.token_hex(20),
+    }
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    progress(f"planning infra/terraform/examples/backend against moto (Terraform {toolchain.version})")
+    t0 = time.monotonic()
+    with MotoServer([IMAGE]) as moto:
+        user_data = backend_user_data(toolchain, options.work_dir, moto.url, variables, AWS_REGION)
+    kept = options.work_dir / "user-data"
+    kept.write_text(user_data)
+    kept.chmod(0o600)  # the admin password and the cookie
+    cloud = CloudConfig.parse(user_data)
+    progress(
+        f"rendered the nodes' cloud-init in {time.monotonic() - t0:.0f} s: {len(cloud.files)} files, "
+        f"{len(cloud.runcmd)} commands ({kept})"
+    )
+    return cloud
+
+
+def boot_and_check(
+    settings: LocalSettings,
+    options: RehearsalOptions,
+    cloud: CloudConfig,
+    admin_password: str,
+    progress: Progress,
+) -> Report:
+    """Boot `cloud` on three instances and check what an operator would (module docstring)."""
+    report = Report()
+    runtime = broker_runtime("4.0", settings.cache_dir, settings.rabbitmq_bin_dir)
+    runtime.check("cloud rehearsal")
+    if runtime.root is None:
+        raise RehearsalError(
+            "the rehearsal boots Debian 13's RabbitMQ from make setup's root (Debian 12 hosts)"
+        )
+    with HostNetwork(options.prefix, options.subnet, NODES) as net, MetadataService(net.gateway, 0) as imds:
+        names = [f"rabbit@{h.address}" for h in net.hosts]
+        instances = [
+            Instance(h, options.work_dir / "instances" / h.netns, runtime.root, cloud) for h in net.hosts
+        ]
+        try:
+            _boot(instances, cloud, names, imds.url, report, progress)
+            report.imds_requests = [list(r) for r in imds.requests]
+            admins = {
+                i.name: RabbitAdmin(f"http://{i.host.address}:15672", ADMIN_USER, admin_password)
+                for i in instances
+            }
+            t0 = time.monotonic()
+            _wait_formed(instances, admins, names, options.form_timeout_s, report, progress)
+            report.formed_in_s = round(time.monotonic() - t0, 1)
+            _check_quorum_queue(instances, admins, names, admin_password, report, progress)
+        finally:
+            progress("stopping the instances")
+            for i in instances:
+                i.stop()
+    return report
+
+
+def _boot(
+    instances: list[Instance],
+    cloud: CloudConfig,
+    names: list[str],
+    imds_url: str,
+    report: Report,
+    progress: Progress,
+) -> None:
+    conf = cloud.files["/etc/rabbitmq/rabbitmq.conf"].content
+    rehearsed, report.peer_discovery = rehearsal_conf(conf, names)
+    for i in instances:
+        i.write_files(lambda _: rehearsed)
+        i.run_commands(imds_url)
+        # no name of its own: RabbitMQ's default, rabbit@<host name>, which no peer lists
+        report.node_names[i.name] = i.node_name() or "(none: rabbit@<host name>)"
+        progress(f"{i.name} ({i.host.address}): cloud-init done, node {report.node_names[i.name]} starting")
+
+
+def _running(admin: RabbitAdmin) -> list[str]:
+    return sorted(n["name"] for n in admin.get("nodes") if n.get("running"))
+
+
+def _wait_formed(
+    instances: list[Instance],
+    admins: dict[str, RabbitAdmin],
+    names: list[str],
+    timeout: float,
+    report: Report,
+    progress: Progress,
+) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        for i in instances:
+            if not i.alive():
+                raise RehearsalError(
+                    f"{i.name}: the node exited while forming the cluster; see {i.log} "
+                    f"and {i.dir / 'var/log/rabbitmq'}"
+                )
+        seen: dict[str, list[str]] = {}
+        for name, admin in admins.items():
+            try:
+                seen[name] = _running(admin)
+            except AdminError:
+                seen[name] = []
+        report.cluster_seen_by = seen
+        if all(s == sorted(names) for s in seen.values()):
+            progress(f"one cluster of {len(names)}: {', '.join(sorted(names))}")
+            return
+        status = "; ".join(f"{k}: {len(v)} running" if v else f"{k}: not answering" for k, v in seen.items())
+        if status != last:
+            progress(f"forming: {status}")
+            last = status
+        if time.monotonic() > deadline:
+            raise RehearsalError(f"no cluster of {len(names)} after {timeout:.0f} s: {status}")
+        time.sleep(2)
+
+
+def _publish(url: str, count: int, start: int) -> int:
+    """Publish `count` persistent messages with confirms; the number confirmed."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        confirmed = 0
+        for n in range(start, start + count):
+            ch.basic_publish(
+                "", QUEUE, str(n).encode(), pika.BasicProperties(delivery_mode=2), mandatory=True
+            )
+            confirmed += 1  # basic_publish raises when the broker nacks or returns it
+        return confirmed
+    finally:
+        conn.close()
+
+
+def _consume_all(url: str, expect: int, timeout: float = 60) -> set[int]:
+    got: set[int] = set()
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        deadline = time.monotonic() + timeout
+        while len(got) < expect and time.monotonic() < deadline:
+            method, _, body = ch.basic_get(QUEUE, auto_ack=False)
+            if method is None:
+                time.sleep(0.2)
+                continue
+            got.add(int(body))
+            ch.basic_ack(method.delivery_tag)
+        return got
+    finally:
+        conn.close()
+
+
+def _check_quorum_queue(
+    instances: list[Instance],
+    admins: dict[str, RabbitAdmin],
+    names: list[str],
+    password: str,
+    report: Report,
+    progress: Progress,
+) -> None:
+    first, second, last = instances
+    url = {i.name: f"amqp://{ADMIN_USER}:{password}@{i.host.address}:5672/%2F" for i in instances}
+    conn = pika.BlockingConnection(pika.URLParameters(url[first.name]))
+    try:
+        conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+    finally:
+        conn.close()
+    info: dict[str, Any] = admins[first.name].get(f"queues/%2F/{QUEUE}")
+    report.queue_members = sorted(info.get("members") or [])
+    if report.queue_members != sorted(names):
+        raise RehearsalError(f"quorum queue {QUEUE}: replicas on {report.queue_members}, not on every node")
+    progress(f"quorum queue {QUEUE}: a replica on each node")
+    report.confirmed_before_kill = _publish(url[first.name], 100, 0)
+    report.killed = last.name
+    last.kill()
+    progress(f"{last.name} killed (SIGKILL); {report.confirmed_before_kill} messages were confirmed before")
+    report.confirmed_after_kill = _publish(url[second.name], 100, 100)
+    got = _consume_all(url[second.name], 200)
+    report.consumed = len(got)
+    for i in (first, second):
+        report.running_after_kill[i.name] = _running(admins[i.name])
+    if got != set(range(200)):
+        raise RehearsalError(f"{QUEUE}: {len(got)} of 200 confirmed messages consumed after {last.name} died")
+    progress(f"with {last.name} dead: 100 more confirmed through {second.name}, 200 of 200 consumed")

@@ -1,0 +1,135 @@
+"""`make cloud-rehearsal`: the backend module's RabbitMQ nodes, booted from the cloud-init
+Terraform renders for EC2 (planned against moto), on three network namespaces of this machine.
+
+What a user checks: the nodes name themselves after their private address from the metadata
+service (IMDSv2), form one cluster of three, hold a quorum queue on every node, and keep
+every confirmed message when one instance dies.  And that the rehearsal would have caught
+the defect the module had: nodes that run under their host name boot alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.cloud.rehearsal.render import CloudConfig
+from infra.cloud.rehearsal.run import RehearsalError, RehearsalOptions, boot_and_check
+from infra.cloud.toolchain import ToolchainError, detect
+from infra.local.settings import PROJECT_ROOT, load_settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.terraform, pytest.mark.slow]
+
+FEDGATE = Path(sys.executable).with_name("fedgate")
+#: the tests' own subnet and names, apart from a rehearsal an operator runs beside them
+SUBNET = "10.254.90.0/24"
+PREFIX = "fgrhtest"
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """`fedgate cloud-rehearsal --json` once (what `make cloud-rehearsal` runs): its report and
+    its folder."""
+    settings = load_settings(env={})
+    try:
+        detect(
+            terraform_bin=settings.terraform_bin,
+            mirror=settings.tf_plugin_mirror,
+            cache_dir=settings.cache_dir,
+            require_mirror=True,
+        )
+    except ToolchainError as e:
+        pytest.skip(f"the rehearsal renders cloud-init with Terraform: {e}")
+    if os.geteuid() != 0:
+        pytest.skip("the rehearsal's instances are network namespaces, which need root")
+    work = tmp_path_factory.mktemp("rehearsal")
+    done = subprocess.run(
+        [
+            str(FEDGATE),
+            "cloud-rehearsal",
+            "--json",
+            "--work-dir",
+            str(work),
+            "--subnet",
+            SUBNET,
+            "--prefix",
+            PREFIX,
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout), work
+
+
+def _no_leftovers() -> None:
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert PREFIX not in links
+    assert PREFIX not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_the_modules_nodes_form_one_cluster_that_survives_an_instance(rehearsal) -> None:
+    """Tried: the backend example's nodes booted from their rendered cloud-init; a quorum
+    queue filled through one node; one instance SIGKILLed; more sent through another."""
+    report, work = rehearsal
+    addresses = {f"{PREFIX}-n{i}": f"10.254.90.{10 + i}" for i in (1, 2, 3)}
+    names = sorted(f"rabbit@{a}" for a in addresses.values())
+    # each node is named after the address the metadata service told it, asked with a token
+    assert report["node_names"] == {n: f"rabbit@{a}" for n, a in addresses.items()}
+    for address in addresses.values():
+        assert ["PUT", "/latest/api/token", address] in report["imds_requests"]
+        assert ["GET", "/latest/meta-data/local-ipv4", address] in report["imds_requests"]
+    # what the rehearsal changed of the rendered config: AWS peer discovery, nothing else
+    assert report["peer_discovery"][0] == "cluster_formation.peer_discovery_backend = aws"
+    assert all(line.startswith("cluster_formation.") for line in report["peer_discovery"])
+    # one cluster, as each node sees it
+    assert report["cluster_seen_by"] == {n: names for n in addresses}
+    assert report["queue_members"] == names
+    # nothing confirmed was lost when an instance died
+    assert report["confirmed_before_kill"] == report["confirmed_after_kill"] == 100
+    assert report["consumed"] == 200
+    survivors = sorted(f"rabbit@{addresses[n]}" for n in addresses if n != report["killed"])
+    assert report["running_after_kill"] == {n: survivors for n in addresses if n != report["killed"]}
+    # the cloud-init it booted is kept for the operator to read
+    user_data = (work / "user-data").read_text()
+    assert user_data.startswith("#cloud-config")
+    _no_leftovers()
+
+
+def test_nodes_running_under_their_host_name_would_boot_alone(rehearsal) -> None:
+    """Tried: the same cloud-init without the node-name step and its guard (the module as it
+    was): the rehearsal fails; the nodes, named after the host, are none of the peers listed."""
+    _, work = rehearsal
+    cloud = CloudConfig.parse((work / "user-data").read_text())
+    password = re.search(r"^default_pass = (.+)$", cloud.files["/etc/rabbitmq/rabbitmq.conf"].content, re.M)
+    assert password is not None
+    runcmd = []
+    for cmd in cloud.runcmd:
+        if cmd[0].endswith("fedgate-rabbitmq-nodename"):
+            continue
+        if cmd[:2] == ("sh", "-c"):
+            # the guard that refuses to start a node without its IP name
+            cmd = ("sh", "-c", re.sub(r"^grep -q '\^NODENAME=rabbit@'.*?exit 1; \}; ", "", cmd[2]))
+            assert "NODENAME" not in cmd[2]
+        runcmd.append(cmd)
+    before = CloudConfig(cloud.files, cloud.packages, tuple(runcmd))
+    options = RehearsalOptions(work_dir=work / "host-names", subnet=SUBNET, prefix=PREFIX, form_timeout_s=45)
+    with pytest.raises(RehearsalError) as failed:
+        boot_and_check(load_settings(env={}), options, before, password.group(1), lambda msg: None)
+    # no cluster: the nodes wait for peers they can never reach, then give up
+    assert re.search(r"no cluster of 3|exited while forming", str(failed.value)), str(failed.value)
+    for i in (1, 2, 3):
+        logs = list(
+            (options.work_dir / "instances" / f"{PREFIX}-n{i}" / "var/log/rabbitmq").glob("rabbit@*.log")
+        )
+        # named after the host, not its address: absent from the peers AWS would list
+        assert logs and all("10.254.90." not in log.name for log in logs), logs
+        assert "list of nodes does not contain the local node" in logs[0].read_text()
+    _no_leftovers()
