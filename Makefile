@@ -56,6 +56,9 @@ demo: setup ## the whole federation on this machine with devices sending and rec
 cloud-rehearsal: setup ## boot the backend module's nodes from their Terraform-rendered cloud-init on 3 network namespaces: one cluster?
 	@$(FEDGATE) cloud-rehearsal $(if $(JSON),--json,)
 
+release: setup ## the fedgate release the cloud instances install: a wheel -> build/release/ (infra/terraform/modules/fedgate-service)
+	@rm -rf build/release && $(VENV)/bin/python -m pip wheel --quiet --no-deps --wheel-dir build/release . && ls build/release/*.whl
+
 spark-package: ## the Spark job packaged for spark-submit -> build/spark/ (prints the submit command)
 	@$(VENV)/bin/python -m spark.package
 
@@ -76,4 +79,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo cloud-rehearsal spark-package test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo cloud-rehearsal release spark-package test unit bench lint clean

@@ -617,7 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--subnet", default="10.254.80.0/24", help="the instances' subnet (namespaces of this machine)"
     )
     rh.add_argument("--prefix", default="fgrh", help="names of the namespaces and the bridge")
-    rh.add_argument("--work-dir", type=Path, help="the instances' folders (default: <state_dir>/cloud-rehearsal)")
+    rh.add_argument(
+        "--work-dir", type=Path, help="the instances' folders (default: <state_dir>/cloud-rehearsal)"
+    )
     rh.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     rh.set_defaults(fn=cmd_cloud_rehearsal)
     ar = sub.add_parser(

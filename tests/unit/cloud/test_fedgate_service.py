@@ -1,0 +1,223 @@
+"""The fedgate-service module: routers and the Spark job as systemd units on an autoscaling
+group.  The module, copied alone, planned against moto (the cloud-init its instances boot
+with, what their role may read, the instance counts it accepts), and its installer run
+against moto's S3 and Secrets Manager (the release into a virtualenv, the secrets into the
+unit's environment file)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.cloud.toolchain import Toolchain
+
+from .conftest import TERRAFORM_DIR, moto_client, moto_override, run_tf
+
+MODULE = TERRAFORM_DIR / "modules" / "fedgate-service"
+INSTALLER = MODULE / "files" / "fedgate-install.py"
+SECRET_ARN = "arn:aws:secretsmanager:eu-central-1:123456789012:secret:fedgate-router-AbCdEf"
+CONFIG = 'kafka_bootstrap = "b-1.msk:9096"\n'
+
+ROOT_MODULE = (
+    """# written by the test: the fedgate-service module, copied alone
+variable "service" {
+  type = string
+}
+
+variable "instance_count" {
+  type = number
+}
+
+module "service" {
+  source = "../fedgate-service"
+
+  name               = "svc"
+  service            = var.service
+  instance_count     = var.instance_count
+  subnet_ids         = ["subnet-0123456789abcdef0"]
+  security_group_ids = ["sg-0123456789abcdef0"]
+  release_bucket     = "fedgate-releases"
+  release_key        = "fedgate/fedgate-0.1.0-py3-none-any.whl"
+  config_toml        = "kafka_bootstrap = \\"b-1.msk:9096\\"\\n"
+  secret_arn         = "SECRET_ARN"
+  s3_bucket_arns     = var.service == "spark" ? ["arn:aws:s3:::fedgate-analytics"] : []
+}
+"""
+).replace("SECRET_ARN", SECRET_ARN)
+
+
+@pytest.fixture(scope="module")
+def alone(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory, moto_url: str) -> Path:
+    base = tmp_path_factory.mktemp("service")
+    shutil.copytree(MODULE, base / "fedgate-service", ignore=shutil.ignore_patterns(".terraform*"))
+    root = base / "root"
+    root.mkdir()
+    (root / "main.tf").write_text(ROOT_MODULE)
+    (root / "moto_override.tf").write_text(moto_override(moto_url, "eu-central-1"))
+    init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
+    assert init.returncode == 0, init.stderr
+    return root
+
+
+def _plan(toolchain: Toolchain, root: Path, service: str, count: int) -> subprocess.CompletedProcess[str]:
+    return run_tf(
+        toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan",
+        f"-var=service={service}", f"-var=instance_count={count}",
+    )  # fmt: skip
+
+
+def _planned(toolchain: Toolchain, root: Path) -> dict[str, dict[str, Any]]:
+    shown = json.loads(run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan").stdout)
+    (module,) = shown["planned_values"]["root_module"]["child_modules"]
+    return {r["type"]: r["values"] for r in module["resources"] if r["mode"] == "managed"}
+
+
+@pytest.mark.terraform
+@pytest.mark.slow
+@pytest.mark.parametrize(("service", "count", "entry"), [("router", 2, "router"), ("spark", 1, "spark.job")])
+def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
+    toolchain: Toolchain, alone: Path, service: str, count: int, entry: str
+) -> None:
+    plan = _plan(toolchain, alone, service, count)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
+    planned = _planned(toolchain, alone)
+    template = planned["aws_launch_template"]
+    assert template["metadata_options"][0]["http_tokens"] == "required"
+    cloud_config = yaml.safe_load(base64.b64decode(template["user_data"]).decode())
+    files = {f["path"]: f for f in cloud_config["write_files"]}
+
+    # the config as given, no secret in it; the installer is the module's own file
+    assert files[f"/etc/fedgate/{service}.toml"]["content"] == CONFIG
+    assert files["/usr/local/sbin/fedgate-install"]["content"] == INSTALLER.read_text()
+    unit = files[f"/etc/systemd/system/fedgate-{service}.service"]["content"]
+    assert f"ExecStart=/opt/fedgate/venv/bin/python -m {entry} --config /etc/fedgate/{service}.toml" in unit
+    assert f"EnvironmentFile=/etc/fedgate/{service}.env" in unit
+    assert "KillSignal=SIGTERM" in unit and "Restart=always" in unit and "DynamicUser=yes" in unit
+    assert ("default-jre-headless" in cloud_config["packages"]) is (service == "spark")
+
+    # installed (release + secrets) before the unit starts, once
+    install, reload, start = cloud_config["runcmd"]
+    assert install[0] == "/usr/local/sbin/fedgate-install"
+    args = dict(zip(install[1::2], install[2::2], strict=True))
+    assert args == {
+        "--region": "eu-central-1",
+        "--bucket": "fedgate-releases",
+        "--key": "fedgate/fedgate-0.1.0-py3-none-any.whl",
+        "--secret-arn": SECRET_ARN,
+        "--env-file": f"/etc/fedgate/{service}.env",
+    }
+    assert reload == ["systemctl", "daemon-reload"]
+    assert start == ["systemctl", "enable", "--now", f"fedgate-{service}.service"]
+
+    # the role reads the release object and the secret, and only the Spark job a bucket
+    statements = {s["Sid"]: s for s in json.loads(planned["aws_iam_role_policy"]["policy"])["Statement"]}
+    assert statements["Release"]["Resource"] == [
+        "arn:aws:s3:::fedgate-releases/fedgate/fedgate-0.1.0-py3-none-any.whl"
+    ]
+    assert statements["Secret"]["Resource"] == [SECRET_ARN]
+    assert ("Objects" in statements) is (service == "spark")
+    group = planned["aws_autoscaling_group"]
+    assert group["min_size"] == group["max_size"] == group["desired_capacity"] == count
+
+
+@pytest.mark.terraform
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("service", "count", "accepted"),
+    [("router", 1, False), ("router", 3, True), ("spark", 2, False), ("spark", 1, True)],
+)
+def test_routers_come_in_twos_and_the_job_alone(
+    toolchain: Toolchain, alone: Path, service: str, count: int, accepted: bool
+) -> None:
+    plan = _plan(toolchain, alone, service, count)
+    assert (plan.returncode == 0) is accepted, plan.stdout[-2000:] + plan.stderr
+    if not accepted:  # (terraform wraps the message's lines)
+        message = " ".join(plan.stderr.split())
+        assert (
+            "instance_count: 1 for the Spark job (one writer of the tables), at least 2 for routers"
+            in message
+        )
+
+
+# --- the installer ------------------------------------------------------------------------------
+
+
+def _wheel(folder: Path) -> Path:
+    """A minimal wheel (one module, no dependencies) standing in for fedgate's."""
+    name = "fedgate_standin-0.1.0"
+    files = {
+        "fedgate_standin/__init__.py": "VERSION = '0.1.0'\n",
+        f"{name}.dist-info/METADATA": "Metadata-Version: 2.1\nName: fedgate-standin\nVersion: 0.1.0\n",
+        f"{name}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{name}.dist-info/RECORD,,")
+    wheel = folder / f"{name}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+        z.writestr(f"{name}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+def _install(moto_url: str, tmp_path: Path, secret_arn: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable, str(INSTALLER), "--region", "eu-central-1", "--endpoint-url", moto_url,
+            "--bucket", "fedgate-releases", "--key", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl",
+            "--secret-arn", secret_arn, "--env-file", str(tmp_path / "etc" / "router.env"),
+            "--prefix", str(tmp_path / "opt"), "--pip-arg=--no-index",
+        ],
+        capture_output=True, text=True, timeout=300,
+        env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_installer_puts_the_release_in_a_venv_and_the_secret_in_the_units_environment(
+    moto_url: str, tmp_path: Path
+) -> None:
+    s3 = moto_client("s3", moto_url, "eu-central-1")
+    s3.create_bucket(
+        Bucket="fedgate-releases", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"}
+    )
+    s3.upload_file(
+        str(_wheel(tmp_path)), "fedgate-releases", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl"
+    )
+    secrets = moto_client("secretsmanager", moto_url, "eu-central-1")
+    env = {"FEDGATE_ROUTER_AMQP_URL": 'amqp://router:p@ss w"rd@backend:5672/%2F', "FEDGATE_X": "1"}
+    arn = secrets.create_secret(Name="fedgate-router", SecretString=json.dumps(env))["ARN"]
+    bad = secrets.create_secret(Name="fedgate-bad", SecretString=json.dumps({"A": "two\nlines"}))["ARN"]
+
+    done = _install(moto_url, tmp_path, arn)
+    assert done.returncode == 0, done.stderr
+    env_file = tmp_path / "etc" / "router.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert env_file.read_text() == (
+        'FEDGATE_ROUTER_AMQP_URL="amqp://router:p@ss w\\"rd@backend:5672/%2F"\nFEDGATE_X="1"\n'
+    )
+    # (quoted as systemd.exec(5) reads EnvironmentFile: double quotes, \\ and \" escaped)
+    python = tmp_path / "opt" / "venv" / "bin" / "python"
+    got = subprocess.run([str(python), "-c", "import fedgate_standin; print(fedgate_standin.VERSION)"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert got.stdout.strip() == "0.1.0", got.stderr
+
+    refused = _install(moto_url, tmp_path / "bad", bad)
+    assert refused.returncode != 0 and "NAME=single-line string only" in refused.stderr
+    assert not (tmp_path / "bad" / "etc" / "router.env").exists()
