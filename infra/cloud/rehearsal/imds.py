@@ -2,7 +2,8 @@
 
 A session token for a PUT with a TTL header; metadata only with that token (IMDSv1's
 plain GET is refused, as the launch template's `http_tokens = required` makes EC2 do).
-`local-ipv4` is the address the request came from: each instance is told its own.
+`local-ipv4` is the address the request came from: each instance is told its own, and an
+`instance-id` made of it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class MetadataService:
                     self._answer(401)
                 elif self.path == "/latest/meta-data/local-ipv4":
                     self._answer(200, self.client_address[0])
+                elif self.path == "/latest/meta-data/instance-id":
+                    # one id per address, as stable as an instance's
+                    self._answer(
+                        200, "i-" + "".join(f"{int(b):02x}" for b in self.client_address[0].split("."))
+                    )
                 else:
                     self._answer(404)
 

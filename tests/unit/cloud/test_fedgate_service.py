@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.cloud.rehearsal.imds import MetadataService
 from infra.cloud.toolchain import Toolchain
 
 from .conftest import TERRAFORM_DIR, moto_client, moto_override, run_tf
@@ -116,6 +117,12 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
         "--key": "fedgate/fedgate-0.1.0-py3-none-any.whl",
         "--secret-arn": SECRET_ARN,
         "--env-file": f"/etc/fedgate/{service}.env",
+        # a router's id names its own queues: each instance its own, from the metadata service
+        **(
+            {"--service": "router", "--id-variable": "FEDGATE_ROUTER_ROUTER_ID"}
+            if service == "router"
+            else {}
+        ),
     }
     assert reload == ["systemctl", "daemon-reload"]
     assert start == ["systemctl", "enable", "--now", f"fedgate-{service}.service"]
@@ -176,13 +183,13 @@ def _wheel(folder: Path) -> Path:
     return wheel
 
 
-def _install(moto_url: str, tmp_path: Path, secret_arn: str) -> subprocess.CompletedProcess[str]:
+def _install(moto_url: str, tmp_path: Path, secret_arn: str, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable, str(INSTALLER), "--region", "eu-central-1", "--endpoint-url", moto_url,
             "--bucket", "fedgate-releases", "--key", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl",
             "--secret-arn", secret_arn, "--env-file", str(tmp_path / "etc" / "router.env"),
-            "--prefix", str(tmp_path / "opt"), "--pip-arg=--no-index",
+            "--prefix", str(tmp_path / "opt"), "--pip-arg=--no-index", *more,
         ],
         capture_output=True, text=True, timeout=300,
         env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "PATH": "/usr/bin:/bin"},
@@ -205,12 +212,18 @@ def test_the_installer_puts_the_release_in_a_venv_and_the_secret_in_the_units_en
     arn = secrets.create_secret(Name="fedgate-router", SecretString=json.dumps(env))["ARN"]
     bad = secrets.create_secret(Name="fedgate-bad", SecretString=json.dumps({"A": "two\nlines"}))["ARN"]
 
-    done = _install(moto_url, tmp_path, arn)
+    with MetadataService("127.0.0.1", 0) as imds:
+        done = _install(
+            moto_url, tmp_path, arn, "--service", "router", "--id-variable", "FEDGATE_ROUTER_ROUTER_ID",
+            "--imds-url", imds.url,
+        )  # fmt: skip
     assert done.returncode == 0, done.stderr
     env_file = tmp_path / "etc" / "router.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert env_file.read_text() == (
         'FEDGATE_ROUTER_AMQP_URL="amqp://router:p@ss w\\"rd@backend:5672/%2F"\nFEDGATE_X="1"\n'
+        # the instance's own router id, asked with a token (127.0.0.1's id in the stand-in)
+        'FEDGATE_ROUTER_ROUTER_ID="router-i-7f000001"\n'
     )
     # (quoted as systemd.exec(5) reads EnvironmentFile: double quotes, \\ and \" escaped)
     python = tmp_path / "opt" / "venv" / "bin" / "python"

@@ -43,6 +43,8 @@ locals {
   python      = "/opt/fedgate/venv/bin/python"
   # the service's own entry point, as the local federation starts it (infra/local/services.py)
   entry = { router = "router", spark = "spark.job" }[var.service]
+  # each instance's own name for its process: a router's names its presence queue
+  id_args = var.service == "router" ? ["--service", "router", "--id-variable", "FEDGATE_ROUTER_ROUTER_ID"] : []
 
   unit = <<-EOT
     # written by the fedgate-service Terraform module
@@ -89,8 +91,8 @@ locals {
       { path = local.installer, permissions = "0755", content = file("${path.module}/files/fedgate-install.py") },
     ]
     runcmd = [
-      [local.installer, "--region", data.aws_region.current.name, "--bucket", var.release_bucket,
-      "--key", var.release_key, "--secret-arn", var.secret_arn, "--env-file", local.env_file],
+      concat([local.installer, "--region", data.aws_region.current.name, "--bucket", var.release_bucket,
+      "--key", var.release_key, "--secret-arn", var.secret_arn, "--env-file", local.env_file], local.id_args),
       ["systemctl", "daemon-reload"],
       ["systemctl", "enable", "--now", local.unit_name],
     ]

@@ -5,7 +5,10 @@
    PyPI (through the VPC's NAT gateway);
 2. the service's secrets from Secrets Manager -- a JSON object of environment variables --
    into the unit's EnvironmentFile (mode 600, read by systemd as root), so no password is
-   ever in the launch template, the config file or the process list.
+   ever in the launch template, the config file or the process list;
+3. with --id-variable, the instance's own name for the service (<service>-<instance id>,
+   from the instance metadata service) into the same file: instances of one launch
+   template are identical, and a router's id names its own queues.
 
 Retries what the first seconds of a boot may refuse (the instance role's credentials, the
 network); fails loudly otherwise: cloud-init's log then says why the service is not running.
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +61,23 @@ def env_file_text(secret: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def instance_id(imds_url: str) -> str:
+    """This instance's id from the metadata service (IMDSv2: a session token first)."""
+    put = urllib.request.Request(
+        f"{imds_url}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"}
+    )
+    with urllib.request.urlopen(put, timeout=5) as r:
+        token = r.read().decode()
+    get = urllib.request.Request(
+        f"{imds_url}/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}
+    )
+    with urllib.request.urlopen(get, timeout=5) as r:
+        found = r.read().decode().strip()
+    if not re.fullmatch(r"i-[0-9a-f]+", found):
+        raise ValueError(f"the metadata service's instance-id is {found!r}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--region", required=True)
@@ -66,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env-file", required=True)
     p.add_argument("--prefix", default="/opt/fedgate", help="where the virtualenv goes")
     p.add_argument("--endpoint-url", help="an S3/Secrets Manager stand-in (tests)")
+    p.add_argument(
+        "--id-variable", help="also write NAME=<service>-<instance id> (e.g. FEDGATE_ROUTER_ROUTER_ID)"
+    )
+    p.add_argument("--service", default="fedgate", help="the <service> of --id-variable's value")
+    p.add_argument("--imds-url", default="http://169.254.169.254", help="the instance metadata service")
     p.add_argument("--pip-arg", action="append", default=[], help="passed on to pip install")
     args = p.parse_args(argv)
     aws = {"region_name": args.region, "endpoint_url": args.endpoint_url}
@@ -77,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     text = env_file_text(secret)
+    if args.id_variable:
+        if not ENV_NAME.fullmatch(args.id_variable):
+            raise SystemExit(f"fedgate-install: --id-variable {args.id_variable!r} is not a variable name")
+        found = retried("asking the metadata service for the instance id", lambda: instance_id(args.imds_url))
+        text += f'{args.id_variable}="{args.service}-{found}"\n'
     os.makedirs(os.path.dirname(args.env_file), exist_ok=True)
     tmp = f"{args.env_file}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
