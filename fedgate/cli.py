@@ -437,11 +437,14 @@ def cmd_backend_tls(ctx: Context, args: argparse.Namespace) -> int:
     from infra.cloud.driver import CloudDriver, CloudError
 
     try:
-        path = CloudDriver(ctx.settings, progress=_progress, confirm=_confirm).write_backend_tls()
+        driver = CloudDriver(ctx.settings, progress=_progress, confirm=_confirm)
+        path = driver.write_backend_tls()
+        secrets = driver.write_backend_secrets()
     except CloudError as e:
         print(f"fedgate: backend-tls: {e}", file=sys.stderr)
         return 2
     print(f"{path}  (node_tls, node_tls_key_pem: copy it beside the backend module's root module)")
+    print(f"{secrets}  (router_password, kafka_sasl_password: copy it there too)")
     return 0
 
 
@@ -606,7 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     dv.set_defaults(fn=cmd_devices)
     sub.add_parser(
         "backend-tls",
-        help="write the cloud backend module's TLS inputs (certificate from fedgate's CA) as a tfvars file",
+        help="write the cloud backend module's inputs fedgate generates: TLS (certificate from fedgate's CA) "
+        "and the routers' and Kafka user's passwords, as tfvars files",
     ).set_defaults(fn=cmd_backend_tls)
     rh = sub.add_parser(
         "cloud-rehearsal",

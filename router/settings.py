@@ -277,6 +277,9 @@ BEHAVIOUR = tuple(f.name for f in fields(RouterSettings) if not f.metadata.get("
 #: Tables: only a config file can hold them, not a FEDGATE_ROUTER_* variable.
 _TABLES = ("gateways", "backend_management", "rules")
 _ENV_PREFIX = "FEDGATE_ROUTER_"
+#: The one part of a table a variable may set: the backend management password, so that a
+#: deployment keeps it out of the config file (the cloud's comes from Secrets Manager).
+BACKEND_MANAGEMENT_PASSWORD_ENV = f"{_ENV_PREFIX}BACKEND_MANAGEMENT_PASSWORD"
 #: What the wiring gets while a [router] table is checked on its own.
 _STAND_IN_WIRING = {"amqp_url": "amqp://stand-in", "kafka_bootstrap": "stand-in:0"}
 
@@ -292,6 +295,9 @@ def load_router_settings(path: Path | None = None, env: Mapping[str, str] | None
         error=RouterSettingsError,
         skip_env=_TABLES,
     )
+    password = (os.environ if env is None else env).get(BACKEND_MANAGEMENT_PASSWORD_ENV)
+    if password and isinstance(values.get("backend_management"), dict):
+        values["backend_management"] = {**values["backend_management"], "password": password}
     return _settings(values)
 
 

@@ -296,3 +296,13 @@ class CloudDriver(CloudFleet):
         path = self.state_dir / "backend-tls.auto.tfvars.json"
         write_private_json(path, self._node_tls("backend", self.backend_server_name()))
         return path
+
+    def write_backend_secrets(self) -> Path:
+        """The backend module's passwords fedgate generates, as a tfvars file (mode 600): the
+        routers' backend user (which `gateway add` creates with it) and the Kafka SCRAM user."""
+        sec = self.secrets()
+        path = self.state_dir / "backend-secrets.auto.tfvars.json"
+        write_private_json(
+            path, {"router_password": sec["router"], "kafka_sasl_password": sec["kafka_client"]}
+        )
+        return path

@@ -91,7 +91,9 @@ class CloudFleet:
         store = SecretsFile(self.secrets_file)
         if region is not None:
             store.ensure(per_region={"gateways": [region], "erlang_cookies": [region]}, nbytes=24)
-        return store.ensure(("admin", "backend_link"))
+        # router: the routers' backend user; kafka_client: the Kafka SCRAM user of the routers
+        # and the Spark job (the backend module takes both: backend-secrets.auto.tfvars.json)
+        return store.ensure(("admin", "backend_link", "router", "kafka_client"))
 
     def _forget_secrets(self, region: str) -> None:
         SecretsFile(self.secrets_file).forget(region, ("gateways", "erlang_cookies"))
@@ -151,6 +153,7 @@ class CloudFleet:
                 links,
                 admin_password=self.settings.cloud_backend_password or sec["admin"],
                 backend_link_password=sec["backend_link"],
+                router_password=sec["router"],
                 uplink_shards=self.settings.uplink_shards,
             )
         except AdminError as e:

@@ -32,13 +32,16 @@ def register_regions(
     *,
     admin_password: str,
     backend_link_password: str,
+    router_password: str | None = None,
     uplink_shards: int = c.UPLINK_SHARDS,
 ) -> NodeDefinitions:
-    """Make the backend hold every region in `links` (the full set: the upstream sets list exactly these)."""
+    """Make the backend hold every region in `links` (the full set: the upstream sets list exactly
+    these), and the routers' user when `router_password` is given."""
     d = backend_definitions(
         links,
         admin_password=admin_password,
         backend_link_password=backend_link_password,
+        router_password=router_password,
         uplink_shards=uplink_shards,
     )
     admin.apply(d)

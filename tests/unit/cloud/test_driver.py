@@ -131,6 +131,8 @@ def test_add_applies_once_records_outputs_registers_the_region_and_a_rerun_chang
         assert api.body("PUT", "/api/parameters/federation-upstream-set/%2F/fedgate-uplink")["value"] == [
             {"upstream": f"gw-{REGION}", "exchange": "amq.topic"}
         ]
+        # the routers' user, with the password the backend module gives the deployed routers
+        assert api.body("PUT", "/api/users/fedgate-router")["password"] == driver.secrets()["router"]
 
         # idempotent: the second run plans no changes and applies nothing
         printed.clear()
@@ -271,6 +273,17 @@ def test_the_backend_tls_file_holds_a_certificate_for_backend_dot_domain(tmp_pat
     tfvars = json.loads(path.read_text())
     assert tfvars["node_tls"]["server_name"] == "backend.fleet.example.com"
     assert tfvars["node_tls_key_pem"].startswith("-----BEGIN PRIVATE KEY-----")
+    # the passwords the backend module deploys the routers with, generated once
+    secrets = driver.write_backend_secrets()
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+    values = json.loads(secrets.read_text())
+    assert values == {
+        "router_password": driver.secrets()["router"],
+        "kafka_sasl_password": driver.secrets()["kafka_client"],
+    }
+    assert len(values["router_password"]) >= 20 and values == json.loads(
+        driver.write_backend_secrets().read_text()
+    )
 
 
 def test_without_tls_the_root_module_has_no_node_tls_and_links_are_plain(tmp_path: Path) -> None:

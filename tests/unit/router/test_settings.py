@@ -41,6 +41,16 @@ def test_environment_overrides_the_file(tmp_path):
     assert s.unknown_device == "park" and s.park_ttl_s == 60.0 and s.downlink is False
 
 
+def test_the_backend_management_password_may_come_from_the_environment_only(tmp_path):
+    table = '[backend_management]\nmanagement_url = "http://b:15672"\nuser = "fedgate-router"\n'
+    s = load(tmp_path, table, env={"FEDGATE_ROUTER_BACKEND_MANAGEMENT_PASSWORD": "from-secret"})
+    assert s.backend_management is not None
+    assert (s.backend_management.user, s.backend_management.password) == ("fedgate-router", "from-secret")
+    # without the variable, the file's (here none); without the table, the variable creates nothing
+    assert load(tmp_path, table).backend_management.password == ""
+    assert load(tmp_path, env={"FEDGATE_ROUTER_BACKEND_MANAGEMENT_PASSWORD": "x"}).backend_management is None
+
+
 def test_routers_split_the_shards(tmp_path):
     a = load(tmp_path, "router_index = 0\nrouter_count = 2\n")
     b = load(tmp_path, "router_index = 1\nrouter_count = 2\n")

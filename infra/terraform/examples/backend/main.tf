@@ -27,7 +27,32 @@ module "backend" {
   enabled_plugins        = file("${local.repo}/backend/templates/enabled_plugins")
   tls_conf_template      = file("${local.repo}/gateways/templates/tls.conf")
 
-  # From `fedgate backend-tls` (backend-tls.auto.tfvars.json beside this file).
-  node_tls         = var.node_tls
-  node_tls_key_pem = var.node_tls_key_pem
+  # From `fedgate backend-tls` (backend-tls.auto.tfvars.json and
+  # backend-secrets.auto.tfvars.json beside this file).
+  node_tls            = var.node_tls
+  node_tls_key_pem    = var.node_tls_key_pem
+  router_password     = var.router_password
+  kafka_sasl_password = var.kafka_sasl_password
+
+  # The routers, from `make release` (none without a wheel).
+  fedgate_release = var.fedgate_release_wheel == null ? null : {
+    bucket = aws_s3_object.release[0].bucket
+    key    = aws_s3_object.release[0].key
+  }
+}
+
+# The release the routers install, in a bucket of its own (the module reads no file).
+resource "aws_s3_bucket" "releases" {
+  count = var.fedgate_release_wheel == null ? 0 : 1
+
+  bucket = "${var.analytics_bucket_name}-releases"
+}
+
+resource "aws_s3_object" "release" {
+  count = var.fedgate_release_wheel == null ? 0 : 1
+
+  bucket = aws_s3_bucket.releases[0].bucket
+  key    = "fedgate/${basename(var.fedgate_release_wheel)}"
+  source = var.fedgate_release_wheel
+  etag   = filemd5(var.fedgate_release_wheel)
 }

@@ -13,9 +13,14 @@ output "egress_cidr_blocks" {
   value       = module.backend.egress_cidr_blocks
 }
 
-output "kafka_bootstrap_brokers_tls" {
-  description = "MSK bootstrap brokers."
-  value       = module.backend.kafka_bootstrap_brokers_tls
+output "kafka_bootstrap_brokers_sasl_scram" {
+  description = "MSK bootstrap brokers (TLS, SASL/SCRAM user fedgate)."
+  value       = module.backend.kafka_bootstrap_brokers_sasl_scram
+}
+
+output "routers_autoscaling_group_name" {
+  description = "Autoscaling group of the routers (null without fedgate_release_wheel)."
+  value       = module.backend.routers_autoscaling_group_name
 }
 
 output "analytics_bucket" {

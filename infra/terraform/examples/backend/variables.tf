@@ -43,3 +43,23 @@ variable "node_tls_key_pem" {
   default     = null
   sensitive   = true
 }
+
+variable "fedgate_release_wheel" {
+  description = "The fedgate wheel `make release` built (build/release/fedgate-<version>-py3-none-any.whl): the module deploys the routers from it. Null: no routers."
+  type        = string
+  default     = null
+}
+
+variable "router_password" {
+  description = "Password of the routers' backend user, from `fedgate backend-tls` (backend-secrets.auto.tfvars.json)."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
+variable "kafka_sasl_password" {
+  description = "Password of the Kafka SCRAM user fedgate, from `fedgate backend-tls` (backend-secrets.auto.tfvars.json)."
+  type        = string
+  default     = null
+  sensitive   = true
+}

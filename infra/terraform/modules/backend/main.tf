@@ -164,6 +164,18 @@ resource "aws_security_group" "backend" {
     cidr_blocks = [var.vpc_cidr]
   }
 
+  # the routers, through the internal load balancer (services.tf)
+  dynamic "ingress" {
+    for_each = local.deploy_routers ? { "AMQP" = 5672, "management API" = 15672 } : {}
+    content {
+      description     = "${ingress.key} from the routers"
+      from_port       = ingress.value
+      to_port         = ingress.value
+      protocol        = "tcp"
+      security_groups = [aws_security_group.routers[0].id]
+    }
+  }
+
   ingress {
     description = "Erlang distribution, epmd and CLI tools within the cluster"
     from_port   = 0
@@ -190,9 +202,9 @@ resource "aws_security_group" "kafka" {
   tags        = merge(local.tags, { Name = "${local.name}-kafka" })
 
   ingress {
-    description = "Kafka (TLS and plaintext) from the VPC"
-    from_port   = 9092
-    to_port     = 9094
+    description = "Kafka over TLS with SASL/SCRAM from the VPC"
+    from_port   = 9096
+    to_port     = 9096
     protocol    = "tcp"
     cidr_blocks = [var.vpc_cidr]
   }
@@ -238,7 +250,11 @@ module "nodes" {
   allow_single_node  = var.allow_single_node
   subnet_ids         = aws_subnet.private[*].id
   security_group_ids = [aws_security_group.backend.id]
-  target_group_arns  = concat([aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn], aws_lb_target_group.amqps[*].arn)
+  target_group_arns = concat(
+    [aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn],
+    aws_lb_target_group.amqps[*].arn,
+    [for tg in aws_lb_target_group.internal : tg.arn],
+  )
 }
 
 resource "aws_lb" "this" {
@@ -330,6 +346,8 @@ locals {
   kafka_replication_factor  = 3
   kafka_min_insync_replicas = 2
   kafka_brokers             = var.az_count * var.kafka_brokers_per_az
+  #: the SCRAM user of fedgate's Kafka clients (routers, the Spark job)
+  kafka_user = "fedgate"
 }
 
 resource "aws_msk_configuration" "this" {
@@ -372,6 +390,10 @@ resource "aws_msk_cluster" "this" {
       condition     = local.kafka_brokers >= local.kafka_replication_factor
       error_message = "Kafka replicates every partition ${local.kafka_replication_factor} times: az_count x kafka_brokers_per_az must be at least ${local.kafka_replication_factor} (e.g. az_count = 2 with kafka_brokers_per_az = 2)."
     }
+    precondition {
+      condition     = var.kafka_sasl_password != null
+      error_message = "kafka_sasl_password: required with create_kafka (fedgate backend-tls writes it to backend-secrets.auto.tfvars.json)."
+    }
   }
 
   broker_node_group_info {
@@ -386,12 +408,56 @@ resource "aws_msk_cluster" "this" {
     }
   }
 
+  # Clients log in with SASL/SCRAM over TLS (port 9096): the routers and the Spark job as
+  # local.kafka_user; no unauthenticated listener.
+  client_authentication {
+    sasl {
+      scram = true
+    }
+    unauthenticated = false
+  }
+
   encryption_info {
     encryption_in_transit {
-      client_broker = "TLS_PLAINTEXT"
+      client_broker = "TLS"
       in_cluster    = true
     }
   }
+
+}
+
+# MSK reads SCRAM users from Secrets Manager secrets named AmazonMSK_*, encrypted with a
+# customer managed key.
+resource "aws_kms_key" "kafka" {
+  count = var.create_kafka ? 1 : 0
+
+  description             = "${local.name}: Kafka SCRAM secrets"
+  deletion_window_in_days = 7
+  tags                    = local.tags
+}
+
+resource "aws_secretsmanager_secret" "kafka_user" {
+  count = var.create_kafka ? 1 : 0
+
+  name       = "AmazonMSK_${local.name}-${local.kafka_user}"
+  kms_key_id = aws_kms_key.kafka[0].key_id
+  tags       = local.tags
+}
+
+resource "aws_secretsmanager_secret_version" "kafka_user" {
+  count = var.create_kafka ? 1 : 0
+
+  secret_id     = aws_secretsmanager_secret.kafka_user[0].id
+  secret_string = jsonencode({ username = local.kafka_user, password = var.kafka_sasl_password })
+}
+
+resource "aws_msk_scram_secret_association" "this" {
+  count = var.create_kafka ? 1 : 0
+
+  cluster_arn     = aws_msk_cluster.this[0].arn
+  secret_arn_list = [aws_secretsmanager_secret.kafka_user[0].arn]
+
+  depends_on = [aws_secretsmanager_secret_version.kafka_user]
 }
 
 # --- analytics bucket -----------------------------------------------------------------------

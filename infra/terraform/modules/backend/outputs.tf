@@ -28,9 +28,23 @@ output "autoscaling_group_name" {
   value       = module.nodes.autoscaling_group_name
 }
 
-output "kafka_bootstrap_brokers_tls" {
-  description = "MSK bootstrap brokers (TLS) for the routers and Spark; null without create_kafka."
-  value       = var.create_kafka ? aws_msk_cluster.this[0].bootstrap_brokers_tls : null
+output "kafka_bootstrap_brokers_sasl_scram" {
+  description = "MSK bootstrap brokers (TLS with SASL/SCRAM, user fedgate) for the routers, the Spark job and `fedgate` read-backs; null without create_kafka."
+  value       = var.create_kafka ? aws_msk_cluster.this[0].bootstrap_brokers_sasl_scram : null
+}
+
+output "routers_autoscaling_group_name" {
+  description = "Autoscaling group of the routers; null when they are not deployed (no fedgate_release)."
+  value       = local.deploy_routers ? module.routers[0].autoscaling_group_name : null
+}
+
+output "internal_endpoint" {
+  description = "The backend as the routers reach it inside the VPC: the internal load balancer's AMQP and management API; null when the routers are not deployed."
+  value = local.deploy_routers ? {
+    host            = aws_lb.internal[0].dns_name
+    amqp_port       = 5672
+    management_port = 15672
+  } : null
 }
 
 output "kafka_topic_settings" {

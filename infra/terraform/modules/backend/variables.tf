@@ -195,3 +195,50 @@ variable "node_tls_key_pem" {
   default     = null
   sensitive   = true
 }
+
+variable "fedgate_release" {
+  description = "Where the fedgate release wheel (`make release`) is in S3: { bucket, key }. Set: the module deploys the routers (fedgate-service module) from it. Null: run the routers yourself. A new key rolls a new release out to replaced instances."
+  type = object({
+    bucket = string
+    key    = string
+  })
+  default = null
+}
+
+variable "router_count" {
+  description = "Router instances (at least 2: they share the uplink shards and one leads the downlink; the others take over when it dies)."
+  type        = number
+  default     = 2
+}
+
+variable "router_instance_type" {
+  description = "EC2 instance type of a router (cost knob)."
+  type        = string
+  default     = "t3.medium"
+}
+
+variable "router_password" {
+  description = "Password of the routers' user on the backend (fedgate-router), from `fedgate backend-tls` (backend-secrets.auto.tfvars.json); `make gateway` creates the user with it. Required with fedgate_release."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
+variable "kafka_sasl_password" {
+  description = "Password of the Kafka SCRAM user the routers and the Spark job log in as (MSK's SASL/SCRAM listener), from `fedgate backend-tls` (backend-secrets.auto.tfvars.json). Required with create_kafka."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
+variable "router_config_extra" {
+  description = "More router.toml lines (router/settings.py), appended to the ones the module renders: its mapping rules, partitions, intervals."
+  type        = string
+  default     = ""
+}
+
+variable "kafka_bootstrap" {
+  description = "Kafka bootstrap servers (SASL/SCRAM over TLS) of your own Kafka when create_kafka is false; the routers log in as fedgate with kafka_sasl_password."
+  type        = string
+  default     = null
+}
