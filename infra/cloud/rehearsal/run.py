@@ -127,6 +127,7 @@ def render(
         "analytics_bucket_name": "fedgate-rehearsal",
         "admin_password": admin_password,
         "erlang_cookie": secrets.token_hex(20),
+        "kafka_sasl_password": secrets.token_urlsafe(18),
     }
     options.work_dir.mkdir(parents=True, exist_ok=True)
     progress(f"planning infra/terraform/examples/backend against moto (Terraform {toolchain.version})")

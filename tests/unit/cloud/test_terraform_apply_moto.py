@@ -199,7 +199,12 @@ def test_backend_example_plans_against_moto_with_debian_13_nodes_and_the_backend
     (example / "moto_override.tf").write_text(moto_override(moto_url, "eu-central-1"))
     init = run_tf(toolchain, example, "init", "-input=false", "-no-color")
     assert init.returncode == 0, init.stderr
-    tf_vars = ["-var=analytics_bucket_name=fedgate-test", "-var=admin_password=pw", "-var=erlang_cookie=c"]
+    tf_vars = [
+        "-var=analytics_bucket_name=fedgate-test",
+        "-var=admin_password=pw",
+        "-var=erlang_cookie=c",
+        "-var=kafka_sasl_password=k",
+    ]
     plan = run_tf(toolchain, example, "plan", "-input=false", "-no-color", "-out=tfplan", *tf_vars)
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = run_tf(toolchain, example, "show", "-json", "-no-color", "tfplan")
@@ -241,3 +246,19 @@ def test_backend_example_plans_against_moto_with_debian_13_nodes_and_the_backend
     assert properties["min.insync.replicas"] == "2"
     assert properties["auto.create.topics.enable"] == "false"
     assert kafka_config["kafka_versions"] == ["3.6.0"]
+
+    # clients log in: SASL/SCRAM over TLS only, the user fedgate from an AmazonMSK_ secret
+    backend_resources = {
+        r["address"]: r.get("values", {})
+        for r in json.loads(shown.stdout)["planned_values"]["root_module"]["child_modules"][0]["resources"]
+    }
+    cluster = backend_resources["module.backend.aws_msk_cluster.this[0]"]
+    assert cluster["client_authentication"][0]["sasl"][0]["scram"] is True
+    assert cluster["client_authentication"][0]["unauthenticated"] is False
+    assert cluster["encryption_info"][0]["encryption_in_transit"][0]["client_broker"] == "TLS"
+    secret = backend_resources["module.backend.aws_secretsmanager_secret.kafka_user[0]"]
+    assert secret["name"].startswith("AmazonMSK_")
+    assert json.loads(backend_resources["module.backend.aws_secretsmanager_secret_version.kafka_user[0]"][
+        "secret_string"
+    ]) == {"username": "fedgate", "password": "k"}  # fmt: skip
+    assert "module.backend.aws_msk_scram_secret_association.this[0]" in backend_resources
