@@ -449,27 +449,31 @@ def cmd_backend_tls(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_cloud_rehearsal(ctx: Context, args: argparse.Namespace) -> int:
-    from infra.cloud.rehearsal.run import RehearsalOptions, rehearse
+    from dataclasses import asdict
+
+    from infra.cloud.rehearsal.run import CLUSTERS, RehearsalOptions, rehearse
 
     options = RehearsalOptions(
         work_dir=args.work_dir or ctx.settings.state_dir / "cloud-rehearsal",
         subnet=args.subnet,
         prefix=args.prefix,
+        clusters=tuple(args.cluster or CLUSTERS),
     )
     try:
-        report = rehearse(ctx.settings, options, _progress)
+        reports = rehearse(ctx.settings, options, _progress)
     except FedgateError as e:
         print(f"fedgate: cloud-rehearsal: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(report.json())
-    else:
+        print(json.dumps({name: asdict(r) for name, r in reports.items()}, indent=2, sort_keys=True))
+        return 0
+    for name, r in reports.items():
         print(
-            f"cloud rehearsal passed: one cluster of {len(report.node_names)} nodes "
-            f"formed in {report.formed_in_s} s, "
-            f"quorum queue on {len(report.queue_members)} nodes, {report.consumed} of "
-            f"{report.confirmed_before_kill + report.confirmed_after_kill} confirmed messages kept "
-            f"with {report.killed} killed"
+            f"{name}: one cluster of {len(r.node_names)} nodes formed in {r.formed_in_s} s, quorum queue on "
+            f"{len(r.queue_members)} nodes, {r.consumed} of "
+            f"{r.confirmed_before_kill + r.confirmed_after_kill} confirmed messages kept "
+            f"with {r.killed} killed"
+            + (f", MQTT answering on {len(r.mqtt_after_kill)} nodes" if r.mqtt_after_kill else "")
         )
     return 0
 
@@ -614,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     ).set_defaults(fn=cmd_backend_tls)
     rh = sub.add_parser(
         "cloud-rehearsal",
-        help="boot the backend module's RabbitMQ nodes as EC2 would (cloud-init rendered by Terraform "
-        "against moto) on 3 network namespaces of this machine, and check they form one cluster",
+        help="boot the backend's and a gateway region's RabbitMQ nodes as EC2 would (cloud-init rendered by "
+        "Terraform against moto) on 3 network namespaces of this machine, and check each forms one cluster",
     )
     rh.add_argument(
         "--subnet", default="10.254.80.0/24", help="the instances' subnet (namespaces of this machine)"
@@ -623,6 +627,12 @@ def build_parser() -> argparse.ArgumentParser:
     rh.add_argument("--prefix", default="fgrh", help="names of the namespaces and the bridge")
     rh.add_argument(
         "--work-dir", type=Path, help="the instances' folders (default: <state_dir>/cloud-rehearsal)"
+    )
+    rh.add_argument(
+        "--cluster",
+        action="append",
+        choices=("backend", "gateway"),
+        help="only this cluster (repeatable; default both)",
     )
     rh.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     rh.set_defaults(fn=cmd_cloud_rehearsal)

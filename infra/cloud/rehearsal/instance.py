@@ -28,8 +28,16 @@ from infra.cloud.rehearsal.hosts import Host
 from infra.cloud.rehearsal.render import CloudConfig
 from infra.local.broker import EPMD, RABBITMQ_BIN
 
-#: the instance's folders, mounted at the same path in the Debian root
-MOUNTED = ("/etc/rabbitmq", "/var/lib/rabbitmq", "/var/log/rabbitmq", "/usr/local/sbin")
+#: the instance's folders, mounted at the same path in the Debian root (/usr/local/*/fedgate:
+#: the gateway's own plugin, its sources and what the node compiles them into)
+MOUNTED = (
+    "/etc/rabbitmq",
+    "/var/lib/rabbitmq",
+    "/var/log/rabbitmq",
+    "/usr/local/sbin",
+    "/usr/local/src/fedgate",
+    "/usr/local/lib/fedgate",
+)
 ENV_FILE = "/etc/rabbitmq/rabbitmq-env.conf"
 
 # Mounts the instance's folders into the root and runs the command there (chroot), with the
@@ -131,8 +139,15 @@ class Instance:
                 )
                 if done.returncode != 0:
                     raise InstanceError(f"{self.name}: {script} failed: {done.stderr.strip()}")
-            case ("sh", "-c", start):
+            case ("sh", "-c", start) if "systemctl start rabbitmq-server" in start:
                 self._start(start)
+            case ("sh", "-c", script):
+                # any other shell step (compiling a plugin) runs inside the instance, to its end
+                step = self._spawn(["sh", "-c", script])
+                if step.wait(timeout=300) != 0:
+                    raise InstanceError(
+                        f"{self.name}: cloud-init command failed (see {self.log}): {script[:200]}"
+                    )
             case _:
                 raise InstanceError(
                     f"{self.name}: cloud-init command {list(cmd)} is not rehearsed "

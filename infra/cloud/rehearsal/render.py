@@ -23,9 +23,20 @@ from infra.cloud.toolchain import Toolchain
 from infra.local.settings import PROJECT_ROOT
 
 TERRAFORM_DIR = PROJECT_ROOT / "infra" / "terraform"
-#: what the backend example reads from the repository beside the modules
-EXAMPLE_READS = ("backend/templates", "gateways/templates")
-NODES_MODULE = "module.backend.module.nodes"
+#: what the examples read from the repository beside the modules
+EXAMPLE_READS = ("backend/templates", "gateways/templates", "gateways/mqtt_auth_plugin")
+
+
+@dataclass(frozen=True)
+class Example:
+    """A root module of infra/terraform/examples and where its RabbitMQ nodes are in it."""
+
+    folder: str
+    nodes_module: str
+
+
+BACKEND = Example("backend", "module.backend.module.nodes")
+GATEWAY = Example("gateway-region", "module.gateway_region.module.nodes")
 
 
 class RenderError(FedgateError):
@@ -79,33 +90,38 @@ def _run(toolchain: Toolchain, cwd: Path, *args: str) -> subprocess.CompletedPro
     return done
 
 
-def backend_user_data(
-    toolchain: Toolchain, work: Path, moto_url: str, variables: dict[str, str], aws_region: str
+def nodes_user_data(
+    toolchain: Toolchain,
+    work: Path,
+    moto_url: str,
+    example: Example,
+    variables: dict[str, str],
+    aws_region: str,
 ) -> str:
-    """Plan the backend example (a copy in `work`) against moto with `variables` and return
-    its nodes' user data (a #cloud-config document)."""
+    """Plan `example` (a copy in `work`) against moto with `variables` and return its nodes'
+    user data (a #cloud-config document)."""
     tree = work / "repo"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(TERRAFORM_DIR, tree / "infra" / "terraform", ignore=shutil.ignore_patterns(".terraform*"))
     for part in EXAMPLE_READS:
         shutil.copytree(PROJECT_ROOT / part, tree / part)
-    example = tree / "infra" / "terraform" / "examples" / "backend"
-    (example / "moto_override.tf").write_text(provider_override(moto_url, aws_region))
-    _run(toolchain, example, "init", "-input=false")
+    root = tree / "infra" / "terraform" / "examples" / example.folder
+    (root / "moto_override.tf").write_text(provider_override(moto_url, aws_region))
+    _run(toolchain, root, "init", "-input=false")
     tf_vars = [f"-var={k}={v}" for k, v in variables.items()] + [f"-var=aws_region={aws_region}"]
-    _run(toolchain, example, "plan", "-input=false", "-out=tfplan", *tf_vars)
-    shown: dict[str, Any] = json.loads(_run(toolchain, example, "show", "-json", "tfplan").stdout)
-    return _launch_template_user_data(shown["planned_values"]["root_module"])
+    _run(toolchain, root, "plan", "-input=false", "-out=tfplan", *tf_vars)
+    shown: dict[str, Any] = json.loads(_run(toolchain, root, "show", "-json", "tfplan").stdout)
+    return _launch_template_user_data(shown["planned_values"]["root_module"], example.nodes_module)
 
 
-def _launch_template_user_data(module: dict[str, Any]) -> str:
+def _launch_template_user_data(module: dict[str, Any], address: str) -> str:
     """The nodes module's launch template's user data, decoded, anywhere under `module`."""
     for child in module.get("child_modules", []):
-        if child["address"] == NODES_MODULE:
+        if child["address"] == address:
             template = next(r for r in child["resources"] if r["type"] == "aws_launch_template")
             return base64.b64decode(template["values"]["user_data"]).decode()
         try:
-            return _launch_template_user_data(child)
+            return _launch_template_user_data(child, address)
         except LookupError:
             continue
-    raise LookupError(f"{NODES_MODULE} not in the plan")
+    raise LookupError(f"{address} not in the plan")

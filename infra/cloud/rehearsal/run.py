@@ -12,11 +12,12 @@ What is checked, and why each matters on EC2:
 
 from __future__ import annotations
 
-import json
 import secrets
+import socket
+import struct
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from infra.cloud.rehearsal.hosts import HostNetwork
 from infra.cloud.rehearsal.imds import MetadataService
 from infra.cloud.rehearsal.instance import Instance
 from infra.cloud.rehearsal.moto import MotoServer, debian_image
-from infra.cloud.rehearsal.render import CloudConfig, backend_user_data
+from infra.cloud.rehearsal.render import BACKEND, GATEWAY, CloudConfig, Example, nodes_user_data
 from infra.cloud.toolchain import detect
 from infra.local.broker import broker_runtime
 from infra.local.settings import LocalSettings
@@ -36,7 +37,11 @@ from infra.local.settings import LocalSettings
 #: the backend example's administrator (backend/main.tf renders it into rabbitmq.conf)
 ADMIN_USER = "fedgate-admin"
 NODES = 3
-AWS_REGION = "eu-central-1"
+#: what is rehearsed: each cluster kind, the example it is planned from, in which AWS region
+CLUSTERS: dict[str, tuple[Example, str]] = {
+    "backend": (BACKEND, "eu-central-1"),
+    "gateway": (GATEWAY, "eu-west-1"),
+}
 QUEUE = "rehearsal.quorum"
 #: an m6i.large's image, as the module looks it up
 IMAGE = debian_image(
@@ -60,6 +65,8 @@ class RehearsalOptions:
     prefix: str = "fgrh"
     #: seconds for the three nodes to form their cluster
     form_timeout_s: float = 240.0
+    #: which clusters (CLUSTERS), one after the other
+    clusters: tuple[str, ...] = tuple(CLUSTERS)
 
 
 @dataclass
@@ -75,11 +82,10 @@ class Report:
     confirmed_before_kill: int = 0
     confirmed_after_kill: int = 0
     consumed: int = 0
+    #: gateways: the MQTT listeners of the nodes left answered a CONNECT (CONNACK return code)
+    mqtt_after_kill: dict[str, int] = field(default_factory=dict)
     running_after_kill: dict[str, list[str]] = field(default_factory=dict)
     peer_discovery: list[str] = field(default_factory=list)
-
-    def json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
 def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]]:
@@ -105,35 +111,45 @@ def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]
     return "\n".join(lines), replaced
 
 
-def rehearse(settings: LocalSettings, options: RehearsalOptions, progress: Progress) -> Report:
-    """Render the nodes' cloud-init, then boot it and check the cluster."""
-    admin_password = secrets.token_urlsafe(18)
-    cloud = render(settings, options, admin_password, progress)
-    return boot_and_check(settings, options, cloud, admin_password, progress)
+def rehearse(settings: LocalSettings, options: RehearsalOptions, progress: Progress) -> dict[str, Report]:
+    """For each cluster: render its nodes' cloud-init, then boot it and check the cluster."""
+    reports = {}
+    for cluster in options.clusters:
+        if cluster not in CLUSTERS:
+            raise RehearsalError(f"cluster {cluster!r}: one of {', '.join(CLUSTERS)}")
+        one = replace(options, work_dir=options.work_dir / cluster)
+        admin_password = secrets.token_urlsafe(18)
+        progress(f"--- the {cluster} cluster")
+        cloud = render(settings, one, cluster, admin_password, progress)
+        reports[cluster] = boot_and_check(settings, one, cloud, admin_password, progress)
+    return reports
 
 
 def render(
-    settings: LocalSettings, options: RehearsalOptions, admin_password: str, progress: Progress
+    settings: LocalSettings, options: RehearsalOptions, cluster: str, admin_password: str, progress: Progress
 ) -> CloudConfig:
-    """The backend example planned against moto: its nodes' cloud-init, also kept as
+    """The cluster's example planned against moto: its nodes' cloud-init, also kept as
     <work_dir>/user-data (what an instance would boot with)."""
+    example, aws_region = CLUSTERS[cluster]
     toolchain = detect(
         terraform_bin=settings.terraform_bin,
         mirror=settings.tf_plugin_mirror,
         cache_dir=settings.cache_dir,
         require_mirror=True,
     )
-    variables = {
-        "analytics_bucket_name": "fedgate-rehearsal",
-        "admin_password": admin_password,
-        "erlang_cookie": secrets.token_hex(20),
-        "kafka_sasl_password": secrets.token_urlsafe(18),
-    }
+    variables = {"admin_password": admin_password, "erlang_cookie": secrets.token_hex(20)}
+    if example is BACKEND:
+        variables |= {
+            "analytics_bucket_name": "fedgate-rehearsal",
+            "kafka_sasl_password": secrets.token_urlsafe(18),
+        }
     options.work_dir.mkdir(parents=True, exist_ok=True)
-    progress(f"planning infra/terraform/examples/backend against moto (Terraform {toolchain.version})")
+    progress(
+        f"planning infra/terraform/examples/{example.folder} against moto (Terraform {toolchain.version})"
+    )
     t0 = time.monotonic()
     with MotoServer([IMAGE]) as moto:
-        user_data = backend_user_data(toolchain, options.work_dir, moto.url, variables, AWS_REGION)
+        user_data = nodes_user_data(toolchain, options.work_dir, moto.url, example, variables, aws_region)
     kept = options.work_dir / "user-data"
     kept.write_text(user_data)
     kept.chmod(0o600)  # the admin password and the cookie
@@ -308,3 +324,44 @@ def _check_quorum_queue(
     if got != set(range(200)):
         raise RehearsalError(f"{QUEUE}: {len(got)} of 200 confirmed messages consumed after {last.name} died")
     progress(f"with {last.name} dead: 100 more confirmed through {second.name}, 200 of 200 consumed")
+    if "mqtt" in cloud_plugins(instances[0]):
+        # MQTT's client id tracking needs a majority of the nodes: two of three still have one
+        for i in (first, second):
+            report.mqtt_after_kill[i.name] = mqtt_connack(i.host.address, 1883, ADMIN_USER, password)
+        progress(f"with {last.name} dead: MQTT answers on {first.name} and {second.name}")
+
+
+def cloud_plugins(instance: Instance) -> str:
+    """The instance's enabled_plugins file, as cloud-init wrote it."""
+    return (instance.dir / "etc/rabbitmq/enabled_plugins").read_text()
+
+
+def _mqtt_string(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("!H", len(data)) + data
+
+
+def mqtt_connack(host: str, port: int, user: str, password: str, timeout: float = 15) -> int:
+    """An MQTT 3.1.1 CONNECT to `host`; the CONNACK's return code (0: accepted, 4/5: refused
+    credentials).  Any answer means the MQTT plugin serves; a closed socket or silence: not."""
+    variable = _mqtt_string("MQTT") + bytes([4, 0xC2]) + struct.pack("!H", 30)
+    payload = _mqtt_string("fedgate-rehearsal") + _mqtt_string(user) + _mqtt_string(password)
+    body = variable + payload
+    length = b""
+    n = len(body)
+    while True:  # MQTT's variable-length remaining length
+        digit, n = n % 128, n // 128
+        length += bytes([digit | (0x80 if n else 0)])
+        if not n:
+            break
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(b"\x10" + length + body)
+        answer = b""
+        while len(answer) < 4:
+            chunk = s.recv(4 - len(answer))
+            if not chunk:
+                raise RehearsalError(f"MQTT at {host}:{port} closed the connection without a CONNACK")
+            answer += chunk
+    if answer[0] != 0x20:
+        raise RehearsalError(f"MQTT at {host}:{port} answered {answer!r}, not a CONNACK")
+    return answer[3]
