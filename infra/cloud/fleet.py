@@ -10,6 +10,7 @@ side -- writing the root module, plan, apply, destroy -- is driver.py's.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import boto3
 import botocore.exceptions
 
 from backend import contract as c
+from backend import region_registry
 from backend.definitions import NodeDefinitions
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from infra.cloud import registration, route53
@@ -29,6 +31,9 @@ from infra.regions import RegionRow
 from infra.secrets_file import SecretsFile
 
 KIND = "cloud"
+#: How long a removed region's objects stay after it left the registry: the deployed routers
+#: read it every 5 s (router regions_poll_s), so by then none routes to the region.
+ROUTERS_POLL_MARGIN_S = 10.0
 
 Progress = Callable[[str], None]
 
@@ -158,6 +163,21 @@ class CloudFleet:
             )
         except AdminError as e:
             raise CloudError(f"registering with the backend at {admin.base_url}: {e}") from e
+        # the region registry the deployed routers poll (backend/region_registry.py): a region
+        # reaches running routers without a restart
+        gateways = {
+            r.region: {
+                "management_url": [r.outputs["management_url"]],
+                "user": c.ADMIN_USER,
+                "password": sec["admin"],
+            }
+            for r in self.records()
+            if r.state == "applied" and r.outputs.get("management_url")
+        }
+        try:
+            region_registry.sync(admin, gateways)
+        except AdminError as e:
+            raise CloudError(f"registering the regions for the routers at {admin.base_url}: {e}") from e
         self.progress(f"backend {admin.base_url} holds {', '.join(lk.region for lk in links)}")
         return True
 
@@ -172,6 +192,10 @@ class CloudFleet:
             return
         rest = [r for r in self.records() if r.state == "applied"]
         try:
+            # the routers first: they stop routing to the region within a poll of the registry,
+            # before its downlink exchange goes (a command sent to it then would be refused)
+            if region_registry.deregister(admin, region):
+                time.sleep(ROUTERS_POLL_MARGIN_S)
             registration.deregister_region(admin, region)
             if not rest:
                 registration.drop_upstream_sets(admin)

@@ -70,6 +70,7 @@ def _outputs() -> str:
         # with node_tls, as fedgate applies the module
         "amqp_endpoint": {"host": LB, "port": 5671, "tls": True, "server_name": GW_NAME},
         "mqtt_endpoint": {"host": LB, "port": 1883, "tls_port": None},
+        "management_url": f"http://{LB}:15672",
     }
     return json.dumps({k: {"sensitive": False, "type": "string", "value": v} for k, v in values.items()})
 
@@ -133,6 +134,12 @@ def test_add_applies_once_records_outputs_registers_the_region_and_a_rerun_chang
         ]
         # the routers' user, with the password the backend module gives the deployed routers
         assert api.body("PUT", "/api/users/fedgate-router")["password"] == driver.secrets()["router"]
+        # and the region where the running routers read it: its gateways' management API
+        assert api.body("PUT", f"/api/global-parameters/fedgate-region.{REGION}")["value"] == {
+            "management_url": [f"http://{LB}:15672"],
+            "user": "fedgate-admin",
+            "password": driver.secrets()["admin"],
+        }
 
         # idempotent: the second run plans no changes and applies nothing
         printed.clear()
@@ -173,8 +180,9 @@ def test_a_latency_record_in_the_wrong_region_fails_the_add(
 
 @mock_aws
 def test_remove_deregisters_destroys_and_forgets_the_region(
-    tmp_path: Path, aws_env: None, fake_outputs: None
+    tmp_path: Path, aws_env: None, fake_outputs: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr("infra.cloud.fleet.ROUTERS_POLL_MARGIN_S", 0.0)
     zone = _dns()
     with fake_management_api() as api:
         driver = _driver(tmp_path, zone, api.url)
@@ -187,6 +195,10 @@ def test_remove_deregisters_destroys_and_forgets_the_region(
             destroy_calls.extend(terraform_calls(tmp_path / "tf-state" / REGION)[calls_before:])
 
         driver.remove(REGION, auto_approve=True, plan_out=keep_calls)
+        deleted = api.paths("DELETE")
+        # the routers forget the region before its downlink exchange goes
+        registry = deleted.index(f"/api/global-parameters/fedgate-region.{REGION}")
+        assert registry < deleted.index(f"/api/exchanges/%2F/{quote('fedgate.downlink.' + REGION)}")
         assert f"/api/parameters/federation-upstream/%2F/gw-{REGION}" in api.paths("DELETE")
         assert f"/api/users/gw-{REGION}" in api.paths("DELETE")
         # it was the last cloud region: the upstream sets go too

@@ -90,14 +90,18 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     assert [ip["CidrIp"] for r in amqp_egress for ip in r["IpRanges"]] == [BACKEND_CIDR]
     lb_sg = groups[f"fedgate-{REGION}-lb"]
     lb_ports = {(r["FromPort"], r["ToPort"]) for r in lb_sg["IpPermissions"]}
-    assert {(1883, 1883), (8883, 8883), (5671, 5672)} == lb_ports
+    assert {(1883, 1883), (8883, 8883), (5671, 5672), (15672, 15672)} == lb_ports
+    # the management API through the load balancer: the backend (its routers) and operators only
+    mgmt = next(r for r in lb_sg["IpPermissions"] if r["FromPort"] == 15672)
+    assert sorted(ip["CidrIp"] for ip in mgmt["IpRanges"]) == sorted([BACKEND_CIDR, ADMIN_CIDR])
+    assert outputs["management_url"] == f"http://{outputs['lb_dns_name']}:15672"
 
     # the gateway nodes: an autoscaling group of three (a majority survives the loss of one)
     asg = moto_client("autoscaling", moto_url, REGION).describe_auto_scaling_groups(  # type: ignore[attr-defined]
         AutoScalingGroupNames=[outputs["autoscaling_group_name"]]
     )["AutoScalingGroups"][0]
-    # MQTT, AMQP, and passed-through AMQPS and MQTT over TLS
-    assert asg["DesiredCapacity"] == 3 and len(asg["TargetGroupARNs"]) == 4
+    # MQTT, AMQP, the management API, and passed-through AMQPS and MQTT over TLS
+    assert asg["DesiredCapacity"] == 3 and len(asg["TargetGroupARNs"]) == 5
 
     # the nodes boot with the TLS listeners and the certificate files (cloud-init)
     template = ec2.describe_launch_template_versions(  # type: ignore[attr-defined]
@@ -172,6 +176,7 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
         (5672, "TCP"),
         (5671, "TCP"),
         (8883, "TCP"),
+        (15672, "TCP"),
     }
 
     # the latency record and its health check, read back the way the driver verifies them

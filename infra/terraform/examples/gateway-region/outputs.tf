@@ -32,3 +32,8 @@ output "amqp_endpoint" {
   description = "Where the backend's federation link for this region connects."
   value       = module.gateway_region.amqp_endpoint
 }
+
+output "management_url" {
+  description = "The region's management API through its load balancer (the backend's routers, operators)."
+  value       = module.gateway_region.management_url
+}

@@ -116,6 +116,14 @@ resource "aws_security_group" "lb" {
     cidr_blocks = var.backend_cidr_blocks
   }
 
+  ingress {
+    description = "management API: the backend routers (presence, subscriptions) and operators"
+    from_port   = local.management_port
+    to_port     = local.management_port
+    protocol    = "tcp"
+    cidr_blocks = distinct(concat(var.backend_cidr_blocks, var.admin_cidr_blocks))
+  }
+
   egress {
     description = "to the gateway nodes"
     from_port   = 0
@@ -161,6 +169,14 @@ resource "aws_security_group" "gateway" {
     to_port     = local.amqp_port
     protocol    = "tcp"
     cidr_blocks = var.backend_cidr_blocks
+  }
+
+  ingress {
+    description     = "management API through the load balancer (backend routers, operators)"
+    from_port       = local.management_port
+    to_port         = local.management_port
+    protocol        = "tcp"
+    security_groups = [aws_security_group.lb.id]
   }
 
   ingress {
@@ -271,7 +287,7 @@ module "nodes" {
   subnet_ids         = aws_subnet.public[*].id
   security_group_ids = [aws_security_group.gateway.id]
   target_group_arns = concat(
-    [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn],
+    [aws_lb_target_group.mqtt.arn, aws_lb_target_group.amqp.arn, aws_lb_target_group.management.arn],
     aws_lb_target_group.amqps[*].arn,
     aws_lb_target_group.mqtts[*].arn,
   )
@@ -425,6 +441,28 @@ resource "aws_lb_listener" "amqp" {
   default_action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.amqp.arn
+  }
+}
+
+# The management API for the backend's routers, which read the region's connections and
+# subscriptions (presence) through it, at an address that outlives the nodes.
+resource "aws_lb_target_group" "management" {
+  name     = substr("${local.name}-mgmt", 0, 32)
+  port     = local.management_port
+  protocol = "TCP"
+  vpc_id   = aws_vpc.this.id
+  tags     = local.tags
+}
+
+resource "aws_lb_listener" "management" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = local.management_port
+  protocol          = "TCP"
+  tags              = local.tags
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.management.arn
   }
 }
 

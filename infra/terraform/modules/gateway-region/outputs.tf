@@ -67,3 +67,8 @@ output "route53_health_check_id" {
   description = "ID of the health check guarding this region's latency record."
   value       = var.create_dns_record ? aws_route53_health_check.this[0].id : null
 }
+
+output "management_url" {
+  description = "The region's management API through its load balancer, open to the backend (backend_cidr_blocks) and operators only: what the backend's routers read the region's presence from (fedgate registers it in the backend's region registry)."
+  value       = "http://${aws_lb.this.dns_name}:${local.management_port}"
+}
