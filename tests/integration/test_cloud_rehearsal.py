@@ -26,7 +26,8 @@ from infra.cloud.rehearsal.run import RehearsalError, RehearsalOptions, boot_and
 from infra.cloud.toolchain import ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.terraform, pytest.mark.slow]
+# the first test also boots both clusters (the module fixture): ~2 min here, more beside the suite
+pytestmark = [pytest.mark.integration, pytest.mark.terraform, pytest.mark.slow, pytest.mark.timeout(900)]
 
 FEDGATE = Path(sys.executable).with_name("fedgate")
 #: the tests' own subnet and names, apart from a rehearsal an operator runs beside them
