@@ -38,12 +38,20 @@ def throwaway_consumer(
 
 
 def partitions(consumer: Consumer, topic: str, timeout: float = 15.0) -> list[int]:
-    """The topic's partitions; RuntimeError if Kafka does not know the topic."""
-    md = consumer.list_topics(topic, timeout=timeout)
-    meta = md.topics.get(topic)
-    if meta is None or meta.error is not None:
-        raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
-    return sorted(meta.partitions)
+    """The topic's partitions; RuntimeError if Kafka does not know the topic within `timeout`.
+
+    A topic created a moment ago may be missing from the broker's metadata for a while (KRaft
+    applies the creation to the broker's cache after the controller committed it): seen as
+    "not found" once in a full `make test`, right after ensure_topics returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        md = consumer.list_topics(topic, timeout=timeout)
+        meta = md.topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
+        time.sleep(0.2)
 
 
 def end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:
