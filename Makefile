@@ -57,7 +57,7 @@ cloud-rehearsal: setup ## boot the backend module's nodes from their Terraform-r
 	@$(FEDGATE) cloud-rehearsal $(if $(JSON),--json,)
 
 release: setup ## the fedgate release the cloud instances install: a wheel -> build/release/ (infra/terraform/modules/fedgate-service)
-	@rm -rf build/release && $(VENV)/bin/python -m pip wheel --quiet --no-deps --wheel-dir build/release . && ls build/release/*.whl
+	@$(VENV)/bin/python -m infra.cloud.release build/release
 
 spark-package: ## the Spark job packaged for spark-submit -> build/spark/ (prints the submit command)
 	@$(VENV)/bin/python -m spark.package

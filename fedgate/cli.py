@@ -458,6 +458,7 @@ def cmd_cloud_rehearsal(ctx: Context, args: argparse.Namespace) -> int:
         subnet=args.subnet,
         prefix=args.prefix,
         clusters=tuple(args.cluster or CLUSTERS),
+        routers=not args.no_routers,
     )
     try:
         reports = rehearse(ctx.settings, options, _progress)
@@ -475,6 +476,12 @@ def cmd_cloud_rehearsal(ctx: Context, args: argparse.Namespace) -> int:
             f"with {r.killed} killed"
             + (f", MQTT answering on {len(r.mqtt_after_kill)} nodes" if r.mqtt_after_kill else "")
         )
+        if r.routers:
+            print(
+                f"{name}: {len(r.routers_healthy)} routers installed from the release and healthy, "
+                f"{r.kafka_readings} readings in Kafka with {r.router_killed} killed, the other stopped with "
+                f"exit {', '.join(str(v) for v in r.router_exit_codes.values())}"
+            )
     return 0
 
 
@@ -619,7 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     rh = sub.add_parser(
         "cloud-rehearsal",
         help="boot the backend's and a gateway region's RabbitMQ nodes as EC2 would (cloud-init rendered by "
-        "Terraform against moto) on 3 network namespaces of this machine, and check each forms one cluster",
+        "Terraform against moto) on 3 network namespaces of this machine, and check each forms one cluster; "
+        "the backend's routers installed from a release carry readings into Kafka",
     )
     rh.add_argument(
         "--subnet", default="10.254.80.0/24", help="the instances' subnet (namespaces of this machine)"
@@ -635,6 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="only this cluster (repeatable; default both)",
     )
     rh.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    rh.add_argument(
+        "--no-routers", action="store_true", help="the backend's nodes only (a plan, no release, no Kafka)"
+    )
     rh.set_defaults(fn=cmd_cloud_rehearsal)
     ar = sub.add_parser(
         "army",

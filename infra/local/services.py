@@ -17,7 +17,7 @@ import sys
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from backend.kafka_security import KafkaSecurity
 from infra.local.dns_node import DnsNode
@@ -68,6 +68,9 @@ class EpmdNode(Node):
 
 class KafkaNode(Node):
     """Apache Kafka, broker and controller in one JVM (KRaft), from the jars in .cache."""
+
+    #: the SCRAM user of the SASL_SSL listener, created at format
+    scram_user: ClassVar[str] = KAFKA_CLIENT_USER
 
     @property
     def log_file(self) -> Path:
@@ -136,7 +139,7 @@ class KafkaNode(Node):
                     *(
                         [
                             "--add-scram",
-                            f"{KAFKA_SCRAM_MECHANISM}=[name={KAFKA_CLIENT_USER},password={self.secrets['kafka_client']}]",
+                            f"{KAFKA_SCRAM_MECHANISM}=[name={self.scram_user},password={self.secrets['kafka_client']}]",
                         ]
                         if s.tls
                         else []
@@ -224,7 +227,7 @@ class KafkaNode(Node):
         return KafkaSecurity(
             "SASL_SSL",
             KAFKA_SCRAM_MECHANISM,
-            KAFKA_CLIENT_USER,
+            self.scram_user,
             self.secrets["kafka_client"],
             str(self.local_ca.ca_cert),
         )

@@ -1,13 +1,15 @@
 """`make cloud-rehearsal`: the backend's and a gateway region's RabbitMQ nodes, booted from the
-cloud-init Terraform renders for EC2 (planned against moto), on three network namespaces of
-this machine.
+cloud-init Terraform renders for EC2 (the backend example applied against moto, the region's
+planned), on three network namespaces of this machine; the backend's routers on two more.
 
 What a user checks: the nodes name themselves after their private address from the metadata
 service (IMDSv2), form one cluster of three, hold a quorum queue on every node, and keep
 every confirmed message when one instance dies; the gateways (with their own authentication
-plugin, compiled on each node) still answer MQTT on the two nodes left.  And that the
-rehearsal would have caught the defect the module had: nodes that run under their host name
-boot alone.
+plugin, compiled on each node) still answer MQTT on the two nodes left; the routers install
+the release from S3 with their secret, reach the nodes through the internal load balancer's
+name and Kafka over SASL_SSL, and carry every reading into Kafka when one of them dies.  And
+that the rehearsal would have caught the defect the module had: nodes that run under their
+host name boot alone.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import pytest
 
 from infra.cloud.rehearsal.render import CloudConfig
 from infra.cloud.rehearsal.run import RehearsalError, RehearsalOptions, boot_and_check
+from infra.cloud.rehearsal.services import systemd_env_file
 from infra.cloud.toolchain import ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
 
-# the first test also boots both clusters (the module fixture): ~2 min here, more beside the suite
+# the first test also boots both clusters (the module fixture): ~4 min here, more beside the suite
 pytestmark = [pytest.mark.integration, pytest.mark.terraform, pytest.mark.slow, pytest.mark.timeout(900)]
 
 FEDGATE = Path(sys.executable).with_name("fedgate")
@@ -77,6 +80,8 @@ def _no_leftovers() -> None:
     links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     assert PREFIX not in links
     assert PREFIX not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    # the instances' own /etc/hosts (the internal load balancer's name) went with them
+    assert not list(Path("/etc/netns").glob(f"{PREFIX}-*"))
 
 
 @pytest.mark.parametrize("cluster", ["backend", "gateway"])
@@ -115,6 +120,41 @@ def test_the_modules_nodes_form_one_cluster_that_survives_an_instance(rehearsal,
     # the cloud-init it booted is kept for the operator to read
     user_data = (work / cluster / "user-data").read_text()
     assert user_data.startswith("#cloud-config")
+    _no_leftovers()
+
+
+def test_the_backends_routers_install_from_the_release_and_carry_every_reading_into_kafka(rehearsal) -> None:
+    """Tried: the routers' launch template's cloud-init carried out on two instances (the
+    installer against moto's S3 and Secrets Manager, the instance id from the metadata
+    service); 100 readings delivered to the backend as a region's link delivers them; the
+    router that bridged them SIGKILLed; 100 more; the router left stopped with SIGTERM."""
+    reports, work = rehearsal
+    report = reports["backend"]
+    routers = {f"{PREFIX}-s{i}": f"10.254.90.{20 + i}" for i in (1, 2)}
+    # each instance's own id (its presence queue's name), from the metadata service it asked
+    for name, address in routers.items():
+        instance_id = "i-" + "".join(f"{int(b):02x}" for b in address.split("."))
+        assert report["routers"][name]["router_id"] == f"router-{instance_id}"
+        # the release's code runs, from the venv the installer made (not this checkout)
+        venv = work / "backend" / "instances" / name / "opt" / "fedgate" / "venv"
+        assert report["routers"][name]["code"].startswith(str(venv)), report["routers"][name]
+        # the secret's passwords: in the unit's environment file, for root only; none in the config
+        env_file = work / "backend" / "instances" / name / "etc" / "fedgate" / "router.env"
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        env = systemd_env_file(env_file.read_text())
+        passwords = [v for k, v in env.items() if k.endswith("_PASSWORD")]
+        assert len(passwords) == 2 and all(passwords)  # Kafka's, the backend management API's
+        toml = (work / "backend" / "instances" / name / "etc" / "fedgate" / "router.toml").read_text()
+        assert not any(secret in toml for secret in [*passwords, env["FEDGATE_ROUTER_AMQP_URL"]])
+    assert report["routers_healthy"] == sorted(routers)
+    # what the rehearsal changed of the routers' rendered config: Kafka's size and CA, nothing else
+    assert report["router_overrides"] == ["FEDGATE_ROUTER_KAFKA_CA_FILE", "FEDGATE_ROUTER_KAFKA_REPLICATION"]
+    # the router killed had bridged readings; with it gone, the other took its shards
+    assert report["bridged_before_kill"][report["router_killed"]] >= 1
+    assert report["kafka_readings"] == 200
+    assert report["kafka_regions"] == ["eu-west-1"]
+    (survivor,) = set(routers) - {report["router_killed"]}
+    assert report["router_exit_codes"] == {survivor: 0}
     _no_leftovers()
 
 

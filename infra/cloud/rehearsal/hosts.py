@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from backend.errors import FedgateError
@@ -34,6 +35,11 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
     return done
 
 
+#: `ip netns exec` mounts the files of /etc/netns/<namespace>/ over /etc/ for its command:
+#: an instance's own /etc/hosts, as a VPC's DNS would answer it
+NETNS_ETC = Path("/etc/netns")
+
+
 @dataclass(frozen=True)
 class Host:
     """One instance: its namespace and its private address."""
@@ -45,22 +51,34 @@ class Host:
         """`argv` run inside this instance's network."""
         return ["ip", "netns", "exec", self.netns, *argv]
 
+    def resolve(self, names: dict[str, list[str]]) -> None:
+        """Inside this instance, each name resolves to its addresses (an internal load
+        balancer's DNS name to the nodes behind it), through its own /etc/hosts."""
+        etc = NETNS_ETC / self.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        lines = ["127.0.0.1 localhost"] + [f"{a} {name}" for name, addrs in names.items() for a in addrs]
+        (etc / "hosts").write_text("\n".join(lines) + "\n")
+
 
 class HostNetwork:
     """`with HostNetwork("fgrh", "10.254.80.0/24", 3) as net:` -- net.hosts, net.gateway;
     everything made is removed when the block ends, also after a failure."""
 
-    def __init__(self, prefix: str, subnet: str, count: int):
+    def __init__(self, prefix: str, subnet: str, count: int, services: int = 0):
         self.prefix = prefix
         self.subnet = ipaddress.ip_network(subnet)
-        if self.subnet.version != 4 or self.subnet.num_addresses < count + 3:
-            raise HostsError(f"subnet {subnet}: an IPv4 subnet with room for {count} hosts")
+        if self.subnet.version != 4 or self.subnet.num_addresses < 32 or count > 10 or services > 10:
+            raise HostsError(f"subnet {subnet}: an IPv4 subnet of 32 addresses or more, 10 hosts of a kind")
         if len(prefix) > 8 or not prefix.isalnum():
             raise HostsError(f"prefix {prefix!r}: at most 8 letters or digits (interface names)")
         addresses = list(self.subnet.hosts())
         self.gateway = str(addresses[0])
         self.bridge = f"{prefix}-br"
+        #: the RabbitMQ nodes (.11, .12, ...)
         self.hosts = [Host(f"{prefix}-n{i + 1}", str(addresses[10 + i])) for i in range(count)]
+        #: the fedgate services' instances, the routers (.21, .22, ...)
+        self.services = [Host(f"{prefix}-s{i + 1}", str(addresses[20 + i])) for i in range(services)]
+        self.all_hosts = self.hosts + self.services
 
     def start(self) -> None:
         if os.geteuid() != 0:
@@ -72,7 +90,7 @@ class HostNetwork:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
-            for i, host in enumerate(self.hosts):
+            for i, host in enumerate(self.all_hosts):
                 veth = f"{self.prefix}-v{i + 1}"
                 _ip("netns", "add", host.netns)
                 _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
@@ -87,17 +105,18 @@ class HostNetwork:
     def stop(self) -> None:
         """Remove the namespaces (their veths go with them) and the bridge; safe twice.
         Whatever still runs in a namespace is the rehearsal's, left by a failure: killed."""
-        for host in self.hosts:
+        for host in self.all_hosts:
             left = _ip("netns", "pids", host.netns, check=False).stdout.split()
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
         # a veth whose namespace is gone but not yet freed by the kernel (its TCP sockets
         # still closing) would keep its name: deleting this end removes both
-        for i in range(len(self.hosts)):
+        for i in range(len(self.all_hosts)):
             _ip("link", "del", f"{self.prefix}-v{i + 1}", check=False)
-        for host in self.hosts:
+        for host in self.all_hosts:
             _ip("netns", "del", host.netns, check=False)
+            shutil.rmtree(NETNS_ETC / host.netns, ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
 
     def __enter__(self) -> HostNetwork:

@@ -115,10 +115,16 @@ class MotoServer:
         self.stop()
 
 
+#: what an applied backend example calls beside the root module's services: its buckets, the
+#: routers' release and secret, MSK's key
+APPLY_SERVICES = ("s3", "secretsmanager", "kms")
+
+
 def provider_override(url: str, region: str) -> str:
     """A Terraform file (name it *_override.tf) that points every AWS API of a root module at
-    moto at `url`, with moto's credentials and no account or metadata lookups."""
-    endpoints = "\n".join(f'    {s} = "{url}"' for s in AWS_SERVICES)
+    moto at `url`, with moto's credentials and no account or metadata lookups (S3 by path:
+    moto's buckets are no host names)."""
+    endpoints = "\n".join(f'    {s} = "{url}"' for s in (*AWS_SERVICES, *APPLY_SERVICES))
     return f"""# written by fedgate: every AWS API goes to moto
 provider "aws" {{
   region                      = "{region}"
@@ -127,6 +133,7 @@ provider "aws" {{
   skip_credentials_validation = true
   skip_requesting_account_id  = true
   skip_metadata_api_check     = true
+  s3_use_path_style           = true
 
   endpoints {{
 {endpoints}

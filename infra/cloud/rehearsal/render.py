@@ -1,8 +1,10 @@
-"""The RabbitMQ nodes' cloud-init, as Terraform renders it for EC2.
+"""The instances' cloud-init, as Terraform renders it for EC2.
 
-The backend example (infra/terraform/examples/backend) is planned against moto, as an
-operator would plan it against AWS, and the user data of the nodes' launch template is
-read from the plan: the very bytes an instance of the autoscaling group would boot with.
+An example (infra/terraform/examples/backend, gateway-region) is planned -- or, when its
+routers are rehearsed too, applied -- against moto, as an operator would against AWS, and
+the user data of its launch templates is read from the plan or the state: the very bytes
+an instance of each autoscaling group would boot with.  (The routers' config names the
+internal load balancer and the secret, which exist only once applied.)
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ class Example:
 
     folder: str
     nodes_module: str
+    #: the routers' fedgate-service module, when the example deploys them
+    routers_module: str = ""
 
 
-BACKEND = Example("backend", "module.backend.module.nodes")
+BACKEND = Example("backend", "module.backend.module.nodes", "module.backend.module.routers[0]")
 GATEWAY = Example("gateway-region", "module.gateway_region.module.nodes")
 
 
@@ -84,22 +88,23 @@ def _run(toolchain: Toolchain, cwd: Path, *args: str) -> subprocess.CompletedPro
         timeout=600,
     )
     if done.returncode != 0:
-        raise RenderError(
-            f"terraform {args[0]} of the backend example: {(done.stderr or done.stdout)[-3000:]}"
-        )
+        raise RenderError(f"terraform {args[0]} of {cwd.name}: {(done.stderr or done.stdout)[-3000:]}")
     return done
 
 
-def nodes_user_data(
+def example_user_data(
     toolchain: Toolchain,
     work: Path,
     moto_url: str,
     example: Example,
     variables: dict[str, str],
     aws_region: str,
-) -> str:
-    """Plan `example` (a copy in `work`) against moto with `variables` and return its nodes'
-    user data (a #cloud-config document)."""
+    *,
+    apply: bool = False,
+) -> dict[str, str]:
+    """Plan (or apply) `example` (a copy in `work`) against moto with `variables`; the user
+    data (#cloud-config documents) of its launch templates: "nodes", and "routers" when
+    applied with the routers."""
     tree = work / "repo"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(TERRAFORM_DIR, tree / "infra" / "terraform", ignore=shutil.ignore_patterns(".terraform*"))
@@ -109,9 +114,19 @@ def nodes_user_data(
     (root / "moto_override.tf").write_text(provider_override(moto_url, aws_region))
     _run(toolchain, root, "init", "-input=false")
     tf_vars = [f"-var={k}={v}" for k, v in variables.items()] + [f"-var=aws_region={aws_region}"]
-    _run(toolchain, root, "plan", "-input=false", "-out=tfplan", *tf_vars)
-    shown: dict[str, Any] = json.loads(_run(toolchain, root, "show", "-json", "tfplan").stdout)
-    return _launch_template_user_data(shown["planned_values"]["root_module"], example.nodes_module)
+    if apply:
+        _run(toolchain, root, "apply", "-input=false", "-auto-approve", *tf_vars)
+        shown: dict[str, Any] = json.loads(_run(toolchain, root, "show", "-json").stdout)
+        module = shown["values"]["root_module"]
+    else:
+        _run(toolchain, root, "plan", "-input=false", "-out=tfplan", *tf_vars)
+        module = json.loads(_run(toolchain, root, "show", "-json", "tfplan").stdout)["planned_values"][
+            "root_module"
+        ]
+    out = {"nodes": _launch_template_user_data(module, example.nodes_module)}
+    if apply and example.routers_module:
+        out["routers"] = _launch_template_user_data(module, example.routers_module)
+    return out
 
 
 def _launch_template_user_data(module: dict[str, Any], address: str) -> str:

@@ -5,13 +5,16 @@ What is checked, and why each matters on EC2:
    named otherwise would not be the peer AWS discovery lists: it would boot alone);
 2. the three nodes form ONE cluster, and each of them says so (no node alone);
 3. a quorum queue declared through one node has a replica on each of the three;
-4. one instance killed (SIGKILL, as a terminated instance): the queue keeps every message it
+4. (backend) the routers the module deploys install from the release and carry a region's
+   readings into Kafka, also when one of them is killed (traffic.py);
+5. one instance killed (SIGKILL, as a terminated instance): the queue keeps every message it
    had confirmed and confirms new ones through another node, and the two left still see
    each other and the lost node as a member that is down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import struct
@@ -29,7 +32,10 @@ from infra.cloud.rehearsal.hosts import HostNetwork
 from infra.cloud.rehearsal.imds import MetadataService
 from infra.cloud.rehearsal.instance import Instance
 from infra.cloud.rehearsal.moto import MotoServer, debian_image
-from infra.cloud.rehearsal.render import BACKEND, GATEWAY, CloudConfig, Example, nodes_user_data
+from infra.cloud.rehearsal.render import BACKEND, GATEWAY, CloudConfig, Example, example_user_data
+from infra.cloud.rehearsal.services import RehearsalKafka
+from infra.cloud.rehearsal.traffic import check_routers
+from infra.cloud.release import build_wheel
 from infra.cloud.toolchain import detect
 from infra.local.broker import broker_runtime
 from infra.local.settings import LocalSettings
@@ -37,6 +43,8 @@ from infra.local.settings import LocalSettings
 #: the backend example's administrator (backend/main.tf renders it into rabbitmq.conf)
 ADMIN_USER = "fedgate-admin"
 NODES = 3
+#: the routers the backend rehearsal deploys (the module's default router_count)
+ROUTERS = 2
 #: what is rehearsed: each cluster kind, the example it is planned from, in which AWS region
 CLUSTERS: dict[str, tuple[Example, str]] = {
     "backend": (BACKEND, "eu-central-1"),
@@ -67,6 +75,8 @@ class RehearsalOptions:
     form_timeout_s: float = 240.0
     #: which clusters (CLUSTERS), one after the other
     clusters: tuple[str, ...] = tuple(CLUSTERS)
+    #: the backend: also apply its routers (from a release) and carry traffic through them
+    routers: bool = True
 
 
 @dataclass
@@ -86,6 +96,16 @@ class Report:
     mqtt_after_kill: dict[str, int] = field(default_factory=dict)
     running_after_kill: dict[str, list[str]] = field(default_factory=dict)
     peer_discovery: list[str] = field(default_factory=list)
+    # the backend's routers (traffic.py): per instance its router id, where its code runs from
+    routers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    routers_healthy: list[str] = field(default_factory=list)
+    #: the router environment variables the rehearsal sets over what the module rendered
+    router_overrides: list[str] = field(default_factory=list)
+    bridged_before_kill: dict[str, float] = field(default_factory=dict)
+    router_killed: str = ""
+    kafka_readings: int = 0
+    kafka_regions: list[str] = field(default_factory=list)
+    router_exit_codes: dict[str, int | None] = field(default_factory=dict)
 
 
 def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]]:
@@ -112,24 +132,92 @@ def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]
 
 
 def rehearse(settings: LocalSettings, options: RehearsalOptions, progress: Progress) -> dict[str, Report]:
-    """For each cluster: render its nodes' cloud-init, then boot it and check the cluster."""
+    """For each cluster: render its cloud-init, then boot it and check the cluster (and, on
+    the backend, its routers)."""
     reports = {}
     for cluster in options.clusters:
         if cluster not in CLUSTERS:
             raise RehearsalError(f"cluster {cluster!r}: one of {', '.join(CLUSTERS)}")
         one = replace(options, work_dir=options.work_dir / cluster)
-        admin_password = secrets.token_urlsafe(18)
+        one.work_dir.mkdir(parents=True, exist_ok=True)
         progress(f"--- the {cluster} cluster")
-        cloud = render(settings, one, cluster, admin_password, progress)
-        reports[cluster] = boot_and_check(settings, one, cloud, admin_password, progress)
+        reports[cluster] = _rehearse_cluster(settings, one, cluster, progress)
     return reports
 
 
+def _rehearse_cluster(
+    settings: LocalSettings, options: RehearsalOptions, cluster: str, progress: Progress
+) -> Report:
+    routers = ROUTERS if CLUSTERS[cluster][0].routers_module and options.routers else 0
+    with contextlib.ExitStack() as stack:
+        # AWS's APIs and the metadata service on the instances' network: the routers'
+        # installer reaches them from inside its instance
+        net = stack.enter_context(HostNetwork(options.prefix, options.subnet, NODES, services=routers))
+        moto = stack.enter_context(MotoServer([IMAGE], host=net.gateway))
+        imds = stack.enter_context(MetadataService(net.gateway, 0))
+        secret = {k: secrets.token_urlsafe(18) for k in ("admin", "router", "kafka")}
+        kafka = None
+        if routers:
+            kafka = RehearsalKafka.create(settings, net.gateway, options.work_dir / "kafka", secret["kafka"])
+            progress(f"starting the operator's own Kafka at {kafka.sasl_bootstrap} (SASL_SSL)")
+            kafka.start()
+            stack.callback(kafka.stop, 30)
+        clouds = render(settings, options, cluster, secret, moto.url, kafka, progress)
+
+        def services(report: Report) -> None:
+            if kafka is None:
+                return
+            _wait_ready(kafka, progress)
+            check_routers(
+                net.hosts,
+                net.services,
+                clouds["routers"],
+                kafka,
+                moto_url=moto.url,
+                imds_url=imds.url,
+                admin_password=secret["admin"],
+                router_password=secret["router"],
+                work_dir=options.work_dir,
+                report=report,
+                progress=progress,
+            )
+
+        return boot_and_check(
+            settings,
+            options,
+            clouds["nodes"],
+            secret["admin"],
+            progress,
+            net=net,
+            imds=imds,
+            services=services,
+        )
+    raise AssertionError("unreachable")
+
+
+def _wait_ready(kafka: RehearsalKafka, progress: Progress, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not kafka.ready():
+        if kafka.exited() is not None:
+            raise RehearsalError(f"the rehearsal's Kafka exited at start; see {kafka.logs_to_read()}")
+        if time.monotonic() > deadline:
+            raise RehearsalError(f"the rehearsal's Kafka is not ready after {timeout:.0f} s")
+        time.sleep(1)
+    progress("Kafka ready")
+
+
 def render(
-    settings: LocalSettings, options: RehearsalOptions, cluster: str, admin_password: str, progress: Progress
-) -> CloudConfig:
-    """The cluster's example planned against moto: its nodes' cloud-init, also kept as
-    <work_dir>/user-data (what an instance would boot with)."""
+    settings: LocalSettings,
+    options: RehearsalOptions,
+    cluster: str,
+    secret: dict[str, str],
+    moto_url: str,
+    kafka: RehearsalKafka | None,
+    progress: Progress,
+) -> dict[str, CloudConfig]:
+    """The cluster's example planned against moto -- applied, with a release and `kafka` as
+    the operator's own Kafka, when its routers are rehearsed: the cloud-init of its nodes
+    (also kept as <work_dir>/user-data, what an instance would boot with) and its routers."""
     example, aws_region = CLUSTERS[cluster]
     toolchain = detect(
         terraform_bin=settings.terraform_bin,
@@ -137,28 +225,33 @@ def render(
         cache_dir=settings.cache_dir,
         require_mirror=True,
     )
-    variables = {"admin_password": admin_password, "erlang_cookie": secrets.token_hex(20)}
+    variables = {"admin_password": secret["admin"], "erlang_cookie": secrets.token_hex(20)}
     if example is BACKEND:
+        variables |= {"analytics_bucket_name": "fedgate-rehearsal", "kafka_sasl_password": secret["kafka"]}
+    if kafka is not None:
+        wheel = build_wheel(options.work_dir / "release")
+        progress(f"release built: {wheel.name}")
         variables |= {
-            "analytics_bucket_name": "fedgate-rehearsal",
-            "kafka_sasl_password": secrets.token_urlsafe(18),
+            "fedgate_release_wheel": str(wheel),
+            "router_password": secret["router"],
+            "kafka_bootstrap": kafka.sasl_bootstrap,
         }
-    options.work_dir.mkdir(parents=True, exist_ok=True)
-    progress(
-        f"planning infra/terraform/examples/{example.folder} against moto (Terraform {toolchain.version})"
-    )
+    verb = "applying" if kafka is not None else "planning"
+    progress(f"{verb} infra/terraform/examples/{example.folder} against moto (Terraform {toolchain.version})")
     t0 = time.monotonic()
-    with MotoServer([IMAGE]) as moto:
-        user_data = nodes_user_data(toolchain, options.work_dir, moto.url, example, variables, aws_region)
-    kept = options.work_dir / "user-data"
-    kept.write_text(user_data)
-    kept.chmod(0o600)  # the admin password and the cookie
-    cloud = CloudConfig.parse(user_data)
-    progress(
-        f"rendered the nodes' cloud-init in {time.monotonic() - t0:.0f} s: {len(cloud.files)} files, "
-        f"{len(cloud.runcmd)} commands ({kept})"
+    user_data = example_user_data(
+        toolchain, options.work_dir, moto_url, example, variables, aws_region, apply=kafka is not None
     )
-    return cloud
+    kept = options.work_dir / "user-data"
+    kept.write_text(user_data["nodes"])
+    kept.chmod(0o600)  # the admin password and the cookie
+    clouds = {kind: CloudConfig.parse(text) for kind, text in user_data.items()}
+    progress(
+        f"rendered the instances' cloud-init in {time.monotonic() - t0:.0f} s: "
+        + ", ".join(f"{kind} {len(cc.files)} files, {len(cc.runcmd)} commands" for kind, cc in clouds.items())
+        + f" ({kept})"
+    )
+    return clouds
 
 
 def boot_and_check(
@@ -167,8 +260,14 @@ def boot_and_check(
     cloud: CloudConfig,
     admin_password: str,
     progress: Progress,
+    *,
+    net: HostNetwork | None = None,
+    imds: MetadataService | None = None,
+    services: Callable[[Report], None] | None = None,
 ) -> Report:
-    """Boot `cloud` on three instances and check what an operator would (module docstring)."""
+    """Boot `cloud` on three instances and check what an operator would (module docstring);
+    `services` runs once the cluster formed, before an instance is killed.  Without `net`
+    and `imds`, the instances' network and metadata service of its own."""
     report = Report()
     runtime = broker_runtime("4.0", settings.cache_dir, settings.rabbitmq_bin_dir)
     runtime.check("cloud rehearsal")
@@ -176,7 +275,11 @@ def boot_and_check(
         raise RehearsalError(
             "the rehearsal boots Debian 13's RabbitMQ from make setup's root (Debian 12 hosts)"
         )
-    with HostNetwork(options.prefix, options.subnet, NODES) as net, MetadataService(net.gateway, 0) as imds:
+    with contextlib.ExitStack() as stack:
+        if net is None:
+            net = stack.enter_context(HostNetwork(options.prefix, options.subnet, NODES))
+        if imds is None:
+            imds = stack.enter_context(MetadataService(net.gateway, 0))
         names = [f"rabbit@{h.address}" for h in net.hosts]
         instances = [
             Instance(h, options.work_dir / "instances" / h.netns, runtime.root, cloud) for h in net.hosts
@@ -191,6 +294,8 @@ def boot_and_check(
             t0 = time.monotonic()
             _wait_formed(instances, admins, names, options.form_timeout_s, report, progress)
             report.formed_in_s = round(time.monotonic() - t0, 1)
+            if services is not None:
+                services(report)
             _check_quorum_queue(instances, admins, names, admin_password, report, progress)
         finally:
             progress("stopping the instances")

@@ -55,14 +55,6 @@ module "backend" {
 """
 
 
-def _override(moto_url: str) -> str:
-    """moto for every API the module calls, S3 by path (moto's buckets are no host names)."""
-    text = moto_override(moto_url, REGION)
-    extra = "\n".join(f'    {s} = "{moto_url}"' for s in ("s3", "secretsmanager", "kms"))
-    text = text.replace("  endpoints {\n", "  s3_use_path_style = true\n\n  endpoints {\n" + extra + "\n")
-    return text
-
-
 def test_the_routers_load_the_config_and_secret_the_module_gives_them(
     toolchain: Toolchain, tmp_path: Path, moto_url: str
 ) -> None:
@@ -71,7 +63,7 @@ def test_the_routers_load_the_config_and_secret_the_module_gives_them(
     root = tmp_path / "root"
     root.mkdir()
     (root / "main.tf").write_text(ROOT_MODULE)
-    (root / "moto_override.tf").write_text(_override(moto_url))
+    (root / "moto_override.tf").write_text(moto_override(moto_url, REGION))
     for name, src in (
         ("rabbitmq.conf", "backend/templates/rabbitmq.conf"),
         ("enabled_plugins", "backend/templates/enabled_plugins"),

@@ -34,6 +34,10 @@ module "backend" {
   router_password     = var.router_password
   kafka_sasl_password = var.kafka_sasl_password
 
+  # MSK, unless you bring your own Kafka (SASL/SCRAM over TLS, user fedgate).
+  create_kafka    = var.kafka_bootstrap == null
+  kafka_bootstrap = var.kafka_bootstrap
+
   # The routers, from `make release` (none without a wheel).
   fedgate_release = var.fedgate_release_wheel == null ? null : {
     bucket = aws_s3_object.release[0].bucket

@@ -63,3 +63,9 @@ variable "kafka_sasl_password" {
   default     = null
   sensitive   = true
 }
+
+variable "kafka_bootstrap" {
+  description = "Bootstrap servers of a Kafka of your own (SASL/SCRAM over TLS, user fedgate, password kafka_sasl_password). Null: the module creates MSK."
+  type        = string
+  default     = null
+}
