@@ -14,6 +14,7 @@ A read sees one committed snapshot: never a half-landed batch.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from backend.errors import FedgateError
 from spark.settings import SparkSettings
@@ -24,12 +25,17 @@ class CatalogError(FedgateError):
     pass
 
 
-def sqlalchemy_uri(jdbc_uri: str) -> str:
-    """The catalog's JDBC URL as pyiceberg's SqlCatalog (SQLAlchemy) spells it: the SQLite
-    catalog, the one fedgate sets up (another database needs its SQLAlchemy driver and URL)."""
+def sqlalchemy_uri(jdbc_uri: str, user: str = "", password: str = "") -> str:
+    """The catalog's JDBC URL as pyiceberg's SqlCatalog (SQLAlchemy) spells it: SQLite (the
+    local catalog) or PostgreSQL (a shared one, psycopg2), with the user and password."""
     if jdbc_uri.startswith("jdbc:sqlite:"):
         return "sqlite:///" + jdbc_uri.removeprefix("jdbc:sqlite:")
-    raise CatalogError(f"catalog_uri {jdbc_uri!r}: only a SQLite catalog is read without Spark here")
+    if jdbc_uri.startswith("jdbc:postgresql://"):
+        login = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user else ""
+        return f"postgresql+psycopg2://{login}" + jdbc_uri.removeprefix("jdbc:postgresql://")
+    raise CatalogError(
+        f"catalog_uri {jdbc_uri!r}: only a SQLite or PostgreSQL catalog is read without Spark here"
+    )
 
 
 def open_catalog(settings: SparkSettings) -> Any:
@@ -41,7 +47,10 @@ def open_catalog(settings: SparkSettings) -> Any:
     if settings.s3_region:
         s3["s3.region"] = settings.s3_region
     return SqlCatalog(
-        settings.catalog, uri=sqlalchemy_uri(settings.catalog_jdbc_uri), warehouse=settings.warehouse, **s3
+        settings.catalog,
+        uri=sqlalchemy_uri(settings.catalog_jdbc_uri, settings.catalog_user, settings.catalog_password),
+        warehouse=settings.warehouse,
+        **s3,
     )
 
 

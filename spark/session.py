@@ -45,7 +45,7 @@ def spark_jars(settings: SparkSettings, *, kafka: bool = True) -> list[str]:
     Kafka source (required when `kafka`; loaded whenever present, since one Python
     process has one JVM and jars join it only with its first session)."""
     jars = sorted(glob.glob(os.path.join(settings.jars_dir, "*.jar")))
-    needed = ["iceberg-spark-runtime", "sqlite-jdbc"] + (["spark-sql-kafka"] if kafka else [])
+    needed = ["iceberg-spark-runtime", "sqlite-jdbc", "postgresql"] + (["spark-sql-kafka"] if kafka else [])
     missing = [n for n in needed if not any(os.path.basename(j).startswith(n) for j in jars)]
     if missing:
         raise SparkSetupError(
@@ -77,10 +77,14 @@ def create_sqlite_catalog(path: str) -> None:
 
 
 def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
-    """Spark settings naming the tables' Iceberg catalog (a JDBC catalog: SQLite here)."""
+    """Spark settings naming the tables' Iceberg catalog (a JDBC catalog: SQLite here, a shared
+    PostgreSQL database elsewhere)."""
     prefix = f"spark.sql.catalog.{settings.catalog}"
     uri = settings.catalog_jdbc_uri
     conf: dict[str, str] = {}
+    if settings.catalog_user:
+        conf[f"{prefix}.jdbc.user"] = settings.catalog_user
+        conf[f"{prefix}.jdbc.password"] = settings.catalog_password
     if uri.startswith("jdbc:sqlite:"):
         create_sqlite_catalog(uri.removeprefix("jdbc:sqlite:"))
         # Iceberg 1.10's JdbcCatalog leaves the result set of its start-up check open: on
@@ -89,6 +93,12 @@ def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
         # the job committed) and, in SQLite's default journal mode, the job's commits failed
         # with SQLITE_BUSY.  The catalog's tables are created above instead.
         conf[f"{prefix}.jdbc.init-catalog-tables"] = "false"
+        # the job commits from its streaming thread while analysts read from other
+        # processes: in WAL mode readers never block a commit (in SQLite's default mode a
+        # reader's lock had a commit fail with SQLITE_BUSY after waiting), and a commit waits
+        # for another instead of failing at once
+        conf[f"{prefix}.jdbc.journal_mode"] = "WAL"
+        conf[f"{prefix}.jdbc.busy_timeout"] = "30000"
     return conf | {
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
@@ -96,12 +106,6 @@ def iceberg_catalog_conf(settings: SparkSettings) -> dict[str, str]:
         f"{prefix}.uri": uri,
         # V1 also keeps views; pyiceberg's SqlCatalog reads the same tables
         f"{prefix}.jdbc.schema-version": "V1",
-        # the job commits from its streaming thread while analysts read from other
-        # processes: in WAL mode readers never block a commit (in SQLite's default mode a
-        # reader's lock had a commit fail with SQLITE_BUSY after waiting), and a commit waits
-        # for another instead of failing at once
-        f"{prefix}.jdbc.journal_mode": "WAL",
-        f"{prefix}.jdbc.busy_timeout": "30000",
         f"{prefix}.warehouse": settings.warehouse,
         # a query polling for rows the job commits every 2 s sees each commit (cached, a table
         # would stay at the snapshot first read for 30 s)

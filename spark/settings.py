@@ -73,8 +73,13 @@ class SparkSettings:
         default="",
         metadata={
             "doc": "JDBC URL of the Iceberg catalog that names the tables; default a SQLite file "
-            "<warehouse>/catalog.db (a local warehouse only: elsewhere, a shared database)."
+            "<warehouse>/catalog.db (a local warehouse only: elsewhere, a shared database: "
+            "jdbc:postgresql://host:5432/db, e.g. on RDS)."
         },
+    )
+    catalog_user: str = field(default="", metadata={"doc": "The catalog database's user (PostgreSQL)."})
+    catalog_password: str = field(
+        default="", metadata={"doc": "The catalog database's password (FEDGATE_SPARK_CATALOG_PASSWORD)."}
     )
     catalog: str = field(default="fedgate", metadata={"doc": "The Iceberg catalog's name in Spark SQL."})
     namespace: str = field(default="telemetry", metadata={"doc": "The catalog namespace of the tables."})

@@ -53,6 +53,9 @@ command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federati
 # with LUA records, the bind backend reading the zone file fedgate writes
 [[ -x /usr/sbin/pdns_server ]] || need_pkgs+=(pdns-server)
 compgen -G "/usr/lib/*/pdns/libbindbackend.so" >/dev/null || need_pkgs+=(pdns-backend-bind)
+# the tables' shared Iceberg catalog as the cloud keeps it (PostgreSQL, RDS there): the tests
+# start a server of their own (infra/local/postgres.py)
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_pkgs+=(postgresql)
 if ((${#need_pkgs[@]})); then
     step "installing Debian packages: ${need_pkgs[*]}"
     [[ $(id -u) -eq 0 ]] || die "installing ${need_pkgs[*]} needs root (run as root or install them yourself)"
@@ -73,7 +76,7 @@ if ((${#need_pkgs[@]})); then
     [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
     trap - EXIT
 else
-    step "Debian packages present (java, maven, openssl, pdns-server)"
+    step "Debian packages present (java, maven, openssl, pdns-server, postgresql)"
 fi
 # RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
 # root on Debian 12 (infra/setup/rabbitmq4.sh says why)

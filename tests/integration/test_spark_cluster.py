@@ -22,9 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from bench.spark_bench import BACKLOG_PREFIX, produce_records
+from infra.local.postgres import PostgresError, PostgresServer, server_bin
 from infra.local.toml_out import toml_lines
 from router.kafka import ensure_topics
 from spark import package
@@ -277,13 +279,25 @@ def _batch_ids(client, bucket: str, prefix: str) -> set[int]:  # type: ignore[no
     return {int(k.rsplit("/", 1)[1]) for k in _keys(client, bucket, prefix) if k.rsplit("/", 1)[1].isdigit()}
 
 
+@pytest.fixture(scope="module")
+def catalog_db() -> Iterator[PostgresServer]:
+    """A PostgreSQL server on loopback for the tables' catalog (the cloud's is on RDS)."""
+    try:
+        server_bin()
+    except PostgresError as e:
+        pytest.skip(str(e))
+    with PostgresServer() as pg:
+        yield pg
+
+
 def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
-    federation, endpoints, cluster, s3, tmp_path, uid, monkeypatch
+    federation, endpoints, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
 ):
-    """Tried: the job on the cluster with its warehouse and checkpoints in an S3 bucket, a
-    backlog of 3,000 readings in batches of 400; SIGKILL to spark-submit and its driver while
-    a batch is in flight (its offsets written to the checkpoint, its commit not), 1,000 of
-    the readings produced again, the job submitted again."""
+    """Tried: the job on the cluster with its warehouse and checkpoints in an S3 bucket and
+    its catalog in PostgreSQL (the cloud's shape: S3 and RDS), a backlog of 3,000 readings
+    in batches of 400; SIGKILL to spark-submit and its driver while a batch is in flight
+    (its offsets written to the checkpoint, its commit not), 1,000 of the readings produced
+    again, the job submitted again."""
     for key, value in S3_ENV.items():
         monkeypatch.setenv(key, value)  # this process reads the tables from S3 too (pyarrow)
     bootstrap = endpoints["kafka"]["bootstrap"]
@@ -298,8 +312,10 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
         topic,
         tmp_path,
         warehouse=f"s3a://{bucket}/warehouse",
-        # the catalog is a database every job and reader reaches (here a SQLite file)
-        catalog_uri=f"jdbc:sqlite:{tmp_path / 'catalog.db'}",
+        # the catalog is a database every job and reader reaches: PostgreSQL, as on RDS
+        catalog_uri=catalog_db.jdbc_uri,
+        catalog_user=catalog_db.user,
+        catalog_password=catalog_db.password,
         s3_endpoint=s3,
         s3_region=S3_REGION,
         max_offsets_per_trigger=400,
@@ -361,3 +377,21 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     assert data and all(k.endswith(".parquet") for k in data), "the tables' files are objects of the bucket"
     assert _batch_ids(client, bucket, commits) >= {killed_mid_batch}, "the checkpoint went on in the bucket"
     assert not (tmp_path / "warehouse").exists(), "nothing was written to local disk instead"
+    # the tables are named in the PostgreSQL catalog, where every reader finds them
+    db = psycopg2.connect(
+        host=catalog_db.host,
+        port=catalog_db.port,
+        user=catalog_db.user,
+        password=catalog_db.password,
+        dbname=catalog_db.database,
+    )
+    try:
+        with db.cursor() as cur:
+            cur.execute(
+                "SELECT table_name, metadata_location FROM iceberg_tables WHERE table_namespace = %s",
+                ("telemetry",),
+            )
+            named = dict(cur.fetchall())
+    finally:
+        db.close()
+    assert "telemetry_raw" in named and named["telemetry_raw"].startswith(f"s3a://{bucket}/warehouse/")

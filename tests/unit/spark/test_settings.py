@@ -97,3 +97,31 @@ def test_an_s3_warehouse_configures_s3a_for_the_tables_and_the_checkpoints():
         SparkSettings(kafka_bootstrap="k", warehouse="s3a://b/wh", catalog_uri="jdbc:sqlite:/c.db")
     )
     assert "spark.hadoop.fs.s3a.endpoint" not in on_aws, "AWS's own endpoint, found by region"
+
+
+def test_a_postgresql_catalog_is_reached_with_its_login_by_spark_and_by_python(monkeypatch):
+    """The cloud's catalog (RDS PostgreSQL): the password from the environment, the same
+    database for Spark's JDBC catalog and pyiceberg's SQL catalog (its password URL-quoted)."""
+    from spark.reading import CatalogError, sqlalchemy_uri
+    from spark.session import iceberg_catalog_conf
+
+    monkeypatch.setenv("FEDGATE_SPARK_CATALOG_PASSWORD", "p@ss/word")
+    s = SparkSettings.load(
+        kafka_bootstrap="k:9092",
+        warehouse="s3a://bucket/warehouse",
+        catalog_uri="jdbc:postgresql://db.example:5432/fedgate",
+        catalog_user="fedgate",
+    )
+    assert s.catalog_password == "p@ss/word"
+    conf = iceberg_catalog_conf(s)
+    assert conf["spark.sql.catalog.fedgate.uri"] == "jdbc:postgresql://db.example:5432/fedgate"
+    assert conf["spark.sql.catalog.fedgate.jdbc.user"] == "fedgate"
+    assert conf["spark.sql.catalog.fedgate.jdbc.password"] == "p@ss/word"
+    # SQLite's connection settings are SQLite's only
+    assert not any(k.endswith(("journal_mode", "busy_timeout")) for k in conf)
+    assert (
+        sqlalchemy_uri(s.catalog_jdbc_uri, s.catalog_user, s.catalog_password)
+        == "postgresql+psycopg2://fedgate:p%40ss%2Fword@db.example:5432/fedgate"
+    )
+    with pytest.raises(CatalogError, match="SQLite or PostgreSQL"):
+        sqlalchemy_uri("jdbc:mysql://db.example/fedgate")
