@@ -20,6 +20,7 @@ from typing import Any
 
 from backend.errors import FedgateError
 from infra.cloud.root_module import AWS_SERVICES
+from infra.local.nodes import free_port
 
 #: Debian's official AMI account, the rabbitmq-nodes module's default owner.
 DEBIAN_OWNER = "136693071363"
@@ -48,12 +49,6 @@ def debian_image(
         "root_device_name": "/dev/xvda",
         "description": name,
     }
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class MotoServer:
