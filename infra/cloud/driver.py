@@ -299,10 +299,16 @@ class CloudDriver(CloudFleet):
 
     def write_backend_secrets(self) -> Path:
         """The backend module's passwords fedgate generates, as a tfvars file (mode 600): the
-        routers' backend user (which `gateway add` creates with it) and the Kafka SCRAM user."""
+        routers' backend user (which `gateway add` creates with it), the Kafka SCRAM user and
+        the tables' catalog database."""
         sec = self.secrets()
         path = self.state_dir / "backend-secrets.auto.tfvars.json"
         write_private_json(
-            path, {"router_password": sec["router"], "kafka_sasl_password": sec["kafka_client"]}
+            path,
+            {
+                "router_password": sec["router"],
+                "kafka_sasl_password": sec["kafka_client"],
+                "catalog_password": sec["catalog"],
+            },
         )
         return path

@@ -96,9 +96,10 @@ class CloudFleet:
         store = SecretsFile(self.secrets_file)
         if region is not None:
             store.ensure(per_region={"gateways": [region], "erlang_cookies": [region]}, nbytes=24)
-        # router: the routers' backend user; kafka_client: the Kafka SCRAM user of the routers
-        # and the Spark job (the backend module takes both: backend-secrets.auto.tfvars.json)
-        return store.ensure(("admin", "backend_link", "router", "kafka_client"))
+        # router: the routers' backend user; kafka_client: the Kafka SCRAM user of the routers and
+        # the Spark job; catalog: the tables' catalog database (RDS); the backend module takes
+        # them from backend-secrets.auto.tfvars.json
+        return store.ensure(("admin", "backend_link", "router", "kafka_client", "catalog"))
 
     def _forget_secrets(self, region: str) -> None:
         SecretsFile(self.secrets_file).forget(region, ("gateways", "erlang_cookies"))

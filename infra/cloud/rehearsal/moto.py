@@ -111,8 +111,8 @@ class MotoServer:
 
 
 #: what an applied backend example calls beside the root module's services: its buckets, the
-#: routers' release and secret, MSK's key
-APPLY_SERVICES = ("s3", "secretsmanager", "kms")
+#: routers' release and secret, MSK's key, the tables' catalog database
+APPLY_SERVICES = ("s3", "secretsmanager", "kms", "rds")
 
 
 def provider_override(url: str, region: str) -> str:

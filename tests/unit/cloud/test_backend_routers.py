@@ -16,6 +16,7 @@ import yaml
 from infra.cloud.toolchain import Toolchain
 from infra.local.settings import PROJECT_ROOT
 from router.settings import load_router_settings
+from spark.settings import SparkSettings
 
 from .conftest import TERRAFORM_DIR, moto_client, moto_override, run_tf
 
@@ -33,6 +34,12 @@ resource "aws_s3_object" "release" {
   content = "a wheel"
 }
 
+resource "aws_s3_object" "jars" {
+  bucket  = aws_s3_bucket.releases.bucket
+  key     = "fedgate/fedgate-spark-jars-0.1.0.tar.gz"
+  content = "jars"
+}
+
 module "backend" {
   source = "../modules/backend"
 
@@ -47,7 +54,14 @@ module "backend" {
   ami_id                 = "ami-0de13a0d64000002"
   create_kafka           = false
   kafka_bootstrap        = "kafka-1.example:9096,kafka-2.example:9096"
-  fedgate_release        = { bucket = aws_s3_object.release.bucket, key = aws_s3_object.release.key }
+  fedgate_release = {
+    bucket   = aws_s3_object.release.bucket
+    key      = aws_s3_object.release.key
+    jars_key = aws_s3_object.jars.key
+  }
+  catalog_password            = "catalog pw"
+  catalog_multi_az            = false
+  catalog_deletion_protection = false
   router_password        = "router/pw@1"
   kafka_sasl_password    = "kafka pw"
   router_config_extra    = "kafka_partitions = 12"
@@ -55,8 +69,23 @@ module "backend" {
 """
 
 
-def test_the_routers_load_the_config_and_secret_the_module_gives_them(
-    toolchain: Toolchain, tmp_path: Path, moto_url: str
+def _service_boot(ec2, template_name: str, moto_url: str) -> tuple[dict, dict, list[str]]:
+    """A fedgate-service launch template's files, the environment its secret holds (from moto),
+    and its installer's command line."""
+    (template,) = ec2.describe_launch_templates(LaunchTemplateNames=[template_name])["LaunchTemplates"]
+    data = ec2.describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
+        "LaunchTemplateVersions"
+    ][0]["LaunchTemplateData"]
+    cloud_config = yaml.safe_load(base64.b64decode(data["UserData"]).decode())
+    files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
+    install = cloud_config["runcmd"][0]
+    secret_arn = install[install.index("--secret-arn") + 1]
+    secret = moto_client("secretsmanager", moto_url, REGION).get_secret_value(SecretId=secret_arn)
+    return files, json.loads(secret["SecretString"]), install
+
+
+def test_the_routers_and_the_spark_job_load_the_config_and_secret_the_module_gives_them(
+    toolchain: Toolchain, tmp_path: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     modules = tmp_path / "modules"
     shutil.copytree(TERRAFORM_DIR / "modules", modules, ignore=shutil.ignore_patterns(".terraform*"))
@@ -77,20 +106,9 @@ def test_the_routers_load_the_config_and_secret_the_module_gives_them(
 
     # the routers' launch template: their router.toml, and the secret they read at boot
     ec2 = moto_client("ec2", moto_url, REGION)
-    (template,) = ec2.describe_launch_templates(LaunchTemplateNames=["fedgate-backend-router"])[
-        "LaunchTemplates"
-    ]
-    data = ec2.describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
-        "LaunchTemplateVersions"
-    ][0]["LaunchTemplateData"]
-    cloud_config = yaml.safe_load(base64.b64decode(data["UserData"]).decode())
-    files = {f["path"]: f["content"] for f in cloud_config["write_files"]}
+    files, env, _ = _service_boot(ec2, "fedgate-backend-router", moto_url)
     toml = tmp_path / "router.toml"
     toml.write_text(files["/etc/fedgate/router.toml"])
-    install = cloud_config["runcmd"][0]
-    secret_arn = install[install.index("--secret-arn") + 1]
-    secret = moto_client("secretsmanager", moto_url, REGION).get_secret_value(SecretId=secret_arn)
-    env = json.loads(secret["SecretString"])
     assert "pw" not in files["/etc/fedgate/router.toml"]  # no password in the launch template
 
     elbv2 = moto_client("elbv2", moto_url, REGION)
@@ -126,3 +144,44 @@ def test_the_routers_load_the_config_and_secret_the_module_gives_them(
         "AutoScalingGroups"
     ]
     assert group["DesiredCapacity"] == 2
+
+    # the Spark job: one instance, its tables in the analytics bucket, their names in the
+    # catalog database (RDS PostgreSQL), Kafka as the routers reach it, the jars installed
+    files, env, install = _service_boot(ec2, "fedgate-backend-spark", moto_url)
+    assert install[install.index("--jars-key") + 1] == "fedgate/fedgate-spark-jars-0.1.0.tar.gz"
+    assert "pw" not in files["/etc/fedgate/spark.toml"]
+    spark_toml = tmp_path / "spark.toml"
+    spark_toml.write_text(files["/etc/fedgate/spark.toml"])
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    job = SparkSettings.load(spark_toml)
+    (db,) = moto_client("rds", moto_url, REGION).describe_db_instances(
+        DBInstanceIdentifier="fedgate-backend-catalog"
+    )["DBInstances"]
+    assert db["Engine"] == "postgres" and db["StorageEncrypted"] and not db["PubliclyAccessible"]
+    assert (
+        job.catalog_jdbc_uri
+        == f"jdbc:postgresql://{db['Endpoint']['Address']}:{db['Endpoint']['Port']}/fedgate"
+    )
+    assert (job.catalog_user, job.catalog_password) == ("fedgate", "catalog pw")
+    assert job.warehouse == "s3a://fedgate-test-analytics/warehouse" and job.s3_region == REGION
+    assert job.kafka_bootstrap == "kafka-1.example:9096,kafka-2.example:9096"
+    assert (job.kafka_security_protocol, job.kafka_sasl_username, job.kafka_sasl_password) == (
+        "SASL_SSL",
+        "fedgate",
+        "kafka pw",
+    )
+    assert job.jars_dir == "/opt/fedgate/jars"
+    # what the routers write, by the default mapping rules
+    assert sorted(job.require_topics()) == settings.kafka_topics()
+    # the catalog database admits the Spark job's group
+    groups = {g["GroupName"]: g for g in ec2.describe_security_groups()["SecurityGroups"]}
+    spark = groups["fedgate-backend-spark"]["GroupId"]
+    assert any(
+        p["FromPort"] == 5432 and any(pair["GroupId"] == spark for pair in p.get("UserIdGroupPairs", []))
+        for p in groups["fedgate-backend-catalog"]["IpPermissions"]
+    )
+    (group,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["fedgate-backend-spark"])[
+        "AutoScalingGroups"
+    ]
+    assert group["DesiredCapacity"] == 1

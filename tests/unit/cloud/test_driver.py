@@ -292,6 +292,7 @@ def test_the_backend_tls_file_holds_a_certificate_for_backend_dot_domain(tmp_pat
     assert values == {
         "router_password": driver.secrets()["router"],
         "kafka_sasl_password": driver.secrets()["kafka_client"],
+        "catalog_password": driver.secrets()["catalog"],
     }
     assert len(values["router_password"]) >= 20 and values == json.loads(
         driver.write_backend_secrets().read_text()

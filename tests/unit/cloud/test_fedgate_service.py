@@ -7,6 +7,7 @@ unit's environment file)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import shutil
@@ -53,6 +54,7 @@ module "service" {
   config_toml        = "kafka_bootstrap = \\"b-1.msk:9096\\"\\n"
   secret_arn         = "SECRET_ARN"
   s3_bucket_arns     = var.service == "spark" ? ["arn:aws:s3:::fedgate-analytics"] : []
+  jars_key           = var.service == "spark" ? "fedgate/fedgate-spark-jars-0.1.0.tar.gz" : null
 }
 """
 ).replace("SECRET_ARN", SECRET_ARN)
@@ -121,7 +123,8 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
         **(
             {"--service": "router", "--id-variable": "FEDGATE_ROUTER_ROUTER_ID"}
             if service == "router"
-            else {}
+            # the Spark job's jars, unpacked beside the venv
+            else {"--jars-key": "fedgate/fedgate-spark-jars-0.1.0.tar.gz"}
         ),
     }
     assert reload == ["systemctl", "daemon-reload"]
@@ -130,7 +133,12 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
     # the role reads the release object and the secret, and only the Spark job a bucket
     statements = {s["Sid"]: s for s in json.loads(planned["aws_iam_role_policy"]["policy"])["Statement"]}
     assert statements["Release"]["Resource"] == [
-        "arn:aws:s3:::fedgate-releases/fedgate/fedgate-0.1.0-py3-none-any.whl"
+        "arn:aws:s3:::fedgate-releases/fedgate/fedgate-0.1.0-py3-none-any.whl",
+        *(
+            ["arn:aws:s3:::fedgate-releases/fedgate/fedgate-spark-jars-0.1.0.tar.gz"]
+            if service == "spark"
+            else []
+        ),
     ]
     assert statements["Secret"]["Resource"] == [SECRET_ARN]
     assert ("Objects" in statements) is (service == "spark")
@@ -234,3 +242,50 @@ def test_the_installer_puts_the_release_in_a_venv_and_the_secret_in_the_units_en
     refused = _install(moto_url, tmp_path / "bad", bad)
     assert refused.returncode != 0 and "NAME=single-line string only" in refused.stderr
     assert not (tmp_path / "bad" / "etc" / "router.env").exists()
+
+
+@pytest.mark.slow
+def test_the_installer_unpacks_the_spark_jars_and_refuses_an_archive_that_is_not_jars(
+    moto_url: str, tmp_path: Path
+) -> None:
+    """Tried: the release's jars archive; then one whose member climbs out of the folder."""
+    import io
+    import tarfile
+
+    s3 = moto_client("s3", moto_url, "eu-central-1")
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):  # the other installer test's
+        s3.create_bucket(
+            Bucket="fedgate-releases", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"}
+        )
+    s3.upload_file(
+        str(_wheel(tmp_path)), "fedgate-releases", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl"
+    )
+
+    def archive(members: dict[str, bytes]) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w:gz") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+    s3.put_object(Bucket="fedgate-releases", Key="fedgate/jars.tar.gz",
+                  Body=archive({"iceberg.jar": b"PK one", "postgresql.jar": b"PK two"}))  # fmt: skip
+    s3.put_object(Bucket="fedgate-releases", Key="fedgate/bad.tar.gz",
+                  Body=archive({"ok.jar": b"PK", "../../etc/cron.d/x.jar": b"evil"}))  # fmt: skip
+    arn = moto_client("secretsmanager", moto_url, "eu-central-1").create_secret(
+        Name="fedgate-spark", SecretString=json.dumps({"FEDGATE_SPARK_CATALOG_PASSWORD": "pw"})
+    )["ARN"]
+
+    done = _install(moto_url, tmp_path / "good", arn, "--jars-key", "fedgate/jars.tar.gz")
+    assert done.returncode == 0, done.stderr
+    jars = tmp_path / "good" / "opt" / "jars"
+    assert {p.name: p.read_bytes() for p in jars.iterdir()} == {
+        "iceberg.jar": b"PK one",
+        "postgresql.jar": b"PK two",
+    }
+
+    refused = _install(moto_url, tmp_path / "bad", arn, "--jars-key", "fedgate/bad.tar.gz")
+    assert refused.returncode != 0 and "not jars" in refused.stderr
+    assert not list((tmp_path / "bad").rglob("x.jar")) and not (tmp_path / "etc" / "cron.d").exists()

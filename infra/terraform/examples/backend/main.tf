@@ -33,16 +33,22 @@ module "backend" {
   node_tls_key_pem    = var.node_tls_key_pem
   router_password     = var.router_password
   kafka_sasl_password = var.kafka_sasl_password
+  catalog_password    = var.catalog_password
 
   # MSK, unless you bring your own Kafka (SASL/SCRAM over TLS, user fedgate).
   create_kafka    = var.kafka_bootstrap == null
   kafka_bootstrap = var.kafka_bootstrap
 
-  # The routers, from `make release` (none without a wheel).
+  # The routers, and the Spark job with its jars, from `make release` (none without a wheel).
   fedgate_release = var.fedgate_release_wheel == null ? null : {
-    bucket = aws_s3_object.release[0].bucket
-    key    = aws_s3_object.release[0].key
+    bucket   = aws_s3_object.release[0].bucket
+    key      = aws_s3_object.release[0].key
+    jars_key = var.fedgate_spark_jars == null ? null : aws_s3_object.spark_jars[0].key
   }
+
+  # a development stack: its catalog database goes with `terraform destroy`
+  catalog_multi_az            = false
+  catalog_deletion_protection = false
 }
 
 # The release the routers install, in a bucket of its own (the module reads no file).
@@ -59,4 +65,13 @@ resource "aws_s3_object" "release" {
   key    = "fedgate/${basename(var.fedgate_release_wheel)}"
   source = var.fedgate_release_wheel
   etag   = filemd5(var.fedgate_release_wheel)
+}
+
+resource "aws_s3_object" "spark_jars" {
+  count = var.fedgate_release_wheel == null || var.fedgate_spark_jars == null ? 0 : 1
+
+  bucket = aws_s3_bucket.releases[0].bucket
+  key    = "fedgate/${basename(var.fedgate_spark_jars)}"
+  source = var.fedgate_spark_jars
+  etag   = filemd5(var.fedgate_spark_jars)
 }

@@ -50,6 +50,19 @@ variable "fedgate_release_wheel" {
   default     = null
 }
 
+variable "fedgate_spark_jars" {
+  description = "The Spark job's jars `make release` built (build/release/fedgate-spark-jars-<version>.tar.gz): the module deploys the Spark job with them. Null: no Spark job."
+  type        = string
+  default     = null
+}
+
+variable "catalog_password" {
+  description = "Password of the tables' catalog database (RDS PostgreSQL), from `fedgate backend-tls` (backend-secrets.auto.tfvars.json)."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
 variable "router_password" {
   description = "Password of the routers' backend user, from `fedgate backend-tls` (backend-secrets.auto.tfvars.json)."
   type        = string

@@ -64,3 +64,13 @@ output "analytics_bucket_arn" {
   description = "ARN of the analytics bucket."
   value       = aws_s3_bucket.analytics.arn
 }
+
+output "spark_autoscaling_group_name" {
+  description = "Autoscaling group of the Spark job; null when it is not deployed (no jars_key in fedgate_release)."
+  value       = local.deploy_spark ? module.spark[0].autoscaling_group_name : null
+}
+
+output "catalog_jdbc_uri" {
+  description = "The tables' Iceberg catalog (FEDGATE_SPARK_CATALOG_URI for analysts' readers in the VPC; user fedgate, catalog_password)."
+  value       = local.deploy_spark ? "jdbc:postgresql://${aws_db_instance.catalog[0].address}:${aws_db_instance.catalog[0].port}/${local.catalog_database}" : null
+}

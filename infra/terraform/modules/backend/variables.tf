@@ -197,10 +197,11 @@ variable "node_tls_key_pem" {
 }
 
 variable "fedgate_release" {
-  description = "Where the fedgate release wheel (`make release`) is in S3: { bucket, key }. Set: the module deploys the routers (fedgate-service module) from it. Null: run the routers yourself. A new key rolls a new release out to replaced instances."
+  description = "Where the fedgate release (`make release`) is in S3: { bucket, key of the wheel, jars_key of the Spark jars archive }. Set: the module deploys the routers (fedgate-service module) from it, and the Spark job when jars_key is set. Null: run them yourself. A new key rolls a new release out to replaced instances."
   type = object({
-    bucket = string
-    key    = string
+    bucket   = string
+    key      = string
+    jars_key = optional(string)
   })
   default = null
 }
@@ -241,4 +242,53 @@ variable "kafka_bootstrap" {
   description = "Kafka bootstrap servers (SASL/SCRAM over TLS) of your own Kafka when create_kafka is false; the routers log in as fedgate with kafka_sasl_password."
   type        = string
   default     = null
+}
+
+variable "spark_topics" {
+  description = "Kafka topics the Spark job reads: the ones the routers' mapping rules write (router.topics.kafka_topics; these are the default rules'). Change both together."
+  type        = list(string)
+  default     = ["fedgate.deadletter", "fedgate.unmatched", "telemetry.acks", "telemetry.events", "telemetry.replies", "telemetry.state", "telemetry.telemetry"]
+}
+
+variable "spark_instance_type" {
+  description = "EC2 instance type of the Spark job (it wants memory; cost knob)."
+  type        = string
+  default     = "m6i.large"
+}
+
+variable "spark_config_extra" {
+  description = "More spark.toml lines (spark/settings.py), appended to the ones the module renders: triggers, memory, compaction."
+  type        = string
+  default     = ""
+}
+
+variable "catalog_password" {
+  description = "Password of the tables' catalog database (RDS PostgreSQL, user fedgate), from `fedgate backend-tls` (backend-secrets.auto.tfvars.json). Required to deploy the Spark job."
+  type        = string
+  default     = null
+  sensitive   = true
+}
+
+variable "catalog_instance_class" {
+  description = "RDS instance class of the catalog database (it holds one row per table: small is plenty)."
+  type        = string
+  default     = "db.t4g.micro"
+}
+
+variable "catalog_engine_version" {
+  description = "PostgreSQL major version of the catalog database."
+  type        = string
+  default     = "16"
+}
+
+variable "catalog_multi_az" {
+  description = "A standby of the catalog database in another zone (the tables cannot commit while it is down)."
+  type        = bool
+  default     = true
+}
+
+variable "catalog_deletion_protection" {
+  description = "Refuse to delete the catalog database (it names the tables), and keep a final snapshot when it goes."
+  type        = bool
+  default     = true
 }

@@ -45,6 +45,8 @@ locals {
   entry = { router = "router", spark = "spark.job" }[var.service]
   # each instance's own name for its process: a router's names its presence queue
   id_args = var.service == "router" ? ["--service", "router", "--id-variable", "FEDGATE_ROUTER_ROUTER_ID"] : []
+  # the Spark job's jars, unpacked beside the venv (spark.toml's jars_dir = /opt/fedgate/jars)
+  jars_args = var.jars_key == null ? [] : ["--jars-key", var.jars_key]
 
   unit = <<-EOT
     # written by the fedgate-service Terraform module
@@ -92,7 +94,7 @@ locals {
     ]
     runcmd = [
       concat([local.installer, "--region", data.aws_region.current.name, "--bucket", var.release_bucket,
-      "--key", var.release_key, "--secret-arn", var.secret_arn, "--env-file", local.env_file], local.id_args),
+      "--key", var.release_key, "--secret-arn", var.secret_arn, "--env-file", local.env_file], local.id_args, local.jars_args),
       ["systemctl", "daemon-reload"],
       ["systemctl", "enable", "--now", local.unit_name],
     ]
@@ -125,7 +127,7 @@ resource "aws_iam_role_policy" "this" {
           Sid      = "Release"
           Effect   = "Allow"
           Action   = ["s3:GetObject"]
-          Resource = ["arn:aws:s3:::${var.release_bucket}/${var.release_key}"]
+          Resource = [for key in compact([var.release_key, var.jars_key]) : "arn:aws:s3:::${var.release_bucket}/${key}"]
         },
         {
           Sid      = "Secret"

@@ -56,6 +56,17 @@ variable "release_key" {
   type        = string
 }
 
+variable "jars_key" {
+  description = "Key in release_bucket of the Spark job's jars (`make release`: fedgate-spark-jars-<version>.tar.gz: the Kafka source, Iceberg, s3a, the catalog's JDBC drivers), unpacked into /opt/fedgate/jars. Required for service = spark."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.service != "spark" || var.jars_key != null
+    error_message = "jars_key: the Spark job needs its jars (make release builds them)."
+  }
+}
+
 variable "config_toml" {
   description = "The service's config file (/etc/fedgate/<service>.toml) as the caller renders it; no secrets (they come from secret_arn)."
   type        = string

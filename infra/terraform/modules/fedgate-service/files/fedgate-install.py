@@ -8,7 +8,8 @@
    ever in the launch template, the config file or the process list;
 3. with --id-variable, the instance's own name for the service (<service>-<instance id>,
    from the instance metadata service) into the same file: instances of one launch
-   template are identical, and a router's id names its own queues.
+   template are identical, and a router's id names its own queues;
+4. with --jars-key, the Spark job's jars (a tar.gz of the release) into <prefix>/jars.
 
 Retries what the first seconds of a boot may refuse (the instance role's credentials, the
 network); fails loudly otherwise: cloud-init's log then says why the service is not running.
@@ -78,6 +79,25 @@ def instance_id(imds_url: str) -> str:
     return found
 
 
+def unpack_jars(archive: str, dest: str) -> None:
+    """The release's jars into `dest` (emptied first): plain .jar files only, no paths."""
+    import shutil
+    import tarfile
+
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    with tarfile.open(archive, "r:gz") as tar:
+        members = tar.getmembers()
+        bad = [m.name for m in members if not m.isfile() or "/" in m.name or not m.name.endswith(".jar")]
+        if bad or not members:
+            raise SystemExit(f"fedgate-install: the jars archive holds {bad[:3] or 'nothing'}, not jars")
+        for m in members:
+            source = tar.extractfile(m)
+            assert source is not None
+            with source, open(os.path.join(dest, m.name), "wb") as out:
+                shutil.copyfileobj(source, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--region", required=True)
@@ -93,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--service", default="fedgate", help="the <service> of --id-variable's value")
     p.add_argument("--imds-url", default="http://169.254.169.254", help="the instance metadata service")
     p.add_argument("--pip-arg", action="append", default=[], help="passed on to pip install")
+    p.add_argument(
+        "--jars-key", help="the Spark job's jars (tar.gz) in --bucket, unpacked into <prefix>/jars"
+    )
     args = p.parse_args(argv)
     aws = {"region_name": args.region, "endpoint_url": args.endpoint_url}
 
@@ -125,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True)
         pip = [os.path.join(venv, "bin", "pip"), "install", "--quiet", "--no-input", *args.pip_arg, wheel]
         retried("pip install of the release", lambda: subprocess.run(pip, check=True))
+        if args.jars_key:
+            archive = os.path.join(work, "jars.tar.gz")
+            retried(
+                f"downloading s3://{args.bucket}/{args.jars_key}",
+                lambda: boto3.client("s3", **aws).download_file(args.bucket, args.jars_key, archive),
+            )
+            unpack_jars(archive, os.path.join(args.prefix, "jars"))
     print(f"fedgate-install: {os.path.basename(args.key)} in {venv}, environment in {args.env_file}")
     return 0
 
