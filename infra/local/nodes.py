@@ -60,13 +60,6 @@ class NodeError(FedgateError):
     """A node cannot start or is not ready; the message names the node and its log."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at `host` now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         # As the servers themselves do: connections of a stopped node lingering

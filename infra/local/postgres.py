@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from backend.errors import FedgateError
-from infra.local.nodes import free_port
+from infra.local.ports import free_port
 
 
 class PostgresError(FedgateError):

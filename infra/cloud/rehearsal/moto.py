@@ -20,7 +20,7 @@ from typing import Any
 
 from backend.errors import FedgateError
 from infra.cloud.root_module import AWS_SERVICES
-from infra.local.nodes import free_port
+from infra.local.ports import free_port
 
 #: Debian's official AMI account, the rabbitmq-nodes module's default owner.
 DEBIAN_OWNER = "136693071363"

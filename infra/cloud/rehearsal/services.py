@@ -33,7 +33,7 @@ from backend.kafka_security import KafkaSecurity
 from infra.cloud.rehearsal.hosts import Host
 from infra.cloud.rehearsal.render import CloudConfig
 from infra.local.layout import ROLE_KAFKA, NodeSpec
-from infra.local.nodes import free_port
+from infra.local.ports import free_port
 from infra.local.services import KafkaNode
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA
