@@ -482,6 +482,11 @@ def cmd_cloud_rehearsal(ctx: Context, args: argparse.Namespace) -> int:
                 f"{r.kafka_readings} readings in Kafka with {r.router_killed} killed, the other stopped with "
                 f"exit {', '.join(str(v) for v in r.router_exit_codes.values())}"
             )
+        if r.spark_code:
+            print(
+                f"{name}: the Spark job installed from the release, {r.spark_rows} rows in telemetry_raw "
+                f"{r.spark_rows_in_s} s after its install began, exit {r.spark_exit_code} on SIGTERM"
+            )
     return 0
 
 

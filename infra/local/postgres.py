@@ -40,13 +40,18 @@ class PostgresServer:
     """`with PostgresServer() as pg:` -- pg.jdbc_uri, pg.user, pg.password until the block ends."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, user: str = "fedgate", database: str = "fedgate"
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        user: str = "fedgate",
+        database: str = "fedgate",
+        password: str = "",
     ):
         self.host = host
         self.port = port or free_port(host)
         self.user = user
         self.database = database
-        self.password = secrets.token_urlsafe(18)
+        self.password = password or secrets.token_urlsafe(18)
         self.dir: Path | None = None
 
     @property
@@ -86,6 +91,10 @@ class PostgresServer:
                 "initdb",
             )  # fmt: skip
             pwfile.unlink()
+            # a password login from any address it listens on (only `host`), as RDS takes one
+            # from whatever its security group admits; initdb allows loopback only
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n")
             options = f"-h {self.host} -p {self.port} -k {self.dir}"
             self._run(
                 [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(self.dir / "server.log"),

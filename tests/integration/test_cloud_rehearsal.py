@@ -7,7 +7,9 @@ service (IMDSv2), form one cluster of three, hold a quorum queue on every node, 
 every confirmed message when one instance dies; the gateways (with their own authentication
 plugin, compiled on each node) still answer MQTT on the two nodes left; the routers install
 the release from S3 with their secret, reach the nodes through the internal load balancer's
-name and Kafka over SASL_SSL, and carry every reading into Kafka when one of them dies.  And
+name and Kafka over SASL_SSL, and carry every reading into Kafka when one of them dies; the
+Spark job installs with its jars and makes each reading one row of its tables, named in its
+catalog database (where RDS would be) and stored in S3.  And
 that the rehearsal would have caught the defect the module had: nodes that run under their
 host name boot alone.
 """
@@ -156,6 +158,33 @@ def test_the_backends_routers_install_from_the_release_and_carry_every_reading_i
     (survivor,) = set(routers) - {report["router_killed"]}
     assert report["router_exit_codes"] == {survivor: 0}
     _no_leftovers()
+
+
+def test_the_backends_spark_job_turns_the_routers_readings_into_table_rows(rehearsal) -> None:
+    """Tried: the Spark job's launch template's cloud-init on a third instance (the installer
+    with the release's jars), its catalog database by the RDS endpoint's name (a PostgreSQL
+    server standing in), its tables in moto's S3, reading the 200 readings the routers put in
+    Kafka; then SIGTERM."""
+    reports, work = rehearsal
+    report = reports["backend"]
+    venv = work / "backend" / "instances" / f"{PREFIX}-s3" / "opt" / "fedgate" / "venv"
+    assert report["spark_code"].startswith(str(venv)), report["spark_code"]
+    jars = work / "backend" / "instances" / f"{PREFIX}-s3" / "opt" / "fedgate" / "jars"
+    assert any(p.name.startswith("iceberg-spark-runtime") for p in jars.iterdir())
+    assert any(p.name.startswith("postgresql") for p in jars.iterdir())
+    # every reading the routers bridged is one row, read through the catalog without Spark
+    assert (report["spark_rows"], report["spark_ids"]) == (200, 200)
+    # what the rehearsal changed: S3's endpoint and credentials, Kafka's CA, the jars' folder
+    assert report["spark_overrides"] == [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "FEDGATE_SPARK_JARS_DIR",
+        "FEDGATE_SPARK_KAFKA_CA_FILE",
+        "FEDGATE_SPARK_S3_ENDPOINT",
+    ]
+    assert report["spark_exit_code"] == 0
+    _no_leftovers()
+    assert not list(Path("/tmp").glob("fedgate-postgres-*"))
 
 
 def test_nodes_running_under_their_host_name_would_boot_alone(rehearsal) -> None:

@@ -15,6 +15,7 @@ import ipaddress
 import os
 import shutil
 import signal
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,9 @@ class Host:
         balancer's DNS name to the nodes behind it), through its own /etc/hosts."""
         etc = NETNS_ETC / self.netns
         etc.mkdir(parents=True, exist_ok=True)
-        lines = ["127.0.0.1 localhost"] + [f"{a} {name}" for name, addrs in names.items() for a in addrs]
+        # its own host name too (the namespace keeps this machine's), as a VPC resolves ip-10-…
+        lines = ["127.0.0.1 localhost", f"{self.address} {socket.gethostname()}"]
+        lines += [f"{a} {name}" for name, addrs in names.items() for a in addrs]
         (etc / "hosts").write_text("\n".join(lines) + "\n")
 
 

@@ -10,6 +10,7 @@ internal load balancer and the secret, which exist only once applied.)
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import subprocess
@@ -35,11 +36,17 @@ class Example:
 
     folder: str
     nodes_module: str
-    #: the routers' fedgate-service module, when the example deploys them
+    #: the routers' and the Spark job's fedgate-service modules, when the example deploys them
     routers_module: str = ""
+    spark_module: str = ""
 
 
-BACKEND = Example("backend", "module.backend.module.nodes", "module.backend.module.routers[0]")
+BACKEND = Example(
+    "backend",
+    "module.backend.module.nodes",
+    "module.backend.module.routers[0]",
+    "module.backend.module.spark[0]",
+)
 GATEWAY = Example("gateway-region", "module.gateway_region.module.nodes")
 
 
@@ -103,8 +110,8 @@ def example_user_data(
     apply: bool = False,
 ) -> dict[str, str]:
     """Plan (or apply) `example` (a copy in `work`) against moto with `variables`; the user
-    data (#cloud-config documents) of its launch templates: "nodes", and "routers" when
-    applied with the routers."""
+    data (#cloud-config documents) of its launch templates: "nodes", and "routers" and
+    "spark" when applied with them."""
     tree = work / "repo"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(TERRAFORM_DIR, tree / "infra" / "terraform", ignore=shutil.ignore_patterns(".terraform*"))
@@ -124,8 +131,11 @@ def example_user_data(
             "root_module"
         ]
     out = {"nodes": _launch_template_user_data(module, example.nodes_module)}
-    if apply and example.routers_module:
-        out["routers"] = _launch_template_user_data(module, example.routers_module)
+    for kind, address in (("routers", example.routers_module), ("spark", example.spark_module)):
+        # (not deployed: no release for the routers, no jars for the Spark job)
+        if apply and address:
+            with contextlib.suppress(LookupError):
+                out[kind] = _launch_template_user_data(module, address)
     return out
 
 

@@ -6,7 +6,8 @@ What is checked, and why each matters on EC2:
 2. the three nodes form ONE cluster, and each of them says so (no node alone);
 3. a quorum queue declared through one node has a replica on each of the three;
 4. (backend) the routers the module deploys install from the release and carry a region's
-   readings into Kafka, also when one of them is killed (traffic.py);
+   readings into Kafka, also when one of them is killed, and the Spark job it deploys turns
+   them into table rows (traffic.py);
 5. one instance killed (SIGKILL, as a terminated instance): the queue keeps every message it
    had confirmed and confirms new ones through another node, and the two left still see
    each other and the lost node as a member that is down.
@@ -34,8 +35,8 @@ from infra.cloud.rehearsal.instance import Instance
 from infra.cloud.rehearsal.moto import MotoServer, debian_image
 from infra.cloud.rehearsal.render import BACKEND, GATEWAY, CloudConfig, Example, example_user_data
 from infra.cloud.rehearsal.services import RehearsalKafka
-from infra.cloud.rehearsal.traffic import check_routers
-from infra.cloud.release import build_wheel
+from infra.cloud.rehearsal.traffic import check_routers, check_spark
+from infra.cloud.release import build_release
 from infra.cloud.toolchain import detect
 from infra.local.broker import broker_runtime
 from infra.local.settings import LocalSettings
@@ -43,7 +44,8 @@ from infra.local.settings import LocalSettings
 #: the backend example's administrator (backend/main.tf renders it into rabbitmq.conf)
 ADMIN_USER = "fedgate-admin"
 NODES = 3
-#: the routers the backend rehearsal deploys (the module's default router_count)
+#: the routers the backend rehearsal deploys (the module's default router_count), and the
+#: Spark job's one instance after them
 ROUTERS = 2
 #: what is rehearsed: each cluster kind, the example it is planned from, in which AWS region
 CLUSTERS: dict[str, tuple[Example, str]] = {
@@ -106,6 +108,14 @@ class Report:
     kafka_readings: int = 0
     kafka_regions: list[str] = field(default_factory=list)
     router_exit_codes: dict[str, int | None] = field(default_factory=dict)
+    # the backend's Spark job (traffic.py)
+    spark_overrides: list[str] = field(default_factory=list)
+    spark_code: str = ""
+    spark_installed_in_s: float = 0.0
+    spark_rows: int = 0
+    spark_ids: int = 0
+    spark_rows_in_s: float = 0.0
+    spark_exit_code: int | None = None
 
 
 def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]]:
@@ -152,10 +162,11 @@ def _rehearse_cluster(
     with contextlib.ExitStack() as stack:
         # AWS's APIs and the metadata service on the instances' network: the routers'
         # installer reaches them from inside its instance
-        net = stack.enter_context(HostNetwork(options.prefix, options.subnet, NODES, services=routers))
+        services = routers + 1 if routers else 0  # the routers, then the Spark job
+        net = stack.enter_context(HostNetwork(options.prefix, options.subnet, NODES, services=services))
         moto = stack.enter_context(MotoServer([IMAGE], host=net.gateway))
         imds = stack.enter_context(MetadataService(net.gateway, 0))
-        secret = {k: secrets.token_urlsafe(18) for k in ("admin", "router", "kafka")}
+        secret = {k: secrets.token_urlsafe(18) for k in ("admin", "router", "kafka", "catalog")}
         kafka = None
         if routers:
             kafka = RehearsalKafka.create(settings, net.gateway, options.work_dir / "kafka", secret["kafka"])
@@ -164,19 +175,31 @@ def _rehearse_cluster(
             stack.callback(kafka.stop, 30)
         clouds = render(settings, options, cluster, secret, moto.url, kafka, progress)
 
-        def services(report: Report) -> None:
+        def run_services(report: Report) -> None:
             if kafka is None:
                 return
             _wait_ready(kafka, progress)
             check_routers(
                 net.hosts,
-                net.services,
+                net.services[:ROUTERS],
                 clouds["routers"],
                 kafka,
                 moto_url=moto.url,
                 imds_url=imds.url,
                 admin_password=secret["admin"],
                 router_password=secret["router"],
+                work_dir=options.work_dir,
+                report=report,
+                progress=progress,
+            )
+            check_spark(
+                net.gateway,
+                net.services[ROUTERS],
+                clouds["spark"],
+                kafka,
+                moto_url=moto.url,
+                imds_url=imds.url,
+                catalog_password=secret["catalog"],
                 work_dir=options.work_dir,
                 report=report,
                 progress=progress,
@@ -190,7 +213,7 @@ def _rehearse_cluster(
             progress,
             net=net,
             imds=imds,
-            services=services,
+            services=run_services,
         )
     raise AssertionError("unreachable")
 
@@ -229,11 +252,13 @@ def render(
     if example is BACKEND:
         variables |= {"analytics_bucket_name": "fedgate-rehearsal", "kafka_sasl_password": secret["kafka"]}
     if kafka is not None:
-        wheel = build_wheel(options.work_dir / "release")
-        progress(f"release built: {wheel.name}")
+        wheel, jars = build_release(options.work_dir / "release")
+        progress(f"release built: {wheel.name}, {jars.name}")
         variables |= {
             "fedgate_release_wheel": str(wheel),
+            "fedgate_spark_jars": str(jars),
             "router_password": secret["router"],
+            "catalog_password": secret["catalog"],
             "kafka_bootstrap": kafka.sasl_bootstrap,
         }
     verb = "applying" if kafka is not None else "planning"

@@ -17,6 +17,7 @@ behind it (its /etc/hosts), as the VPC's DNS answers with the balancer's address
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -76,6 +77,9 @@ class Unit:
     environment_file: str
     environment: dict[str, str]
     working_directory: str
+    #: who gets the stop signal: control-group (systemd's default: every process of the
+    #: unit at once) or mixed / process (the main process; mixed SIGKILLs the rest after it)
+    kill_mode: str = "control-group"
 
     @classmethod
     def parse(cls, text: str) -> Unit:
@@ -92,6 +96,7 @@ class Unit:
             values.get("EnvironmentFile", [""])[0],
             env,
             values.get("WorkingDirectory", ["/"])[0],
+            values.get("KillMode", ["control-group"])[0],
         )
 
 
@@ -231,18 +236,25 @@ class ServiceInstance:
             self.proc.wait(timeout=30)
 
     def stop(self, timeout: float = 120) -> int | None:
-        """SIGTERM, as systemd's KillSignal; SIGKILL after TimeoutStopSec. The exit code
-        (None: it had to be killed)."""
+        """SIGTERM as systemd's stop sends it (the unit's KillMode: to the main process, or to
+        every process of the unit); SIGKILL to what is left once the main process exited or
+        after TimeoutStopSec.  The main process's exit code (None: it had to be killed)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
+        if self.proc.poll() is None:
+            mode = self.unit.kill_mode if self.unit else "control-group"
+            if mode == "control-group":
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.returncode
 
 
 class RehearsalKafka(KafkaNode):

@@ -1,4 +1,5 @@
-"""The routers the backend module deploys, carrying a region's traffic into Kafka.
+"""The routers the backend module deploys, carrying a region's traffic into Kafka, and the
+Spark job it deploys, turning that traffic into tables.
 
 On the backend cluster the rehearsal booted: the backend's definitions are applied as
 `make gateway` applies them in the cloud (infra/cloud/registration.py, with the routers'
@@ -7,14 +8,20 @@ user), two router instances install and start from their rendered cloud-init
 federation link delivers them.  Checked as an operator would: both routers healthy on their
 metrics port, every reading in Kafka (read over SASL_SSL, as the routers write), one router
 SIGKILLed after it bridged -- the other takes its shards and nothing is lost -- and the one
-left stops cleanly on SIGTERM.
+left stops cleanly on SIGTERM.  Then the Spark job installs from the release with its jars,
+reaches its catalog database by the RDS endpoint's name (a PostgreSQL server on the bridge),
+keeps its tables in moto's S3, and every reading becomes one telemetry_raw row, read as an
+analyst in the VPC would (pyiceberg through the catalog, no Spark); it exits 0 on SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import subprocess
+import sys
 import time
 import tomllib
 import urllib.error
@@ -33,7 +40,8 @@ from backend.rabbitmq_admin import RabbitAdmin
 from infra.cloud import registration
 from infra.cloud.rehearsal.hosts import Host
 from infra.cloud.rehearsal.render import CloudConfig
-from infra.cloud.rehearsal.services import RehearsalKafka, ServiceInstance
+from infra.cloud.rehearsal.services import AWS_ENV, RehearsalKafka, ServiceInstance
+from infra.local.postgres import PostgresServer
 
 #: the region the readings come from (the x-received-from hop a gateway link adds)
 REGION = "eu-west-1"
@@ -198,3 +206,95 @@ def _read_back(kafka: RehearsalKafka, expect: int) -> dict[int, str]:
         security=kafka.security,
     )
     return {json.loads(m.value())["n"]: h.get(c.KAFKA_REGION_HEADER, "") for m, h in records}
+
+
+SPARK_TOML = "/etc/fedgate/spark.toml"
+
+#: what an analyst's reader in the VPC sees: the rehearsal's readings in telemetry_raw, read
+#: without Spark (pyiceberg through the catalog database, the files from S3)
+_READ_ROWS = """
+import json, sys
+from spark.reading import duckdb_with_tables
+from spark.settings import SparkSettings
+con = duckdb_with_tables(SparkSettings.load(sys.argv[1]))
+print(json.dumps(con.execute(
+    "SELECT count(*), count(DISTINCT message_id) FROM telemetry_raw WHERE device LIKE 'rehearsal-%'"
+).fetchall()[0]))
+"""
+
+
+def catalog_endpoint(spark_cloud: CloudConfig) -> tuple[str, int, str, str]:
+    """(host, port, database, user) of the catalog database the rendered spark.toml names."""
+    toml = tomllib.loads(spark_cloud.files[SPARK_TOML].content)
+    found = re.fullmatch(r"jdbc:postgresql://([^:/]+):(\d+)/(\w+)", toml.get("catalog_uri", ""))
+    if not found:
+        raise TrafficError(
+            f"spark.toml's catalog_uri is not a PostgreSQL database: {toml.get('catalog_uri')!r}"
+        )
+    return found.group(1), int(found.group(2)), found.group(3), toml.get("catalog_user", "")
+
+
+def check_spark(
+    gateway: str,
+    host: Host,
+    spark_cloud: CloudConfig,
+    kafka: RehearsalKafka,
+    *,
+    moto_url: str,
+    imds_url: str,
+    catalog_password: str,
+    work_dir: Path,
+    report: Any,
+    progress: Progress,
+    expect: int = 2 * BATCH,
+    timeout: float = 300,
+) -> None:
+    """The Spark job the backend module deploys turns the readings the routers put in Kafka
+    into telemetry_raw rows, its catalog in PostgreSQL where RDS would be, its tables in S3."""
+    db_host, db_port, database, user = catalog_endpoint(spark_cloud)
+    instance = ServiceInstance(host, work_dir / "instances" / host.netns, spark_cloud, {})
+    # what differs from EC2: moto's S3 (with the credentials an instance profile gives), the
+    # rehearsal's CA for Kafka, the jars where this instance's folder has them
+    instance.overrides = {
+        "FEDGATE_SPARK_KAFKA_CA_FILE": str(kafka.local_ca.ca_cert),
+        "FEDGATE_SPARK_S3_ENDPOINT": moto_url,
+        "FEDGATE_SPARK_JARS_DIR": instance.path("/opt/fedgate/jars"),
+        **AWS_ENV,
+    }
+    report.spark_overrides = sorted(instance.overrides)
+    # RDS's stand-in: a PostgreSQL server where the endpoint's name resolves inside the instance
+    with PostgresServer(gateway, db_port, user=user, database=database, password=catalog_password):
+        host.resolve({db_host: [gateway]})
+        progress(f"PostgreSQL at {gateway}:{db_port} for {db_host}; {host.netns} installing the Spark job")
+        t0 = time.monotonic()
+        instance.install(moto_url, imds_url)
+        report.spark_installed_in_s = round(time.monotonic() - t0, 1)
+        report.spark_code = instance.running_code()
+        instance.start()
+        try:
+            env = {**instance.env(), "PATH": os.environ["PATH"]}
+            toml = instance.path(SPARK_TOML)
+            deadline = time.monotonic() + timeout
+            rows = ids = 0
+            while rows < expect:
+                if not instance.alive():
+                    raise TrafficError(f"{host.netns}: the Spark job exited; see {instance.log}")
+                if time.monotonic() > deadline:
+                    raise TrafficError(f"{rows} of {expect} readings in telemetry_raw after {timeout:.0f} s")
+                time.sleep(5)
+                # from inside the instance: the RDS endpoint's name resolves in the VPC only
+                done = subprocess.run(
+                    host.command([sys.executable, "-c", _READ_ROWS, toml]),
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                if done.returncode == 0:
+                    rows, ids = json.loads(done.stdout.strip().splitlines()[-1])
+            report.spark_rows, report.spark_ids = rows, ids
+            report.spark_rows_in_s = round(time.monotonic() - t0, 1)
+            progress(f"{rows} rows ({ids} message ids) in telemetry_raw, read through the catalog database")
+        finally:
+            report.spark_exit_code = instance.stop()
+        progress(f"the Spark job stopped on SIGTERM: exit {report.spark_exit_code}")

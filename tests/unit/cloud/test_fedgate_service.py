@@ -107,6 +107,8 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
     assert f"ExecStart=/opt/fedgate/venv/bin/python -m {entry} --config /etc/fedgate/{service}.toml" in unit
     assert f"EnvironmentFile=/etc/fedgate/{service}.env" in unit
     assert "KillSignal=SIGTERM" in unit and "Restart=always" in unit and "DynamicUser=yes" in unit
+    # the stop signal to the service's own process, which stops its children (the Spark JVM)
+    assert "KillMode=mixed" in unit
     assert ("default-jre-headless" in cloud_config["packages"]) is (service == "spark")
 
     # installed (release + secrets) before the unit starts, once

@@ -60,6 +60,7 @@ def test_the_unit_of_the_module_is_read_for_its_command_environment_and_folder()
     assert unit.environment_file == "/etc/fedgate/router.env"
     assert unit.environment == {"HOME": "/var/lib/fedgate-router"}
     assert unit.working_directory == "/var/lib/fedgate-router"
+    assert unit.kill_mode == "mixed"
     with pytest.raises(ServiceError, match="no ExecStart"):
         Unit.parse("[Service]\nType=simple\n")
 

@@ -59,7 +59,11 @@ locals {
     # the secrets fedgate-install read from Secrets Manager at boot (mode 600, read by systemd)
     EnvironmentFile=${local.env_file}
     ExecStart=${local.python} -m ${local.entry} --config ${local.config_file}
-    # SIGTERM: the service stops taking work, drains what it holds and exits 0
+    # SIGTERM: the service stops taking work, drains what it holds and exits 0. To the main
+    # process only (mixed): the Spark job's JVM is its child, which it stops itself once the
+    # tables are committed -- signalled together (control-group), the JVM died under a commit
+    # and the job exited 1 (the cloud rehearsal). What is left after the main process: SIGKILL.
+    KillMode=mixed
     KillSignal=SIGTERM
     TimeoutStopSec=120
     Restart=always
