@@ -56,7 +56,7 @@ demo: setup ## the whole federation on this machine with devices sending and rec
 cloud-rehearsal: setup ## boot the backend module's nodes from their Terraform-rendered cloud-init on 3 network namespaces: one cluster?
 	@$(FEDGATE) cloud-rehearsal $(if $(JSON),--json,)
 
-release: setup ## the fedgate release the cloud instances install: a wheel -> build/release/ (infra/terraform/modules/fedgate-service)
+release: setup ## the fedgate release the cloud instances install: a wheel and the Spark jars archive -> build/release/ (infra/terraform/modules/fedgate-service)
 	@$(VENV)/bin/python -m infra.cloud.release build/release
 
 spark-package: ## the Spark job packaged for spark-submit -> build/spark/ (prints the submit command)
