@@ -60,6 +60,16 @@ def missing_java() -> str | None:
     return None if shutil.which("java") else "no Java runtime for a local SparkSession (run `make setup`)"
 
 
+def missing_postgres() -> str | None:
+    from infra.local.postgres import PostgresError, server_bin
+
+    try:
+        server_bin()
+    except PostgresError as e:
+        return str(e)
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from infra.dns.powerdns import missing as missing_powerdns
 
@@ -67,6 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ("integration", missing_runtime()),
         ("spark", missing_java()),
         ("dns", missing_powerdns()),
+        ("postgres", missing_postgres()),
     ):
         needing = [item for item in items if marker in item.keywords]
         if reason is None or not needing:

@@ -32,7 +32,13 @@ from infra.cloud.toolchain import ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
 
 # the first test also boots both clusters (the module fixture): ~4 min here, more beside the suite
-pytestmark = [pytest.mark.integration, pytest.mark.terraform, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.terraform,
+    pytest.mark.postgres,  # the Spark job's catalog database, where RDS would be
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 FEDGATE = Path(sys.executable).with_name("fedgate")
 #: the tests' own subnet and names, apart from a rehearsal an operator runs beside them

@@ -26,7 +26,7 @@ import psycopg2
 import pytest
 
 from bench.spark_bench import BACKLOG_PREFIX, produce_records
-from infra.local.postgres import PostgresError, PostgresServer, server_bin
+from infra.local.postgres import PostgresServer
 from infra.local.toml_out import toml_lines
 from router.kafka import ensure_topics
 from spark import package
@@ -282,14 +282,11 @@ def _batch_ids(client, bucket: str, prefix: str) -> set[int]:  # type: ignore[no
 @pytest.fixture(scope="module")
 def catalog_db() -> Iterator[PostgresServer]:
     """A PostgreSQL server on loopback for the tables' catalog (the cloud's is on RDS)."""
-    try:
-        server_bin()
-    except PostgresError as e:
-        pytest.skip(str(e))
     with PostgresServer() as pg:
         yield pg
 
 
+@pytest.mark.postgres
 def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     federation, endpoints, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
 ):

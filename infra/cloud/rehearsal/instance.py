@@ -183,7 +183,7 @@ class Instance:
     def kill(self) -> None:
         """The instance dies at once: SIGKILL to everything it runs."""
         for proc in (self.proc, self.epmd):
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
         for proc in (self.proc, self.epmd):
             if proc is not None:
                 proc.wait(timeout=30)
@@ -195,7 +195,7 @@ class Instance:
             _stop_group(proc, timeout)
 
 
-def _signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> bool:
+def signal_group(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> bool:
     """Signal `proc`'s process group; False when none of it is left."""
     if proc is None:
         return False
@@ -215,15 +215,15 @@ def _group_left(proc: subprocess.Popen[bytes]) -> bool:
 
 
 def _stop_group(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
-    if proc is None or not _signal_group(proc, signal.SIGTERM):
+    if proc is None or not signal_group(proc, signal.SIGTERM):
         return
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
+        signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=30)
     # what the leader leaves behind in its group (port programs) gets a moment, then SIGKILL
     deadline = time.monotonic() + 10
     while _group_left(proc) and time.monotonic() < deadline:
         time.sleep(0.2)
-    _signal_group(proc, signal.SIGKILL)
+    signal_group(proc, signal.SIGKILL)

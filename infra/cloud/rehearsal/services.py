@@ -17,7 +17,6 @@ behind it (its /etc/hosts), as the VPC's DNS answers with the balancer's address
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
@@ -32,6 +31,7 @@ from typing import ClassVar
 from backend.errors import FedgateError
 from backend.kafka_security import KafkaSecurity
 from infra.cloud.rehearsal.hosts import Host
+from infra.cloud.rehearsal.instance import signal_group
 from infra.cloud.rehearsal.render import CloudConfig
 from infra.local.layout import ROLE_KAFKA, NodeSpec
 from infra.local.ports import free_port
@@ -231,8 +231,9 @@ class ServiceInstance:
 
     def kill(self) -> None:
         """The instance is gone at once (SIGKILL), as a terminated instance."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # the whole group, also what a main process that already exited left behind
+        if signal_group(self.proc, signal.SIGKILL):
+            assert self.proc is not None
             self.proc.wait(timeout=30)
 
     def stop(self, timeout: float = 120) -> int | None:
@@ -244,7 +245,7 @@ class ServiceInstance:
         if self.proc.poll() is None:
             mode = self.unit.kill_mode if self.unit else "control-group"
             if mode == "control-group":
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                signal_group(self.proc, signal.SIGTERM)
             else:
                 self.proc.send_signal(signal.SIGTERM)
             try:
@@ -252,8 +253,7 @@ class ServiceInstance:
             except subprocess.TimeoutExpired:
                 self.kill()
                 return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        signal_group(self.proc, signal.SIGKILL)  # what the main process left (mixed)
         return self.proc.returncode
 
 

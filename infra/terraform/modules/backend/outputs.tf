@@ -72,5 +72,5 @@ output "spark_autoscaling_group_name" {
 
 output "catalog_jdbc_uri" {
   description = "The tables' Iceberg catalog (FEDGATE_SPARK_CATALOG_URI for analysts' readers in the VPC; user fedgate, catalog_password)."
-  value       = local.deploy_spark ? "jdbc:postgresql://${aws_db_instance.catalog[0].address}:${aws_db_instance.catalog[0].port}/${local.catalog_database}" : null
+  value       = local.catalog_jdbc_uri
 }

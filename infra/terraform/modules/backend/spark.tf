@@ -18,7 +18,7 @@ locals {
     "topics = ${jsonencode(var.spark_topics)}",
     "warehouse = ${jsonencode("s3a://${aws_s3_bucket.analytics.bucket}/warehouse")}",
     "s3_region = ${jsonencode(data.aws_region.current.name)}",
-    "catalog_uri = ${jsonencode(local.deploy_spark ? "jdbc:postgresql://${aws_db_instance.catalog[0].address}:${aws_db_instance.catalog[0].port}/${local.catalog_database}" : "")}",
+    "catalog_uri = ${jsonencode(coalesce(local.catalog_jdbc_uri, "-"))}",
     "catalog_user = ${jsonencode(local.catalog_user)}",
     "jars_dir = \"/opt/fedgate/jars\"",
     "master = \"local[*]\"",
@@ -27,6 +27,8 @@ locals {
   ])
   catalog_user     = "fedgate"
   catalog_database = "fedgate"
+  # the job's catalog_uri and the output analysts' readers take
+  catalog_jdbc_uri = local.deploy_spark ? "jdbc:postgresql://${aws_db_instance.catalog[0].address}:${aws_db_instance.catalog[0].port}/${local.catalog_database}" : null
 }
 
 data "aws_region" "current" {}
