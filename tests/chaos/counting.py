@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -89,9 +90,27 @@ def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 9
         settle_s=3.0,
     )
     got: dict[str, list[int]] = {d: [] for d in devices}
-    for msg, _ in records:
-        got[(msg.key() or b"").decode()].append(json.loads(msg.value())["seq"])
+    for msg, headers in records:
+        dev = (msg.key() or b"").decode()
+        seq = json.loads(msg.value())["seq"]
+        got[dev].append(seq)
+        WHERE[(dev, seq)].append((msg.offset(), headers.get(c.KAFKA_RECEIVED_AT_HEADER, "?")))
     return got
+
+
+#: (device, seq) -> [(Kafka offset, the router's receive time in ms)] of every copy read back:
+#: what a disorder's message shows, for a failure seen once in a CI log to be explained
+WHERE: defaultdict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
+
+
+def disorder(dev: str, seen: list[int]) -> str:
+    """Where a device's first-seen sequence first goes backwards, with its neighbours' copies."""
+    first_seen = list(dict.fromkeys(seen))
+    i = next(i for i in range(1, len(first_seen)) if first_seen[i] < first_seen[i - 1])
+    around = first_seen[max(0, i - 3) : i + 3]
+    return f"{dev}: out of order in Kafka at " + ", ".join(
+        f"seq {s} (offset, received_at_ms: {WHERE.get((dev, s), [])})" for s in around
+    )
 
 
 def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120.0) -> list[tuple[str, int]]:
@@ -134,7 +153,7 @@ def check(
         missing += len(set(acked) - set(seen))
         duplicates += len(seen) - len(set(seen))
         first_seen = list(dict.fromkeys(seen))  # order of first appearance
-        assert first_seen == sorted(first_seen) or not in_order, f"{dev}: out of order in Kafka"
+        assert first_seen == sorted(first_seen) or not in_order, disorder(dev, seen)
     counts: dict[str, Any] = {
         **extra_counts,
         "acked": fleet.total_acked,
