@@ -94,13 +94,15 @@ BACKEND_LINK_USER = "fedgate-backend"
 DEVICE_USER = "device"
 
 
-#: User the router logs into the backend with.
+#: User the router logs into the backend with; on the gateways of a cloud region, the
+#: routers' user for their management APIs: tagged `monitoring`, no AMQP permission
+#: (gateways/wiring.py).
 ROUTER_USER = "fedgate-router"
 
 #: fedgate's own users on the gateways: never a device id.  A gateway's
 #: connection listing names only the user of a connection (see
 #: gateways/mqtt_plugin.py), so these are what tells a device's apart.
-SERVICE_USERS = frozenset({ADMIN_USER, BACKEND_LINK_USER, DEVICE_USER, "guest"})
+SERVICE_USERS = frozenset({ADMIN_USER, BACKEND_LINK_USER, ROUTER_USER, DEVICE_USER, "guest"})
 
 
 def gateway_link_user(region: str) -> str:

@@ -6,6 +6,12 @@ router to ask the gateways about connections and subscriptions: it lives in
 backend/ so that the router never imports the deployment tool (infra/).  Every call
 is an idempotent PUT/POST, so applying the same definitions twice changes
 nothing; a failed call raises AdminError naming the object.
+
+Over HTTPS (a cloud node's management API: gateways/templates/tls.conf) the
+client checks the node's certificate against the nodes' CA (`ca_file`, or the
+PEM itself in `ca_pem`, as the backend's region registry carries it) and for
+`server_name`: the name the node certificates carry, not the load balancer's
+address the URL dials.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from backend.definitions import (
     User,
 )
 from backend.errors import FedgateError
+from backend.management_tls import tls_opener
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +144,28 @@ class RabbitAdmin:
     a call that cannot reach one node (refused, timed out) goes to the next, as a client of a
     cluster should.  Whichever node answered is asked first next time."""
 
-    def __init__(self, base_url: str | Sequence[str], user: str, password: str, timeout: float = 10.0):
+    def __init__(
+        self,
+        base_url: str | Sequence[str],
+        user: str,
+        password: str,
+        timeout: float = 10.0,
+        *,
+        ca_file: str = "",
+        ca_pem: str = "",
+        server_name: str = "",
+    ):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("RabbitAdmin: no management URL")
         self.base_urls = [u.rstrip("/") for u in urls]
         self.timeout = timeout
+        # the system's CAs for an https URL without ca_file/ca_pem (an operator's proxy)
+        self._opener = (
+            tls_opener(ca_file, ca_pem, server_name)
+            if ca_file or ca_pem or server_name
+            else urllib.request.build_opener()
+        )
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._auth = f"Basic {token}"
 
@@ -185,7 +208,7 @@ class RabbitAdmin:
             if data is not None:
                 req.add_header("Content-Type", "application/json")
             try:
-                with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                with self._opener.open(req, timeout=timeout or self.timeout) as resp:
                     raw = resp.read()
             except urllib.error.HTTPError as e:
                 detail = e.read().decode(errors="replace")[:300]

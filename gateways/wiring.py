@@ -8,6 +8,14 @@ A gateway holds device connections and nothing else of value.  It declares:
 - the downlink: exchange GATEWAY_DOWNLINK_EXCHANGE, federated from the
   backend's exchange for this region only, bound to the MQTT exchange with a
   single "#" binding.  No per-device binding ever reaches the backend;
+- with `router_password`, the routers' user: tagged `monitoring`, which lets it
+  read every connection, queue and binding through the management API (the
+  presence and subscriptions it rebuilds), and with an empty permission on the
+  vhost, which it needs to see the vhost's objects and which lets it neither
+  publish nor consume nor declare.  It cannot read users or close connections
+  (both need `administrator`): the router then lets its `unknown_device` setting
+  decide for an id it has never seen, and leaves an older session of a device
+  to expire by its keepalive (router/registry.py, router/gateways.py);
 - no device users: each device has its own, added from the registry
   (backend/devices.py) to every gateway, so that a device can roam.
 """
@@ -32,6 +40,11 @@ from backend.wiring import LINK_SETTINGS, AmqpEndpoint
 DOWNLINK_UPSTREAM = "fedgate-backend"
 
 
+def router_monitoring_user(password: str) -> tuple[User, Permission]:
+    """The routers' user on a gateway: reads the management API, nothing over AMQP or MQTT."""
+    return User(c.ROUTER_USER, password, ("monitoring",)), Permission(c.ROUTER_USER, "^$", "^$", "^$")
+
+
 def gateway_definitions(
     region: str,
     backend: AmqpEndpoint,
@@ -41,12 +54,18 @@ def gateway_definitions(
     admin_password: str,
     backend_link_password: str,
     gateway_password: str,
+    router_password: str | None = None,
 ) -> NodeDefinitions:
     """Everything a region's gateway node holds."""
     region = c.validate_region(region)
     d = NodeDefinitions(cluster_name=c.gateway_cluster_name(region))
     d.users.append(User(c.ADMIN_USER, admin_password, ("administrator",)))
     d.permissions.append(Permission(c.ADMIN_USER, ".*", ".*", ".*"))
+
+    if router_password is not None:
+        user, permission = router_monitoring_user(router_password)
+        d.users.append(user)
+        d.permissions.append(permission)
 
     fed = "federation: .*"
     sources = "|".join(re.escape(x) for x in (c.MQTT_EXCHANGE, c.EVENT_EXCHANGE))

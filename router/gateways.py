@@ -11,6 +11,13 @@ tell, the router asks a region's gateway itself:
 
 and it closes the older of two sessions of one client id there.
 
+Reading needs a user tagged `monitoring` (what the cloud gives the routers:
+gateways/wiring.py).  Looking a user up and closing a connection need
+`administrator`; a gateway that refuses them (HTTP 401/403) is not asked
+for them again until the regions change: the registry cannot say (the
+router's `unknown_device` setting decides), and an older session is left
+to end by its keepalive.  Each refusal is logged once and counted.
+
 The management clients (backend.rabbitmq_admin.RabbitAdmin) are passed in
 (`Gateways(clients)`), so tests give fakes with the same methods;
 `Gateways.clients_from_settings` builds the real ones.  The clients block
@@ -40,6 +47,11 @@ GATEWAY_CHECK_EVERY_S = 5.0
 GATEWAY_CHECK_TIMEOUT_S = 3.0
 #: How long the router keeps trying to close an older session its gateway does not list yet.
 CLOSE_PATIENCE_S = 30.0
+#: The calls a monitoring user is refused: what they are, and what the router does without them.
+REFUSED_CALLS = {
+    "users": ("user lookups", "the registry cannot say there, unknown_device decides"),
+    "close": ("closing connections", "an older session there ends by its keepalive"),
+}
 
 
 class Gateways:
@@ -54,6 +66,8 @@ class Gateways:
         #: regions whose gateway did not answer when last asked: their sessions are kept (a
         #: partition heals), and their connection lists asked again soon (the downlink's reconcile)
         self.suspect: set[str] = set()
+        #: region -> what its gateway refused this router's user ("users", "close")
+        self.forbidden: dict[str, set[str]] = {}
         self.metrics.gauge(
             "fedgate_router_region_suspect",
             lambda: {(("region", r),): float(r in self.suspect) for r in self.clients},
@@ -61,13 +75,36 @@ class Gateways:
 
     @staticmethod
     def clients_from_settings(settings: RouterSettings) -> dict[str, RabbitAdmin]:
-        return {g.region: RabbitAdmin(g.management_urls, g.user, g.password) for g in settings.gateways}
+        return {g.region: g.admin() for g in settings.gateways}
 
     def set_clients(self, clients: Mapping[str, RabbitAdmin]) -> None:
         """A region was added or removed."""
         self.clients = dict(clients)
         self._answers = {r: a for r, a in self._answers.items() if r in self.clients}
         self.suspect &= set(self.clients)
+        # the new clients may hold other credentials (a region registered anew): ask again
+        self.forbidden = {}
+
+    def allows(self, region: str, what: str) -> bool:
+        """Whether the router's user may do `what` ("users", "close") at the region's gateway,
+        as far as it knows (it was not refused)."""
+        return what not in self.forbidden.get(region, ())
+
+    def _refused(self, region: str, what: str, e: AdminError) -> bool:
+        """Whether `e` is the gateway refusing the router's user `what`; remembered, logged once."""
+        if e.status not in (401, 403):
+            return False
+        if self.allows(region, what):
+            self.forbidden.setdefault(region, set()).add(what)
+            self.metrics.inc("fedgate_router_gateway_refusals_total", region=region, call=what)
+            log.warning(
+                "gateway of %s refuses this router's user %s (it needs the administrator tag): %s; %s",
+                region,
+                REFUSED_CALLS[what][0],
+                e,
+                REFUSED_CALLS[what][1],
+            )
+        return True
 
     @property
     def regions(self) -> list[str]:
@@ -127,6 +164,7 @@ class Gateways:
         except AdminError as e:
             if e.status == 404:
                 return False
+            self._refused(region, "users", e)
             raise
         return True
 
@@ -189,7 +227,7 @@ class Gateways:
 
     async def _close_when_known(self, s: Session, presence: PresenceTable) -> None:
         client = self.clients.get(s.region)
-        if client is None:
+        if client is None or not self.allows(s.region, "close"):
             return
         path = f"connections/{quote(s.connection, safe='')}"
         deadline = time.monotonic() + CLOSE_PATIENCE_S
@@ -202,7 +240,7 @@ class Gateways:
                 if e.status == 404 and time.monotonic() < deadline:
                     await asyncio.sleep(1.0)
                     continue
-                if e.status != 404:
+                if e.status != 404 and not self._refused(s.region, "close", e):
                     log.error("could not close the older session of %s at %s: %s", s.client_id, s.region, e)
                 return
             self.metrics.inc("fedgate_router_sessions_closed_total", region=s.region)

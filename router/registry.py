@@ -69,6 +69,8 @@ class Registry:
     async def _ask(self, device: str) -> bool | None:
         said_no = False
         for region in list(self.gateways.regions):
+            if not self.gateways.allows(region, "users"):
+                continue  # its gateway refuses this router's user lookups (a monitoring user)
             try:
                 found = await self.gateways.has_user(region, device, timeout=LOOKUP_TIMEOUT_S)
             except AdminError as e:

@@ -28,7 +28,6 @@ import aio_pika
 import aio_pika.exceptions
 
 from backend.errors import FedgateError
-from backend.rabbitmq_admin import RabbitAdmin
 from router.backend_connection import QuietChannelRestore, connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
@@ -94,7 +93,7 @@ class Router(Lifecycle):
         #: registered in the backend to their gateways
         self.configured = settings
         bm = settings.backend_management
-        backend_admin = RabbitAdmin(bm.management_urls, bm.user, bm.password) if bm else None
+        backend_admin = bm.admin() if bm else None
         #: the regions registered in the backend, followed (router/region_watch.py)
         self.region_watch = (
             RegionWatch(backend_admin, settings.regions_poll_s, self._apply_regions, self.metrics)

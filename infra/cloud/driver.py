@@ -57,7 +57,6 @@ from infra.cloud.terraform_run import TerraformRun, terraform_in
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.device_registry import DeviceRegistry
 from infra.local.settings import LocalSettings
-from infra.local.tls import LocalCA
 from infra.secrets_file import write_private_json
 
 __all__ = ["CloudDriver", "CloudError", "CloudRegion"]
@@ -147,6 +146,7 @@ class CloudDriver(CloudFleet):
             admin_password=sec["admin"],
             backend_link_password=sec["backend_link"],
             gateway_password=sec["gateways"][region],
+            router_password=sec["router_gateways"],
         )
         # the fleet's devices (hashes only) are users of the new gateway from its first boot
         fleet = device_users(DeviceRegistry(s.device_registry_file).hashes())
@@ -262,18 +262,6 @@ class CloudDriver(CloudFleet):
         self.progress(f"region {region} removed")
 
     # --- TLS ------------------------------------------------------------------------------------
-
-    @property
-    def ca(self) -> LocalCA:
-        """The cloud nodes' CA: the same openssl CA as the local federation's, kept beside the state."""
-        return LocalCA(self.state_dir / "tls")
-
-    def gateway_server_name(self, region: str) -> str:
-        """The name a region's node certificate carries and the backend's links check."""
-        return f"gw-{c.validate_region(region)}.{self.settings.cloud_domain}"
-
-    def backend_server_name(self) -> str:
-        return f"backend.{self.settings.cloud_domain}"
 
     def _node_tls(self, node: str, server_name: str) -> dict[str, Any]:
         """The node_tls and node_tls_key_pem inputs of the gateway-region and backend modules."""

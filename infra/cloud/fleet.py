@@ -27,6 +27,7 @@ from infra.cloud import registration, route53
 from infra.cloud.errors import CloudError
 from infra.device_registry import DeviceUpdate, apply_to_gateway, sync_gateway
 from infra.local.settings import LocalSettings
+from infra.local.tls import LocalCA
 from infra.regions import RegionRow
 from infra.secrets_file import SecretsFile
 
@@ -96,10 +97,11 @@ class CloudFleet:
         store = SecretsFile(self.secrets_file)
         if region is not None:
             store.ensure(per_region={"gateways": [region], "erlang_cookies": [region]}, nbytes=24)
-        # router: the routers' backend user; kafka_client: the Kafka SCRAM user of the routers and
+        # router: the routers' backend user; router_gateways: their monitoring user on every
+        # gateway (gateways/wiring.py); kafka_client: the Kafka SCRAM user of the routers and
         # the Spark job; catalog: the tables' catalog database (RDS); the backend module takes
         # them from backend-secrets.auto.tfvars.json
-        return store.ensure(("admin", "backend_link", "router", "kafka_client", "catalog"))
+        return store.ensure(("admin", "backend_link", "router", "router_gateways", "kafka_client", "catalog"))
 
     def _forget_secrets(self, region: str) -> None:
         SecretsFile(self.secrets_file).forget(region, ("gateways", "erlang_cookies"))
@@ -132,14 +134,38 @@ class CloudFleet:
                 out.append(rec or CloudRegion(d.name, "planned", {}, False, d.stat().st_mtime))
         return out
 
+    # --- TLS ------------------------------------------------------------------------------------
+
+    @property
+    def ca(self) -> LocalCA:
+        """The cloud nodes' CA: the same openssl CA as the local federation's, kept beside the state."""
+        return LocalCA(self.state_dir / "tls")
+
+    def gateway_server_name(self, region: str) -> str:
+        """The name a region's node certificate carries: the backend's links and the routers'
+        management clients check it."""
+        return f"gw-{c.validate_region(region)}.{self.settings.cloud_domain}"
+
+    def backend_server_name(self) -> str:
+        return f"backend.{self.settings.cloud_domain}"
+
     # --- backend registration -------------------------------------------------------------------
 
     def backend_admin(self) -> RabbitAdmin | None:
+        """The backend's management API as `make gateway` reaches it: over HTTPS with node TLS,
+        its certificate checked against the nodes' CA for backend.<domain>."""
         s = self.settings
         if not s.cloud_backend_management_url:
             return None
         password = s.cloud_backend_password or self.secrets()["admin"]
-        return RabbitAdmin(s.cloud_backend_management_url, s.cloud_backend_user, password)
+        https = s.cloud_backend_management_url.startswith("https:")
+        return RabbitAdmin(
+            s.cloud_backend_management_url,
+            s.cloud_backend_user,
+            password,
+            ca_file=str(self.ca.ca_cert) if https else "",
+            server_name=self.backend_server_name() if https else "",
+        )
 
     def register_with_backend(self) -> bool:
         """Apply the backend's side for every applied region (the upstream sets list them all)."""
@@ -169,8 +195,15 @@ class CloudFleet:
         gateways = {
             r.region: {
                 "management_url": [r.outputs["management_url"]],
-                "user": c.ADMIN_USER,
-                "password": sec["admin"],
+                # the gateways' monitoring user, never their administrator
+                "user": c.ROUTER_USER,
+                "password": sec["router_gateways"],
+                # over HTTPS with node TLS: the routers check the gateways' certificate
+                **(
+                    {"ca_pem": self.ca.ca_cert.read_text(), "server_name": self.gateway_server_name(r.region)}
+                    if r.outputs["management_url"].startswith("https:")
+                    else {}
+                ),
             }
             for r in self.records()
             if r.state == "applied" and r.outputs.get("management_url")

@@ -40,17 +40,34 @@ ROLE_DNS = "dns"
 EPMD_OFFSET = 0
 #: `sasl`: the SASL_SSL (SCRAM) listener beside the plaintext one (with tls, infra/local/services.py)
 KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11, "sasl": 12}
-BACKEND_OFFSETS = {"amqp": 20, "management": 21, "dist": 22, "prometheus": 23, "amqps": 24}
+#: `management_tls`: the management API over HTTPS (with tls, gateways/templates/tls.conf)
+BACKEND_OFFSETS = {
+    "amqp": 20,
+    "management": 21,
+    "dist": 22,
+    "prometheus": 23,
+    "amqps": 24,
+    "management_tls": 25,
+}
 GATEWAY_BASE_OFFSET = 100
 GATEWAY_STRIDE = 10
-GATEWAY_OFFSETS = {"mqtt": 0, "amqp": 1, "management": 2, "dist": 3, "prometheus": 4, "mqtts": 5, "amqps": 6}
+GATEWAY_OFFSETS = {
+    "mqtt": 0,
+    "amqp": 1,
+    "management": 2,
+    "dist": 3,
+    "prometheus": 4,
+    "mqtts": 5,
+    "amqps": 6,
+    "management_tls": 7,
+}
 
 #: Kafka brokers after the first ("kafka-2", ...): KAFKA_OFFSETS moved by this much per broker.
 KAFKA_EXTRA_OFFSET = 50
 KAFKA_EXTRA_STRIDE = 3
 #: Backend nodes after the first ("backend-2", ...): BACKEND_OFFSETS moved by this much per node.
 BACKEND_EXTRA_OFFSET = 60
-BACKEND_EXTRA_STRIDE = 5
+BACKEND_EXTRA_STRIDE = 6
 #: Gateway nodes after a region's first ("gw-local-eu-n2", ...): a block of their own, a slot of
 #: GATEWAY_EXTRA_STRIDE per region (the region's first node's slot number), GATEWAY_STRIDE a node.
 GATEWAY_EXTRA_OFFSET = 600

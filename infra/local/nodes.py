@@ -355,7 +355,7 @@ class RabbitNode(Node):
             cert = self.local_ca.node_cert(self.name, self.host, *also)
             with open(self.dir / "rabbitmq.conf", "a") as conf:
                 mqtts = (self.spec.bind_address("mqtts", self.host), p["mqtts"]) if "mqtts" in p else None
-                conf.write(tls_listeners_conf(self.host, cert, p["amqps"], mqtts))
+                conf.write(tls_listeners_conf(self.host, cert, p["amqps"], p["management_tls"], mqtts))
         (self.dir / "rabbitmq.conf").chmod(0o600)
         shutil.copyfile(config.enabled_plugins, self.dir / "enabled_plugins")
         if isinstance(config, GatewayNodeConfig):

@@ -191,7 +191,7 @@ def format_clusters(clusters: list[ClusterStatus]) -> str:
 
 def _gateway_ports(spec: NodeSpec, settings: LocalSettings) -> dict[str, Any]:
     """A gateway node's ports, and `address`: where its MQTT ports listen (its own address)."""
-    keys = ("mqtt", "amqp", "management", *(("mqtts",) if settings.tls else ()))
+    keys = ("mqtt", "amqp", "management", *(("mqtts", "management_tls") if settings.tls else ()))
     return {**{k: spec.ports[k] for k in keys}, "address": spec.bind_address("mqtt", settings.host)}
 
 

@@ -45,12 +45,15 @@ def tls_server_name(host: str) -> str:
 TLS_CONF_TEMPLATE = Path(__file__).resolve().parents[2] / "gateways" / "templates" / "tls.conf"
 
 
-def tls_listeners_conf(host: str, cert: NodeCert, amqps_port: int, mqtts: tuple[str, int] | None) -> str:
-    """rabbitmq.conf lines for the node's TLS listeners: AMQPS (federation links), MQTT over TLS
-    (`mqtts`: its address and port, a gateway's own)."""
+def tls_listeners_conf(
+    host: str, cert: NodeCert, amqps_port: int, management_tls_port: int, mqtts: tuple[str, int] | None
+) -> str:
+    """rabbitmq.conf lines for the node's TLS listeners: AMQPS (federation links), the management
+    API over HTTPS, MQTT over TLS (`mqtts`: its address and port, a gateway's own)."""
     return Template(TLS_CONF_TEMPLATE.read_text()).substitute(
         host=host,
         amqps_port=amqps_port,
+        management_tls_port=management_tls_port,
         cacertfile=cert.ca,
         certfile=cert.cert,
         keyfile=cert.key,

@@ -1,8 +1,11 @@
-"""TLS on the real local federation: MQTT over TLS for devices, AMQPS for the federation links.
+"""TLS on the real local federation: MQTT over TLS for devices, AMQPS for the federation links,
+HTTPS for the management API.
 
 Tried: a device over TLS checking the gateway against the local CA; a plain
-MQTT client at the TLS port; a TLS client that trusts another CA.  Checked:
-every federation link runs over AMQPS with the peer's certificate verified.
+MQTT client at the TLS port; a TLS client that trusts another CA; the
+management API over HTTPS, checked for the nodes' name, for another name, and
+against another CA.  Checked: every federation link runs over AMQPS with the
+peer's certificate verified.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from backend import contract as c
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from fedgate.devices import DeviceError, SimDevice
 from infra.local.tls import LocalCA
 from tests.helpers import kafka_records
@@ -86,3 +90,24 @@ def test_every_federation_link_runs_over_amqps_and_verifies_its_peer(federation)
     for u in upstreams:
         uri = u["value"]["uri"]
         assert uri.startswith("amqps://") and "verify=verify_peer" in uri and "cacertfile=" in uri, u["name"]
+
+
+def test_the_management_api_over_https_is_trusted_only_for_the_nodes_name_and_ca(endpoints, tmp_path):
+    """What the routers do with a cloud region's management API (gateways/templates/tls.conf):
+    the node's HTTPS listener, its certificate checked against the nodes' CA."""
+    ep = endpoints
+    url = f"https://{ep['host']}:{ep['gateways']['local-us']['management_tls']}"
+    user, password = ep["admin"]["user"], ep["admin"]["password"]
+    ca, name = ep["tls"]["ca"], ep["tls"]["server_name"]
+    overview = RabbitAdmin(url, user, password, ca_file=ca, server_name=name).get("overview")
+    assert overview["cluster_name"] == c.gateway_cluster_name("local-us")
+    with open(ca) as pem:  # the region registry carries the CA itself
+        assert (
+            RabbitAdmin(url, user, password, ca_pem=pem.read(), server_name=name).get("whoami")["name"]
+            == user
+        )
+    with pytest.raises(AdminError, match="certificate"):
+        RabbitAdmin(url, user, password, ca_file=ca, server_name="gw-elsewhere.example").get("overview")
+    other_ca = LocalCA(tmp_path / "other-ca").ensure_ca()
+    with pytest.raises(AdminError, match="certificate"):
+        RabbitAdmin(url, user, password, ca_file=str(other_ca), server_name=name).get("overview")

@@ -37,7 +37,16 @@ def test_every_node_gets_distinct_ports_clear_of_the_standard_ones_but_gateways_
     on_host = [p for a, p in listeners if a == "127.0.0.1"]
     assert not set(on_host) & STANDARD_PORTS, "a system broker on the machine does not clash"
     gw = {s.region: s for s in specs if s.role == "gateway"}
-    assert set(gw["local-eu"].ports) == {"mqtt", "mqtts", "amqp", "amqps", "management", "dist", "prometheus"}
+    assert set(gw["local-eu"].ports) == {
+        "mqtt",
+        "mqtts",
+        "amqp",
+        "amqps",
+        "management",
+        "management_tls",
+        "dist",
+        "prometheus",
+    }
     # each gateway a host of its own with the standard device ports, as a DNS answer needs
     assert [(g.address, g.ports["mqtt"], g.ports["mqtts"]) for g in gw.values()] == [
         ("127.170.1.1", 1883, 8883),

@@ -83,3 +83,59 @@ def test_a_cluster_client_names_every_node_it_could_not_reach():
     with pytest.raises(AdminError, match="127.0.0.1:1.*127.0.0.1:2") as e:
         RabbitAdmin(["http://127.0.0.1:1", "http://127.0.0.1:2"], "u", "p", timeout=1).get("overview")
     assert e.value.retriable
+
+
+def test_over_https_the_client_trusts_only_the_nodes_ca_and_checks_the_name_their_certificates_carry(
+    tmp_path,
+):
+    """A cloud node's management API behind a load balancer: the URL dials the balancer's
+    address, the certificate names the nodes (gw-<region>.<domain>)."""
+    import http.server
+    import ssl
+    import threading
+
+    import pytest
+
+    from backend.rabbitmq_admin import AdminError
+    from infra.local.tls import LocalCA
+
+    ca = LocalCA(tmp_path / "tls")
+    cert = ca.node_cert("gw-eu", "gw-eu.fleet.example")
+    other_ca = LocalCA(tmp_path / "other").ensure_ca()
+
+    class Overview(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"cluster_name": "gateways eu"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Overview)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert.cert, cert.key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        name = "gw-eu.fleet.example"
+        by_file = RabbitAdmin(url, "fedgate-router", "pw", ca_file=str(ca.ca_cert), server_name=name)
+        assert by_file.get("overview") == {"cluster_name": "gateways eu"}
+        by_pem = RabbitAdmin(url, "fedgate-router", "pw", ca_pem=ca.ca_cert.read_text(), server_name=name)
+        assert by_pem.get("overview") == {"cluster_name": "gateways eu"}
+        # the name checked is server_name, not the address dialled
+        with pytest.raises(AdminError, match="certificate"):
+            RabbitAdmin(url, "u", "pw", ca_file=str(ca.ca_cert), server_name="gw-us.fleet.example").get(
+                "overview"
+            )
+        # a certificate of another CA is refused, as is the system's trust for this one
+        with pytest.raises(AdminError, match="certificate"):
+            RabbitAdmin(url, "u", "pw", ca_file=str(other_ca), server_name=name).get("overview")
+        with pytest.raises(AdminError, match="certificate"):
+            RabbitAdmin(url, "u", "pw").get("overview")
+    finally:
+        server.shutdown()
+        server.server_close()

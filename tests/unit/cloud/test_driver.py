@@ -70,7 +70,7 @@ def _outputs() -> str:
         # with node_tls, as fedgate applies the module
         "amqp_endpoint": {"host": LB, "port": 5671, "tls": True, "server_name": GW_NAME},
         "mqtt_endpoint": {"host": LB, "port": 1883, "tls_port": None},
-        "management_url": f"http://{LB}:15672",
+        "management_url": f"https://{LB}:15671",  # the module's, with node TLS
     }
     return json.dumps({k: {"sensitive": False, "type": "string", "value": v} for k, v in values.items()})
 
@@ -134,12 +134,21 @@ def test_add_applies_once_records_outputs_registers_the_region_and_a_rerun_chang
         ]
         # the routers' user, with the password the backend module gives the deployed routers
         assert api.body("PUT", "/api/users/fedgate-router")["password"] == driver.secrets()["router"]
-        # and the region where the running routers read it: its gateways' management API
+        # and the region where the running routers read it: its gateways' management API, through
+        # their monitoring user (never the gateways' administrator), which the region's
+        # definitions hold from its first boot
         assert api.body("PUT", f"/api/global-parameters/fedgate-region.{REGION}")["value"] == {
-            "management_url": [f"http://{LB}:15672"],
-            "user": "fedgate-admin",
-            "password": driver.secrets()["admin"],
+            "management_url": [f"https://{LB}:15671"],
+            "user": "fedgate-router",
+            "password": driver.secrets()["router_gateways"],
+            # over HTTPS: the routers check the gateway's certificate against the nodes' CA
+            "ca_pem": driver.ca.ca_cert.read_text(),
+            "server_name": GW_NAME,
         }
+        assert driver.secrets()["router_gateways"] != driver.secrets()["admin"]
+        definitions = json.loads(driver.root_module(REGION)["module"]["gateway"]["rabbitmq_definitions"])
+        router_user = next(u for u in definitions["users"] if u["name"] == "fedgate-router")
+        assert router_user["tags"] == "monitoring"
 
         # idempotent: the second run plans no changes and applies nothing
         printed.clear()

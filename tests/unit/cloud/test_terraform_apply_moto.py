@@ -84,17 +84,20 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     }
     gw = groups[f"fedgate-{REGION}-gateway"]
     by_port = {(r["FromPort"], r["ToPort"]): r for r in gw["IpPermissions"] if r["IpProtocol"] == "tcp"}
-    assert [ip["CidrIp"] for ip in by_port[(15672, 15672)]["IpRanges"]] == [ADMIN_CIDR]
+    # with node TLS the management API is reached over HTTPS (15671) only; the plain listener
+    # is open to no one outside the node
+    assert [ip["CidrIp"] for ip in by_port[(15671, 15671)]["IpRanges"]] == [ADMIN_CIDR]
+    assert (15672, 15672) not in by_port
     assert [ip["CidrIp"] for ip in by_port[(5671, 5672)]["IpRanges"]] == [BACKEND_CIDR]
     amqp_egress = [r for r in gw["IpPermissionsEgress"] if r.get("FromPort") == 5671]
     assert [ip["CidrIp"] for r in amqp_egress for ip in r["IpRanges"]] == [BACKEND_CIDR]
     lb_sg = groups[f"fedgate-{REGION}-lb"]
     lb_ports = {(r["FromPort"], r["ToPort"]) for r in lb_sg["IpPermissions"]}
-    assert {(1883, 1883), (8883, 8883), (5671, 5672), (15672, 15672)} == lb_ports
+    assert {(1883, 1883), (8883, 8883), (5671, 5672), (15671, 15671)} == lb_ports
     # the management API through the load balancer: the backend (its routers) and operators only
-    mgmt = next(r for r in lb_sg["IpPermissions"] if r["FromPort"] == 15672)
+    mgmt = next(r for r in lb_sg["IpPermissions"] if r["FromPort"] == 15671)
     assert sorted(ip["CidrIp"] for ip in mgmt["IpRanges"]) == sorted([BACKEND_CIDR, ADMIN_CIDR])
-    assert outputs["management_url"] == f"http://{outputs['lb_dns_name']}:15672"
+    assert outputs["management_url"] == f"https://{outputs['lb_dns_name']}:15671"
 
     # the gateway nodes: an autoscaling group of three (a majority survives the loss of one)
     asg = moto_client("autoscaling", moto_url, REGION).describe_auto_scaling_groups(  # type: ignore[attr-defined]
@@ -155,6 +158,8 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     assert "listeners.ssl.1 = 0.0.0.0:5671" in user_data
     assert "mqtt.listeners.ssl.1 = 0.0.0.0:8883" in user_data
     assert "ssl_options.keyfile = /etc/rabbitmq/tls/key.pem" in user_data
+    assert "management.ssl.port = 15671" in user_data
+    assert "management.ssl.certfile = /etc/rabbitmq/tls/cert.pem" in user_data
     assert (
         "path: /etc/rabbitmq/tls/key.pem" in user_data or '"path": "/etc/rabbitmq/tls/key.pem"' in user_data
     )
@@ -176,7 +181,7 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
         (5672, "TCP"),
         (5671, "TCP"),
         (8883, "TCP"),
-        (15672, "TCP"),
+        (15671, "TCP"),
     }
 
     # the latency record and its health check, read back the way the driver verifies them

@@ -13,14 +13,18 @@ locals {
 
   # The TLS listener lines every fedgate node shares (local and cloud).
   node_tls = var.node_tls != null
-  tls_dir  = "/etc/rabbitmq/tls"
+  # Operators reach the management API through the load balancer: over HTTPS with node TLS.
+  management_tls_port = 15671
+  management_lb_port  = local.node_tls ? local.management_tls_port : 15672
+  tls_dir             = "/etc/rabbitmq/tls"
   tls_conf = local.node_tls ? templatestring(var.tls_conf_template, {
-    host           = "0.0.0.0"
-    amqps_port     = 5671
-    cacertfile     = "${local.tls_dir}/ca.pem"
-    certfile       = "${local.tls_dir}/cert.pem"
-    keyfile        = "${local.tls_dir}/key.pem"
-    mqtts_listener = ""
+    host                = "0.0.0.0"
+    amqps_port          = 5671
+    management_tls_port = local.management_tls_port
+    cacertfile          = "${local.tls_dir}/ca.pem"
+    certfile            = "${local.tls_dir}/cert.pem"
+    keyfile             = "${local.tls_dir}/key.pem"
+    mqtts_listener      = ""
   }) : ""
 }
 
@@ -126,9 +130,9 @@ resource "aws_security_group" "lb" {
   }
 
   ingress {
-    description = "management API from the admin network"
-    from_port   = 15672
-    to_port     = 15672
+    description = "management API from the admin network (HTTPS with node TLS)"
+    from_port   = local.management_lb_port
+    to_port     = local.management_lb_port
     protocol    = "tcp"
     cidr_blocks = var.admin_cidr_blocks
   }
@@ -277,7 +281,7 @@ resource "aws_lb_target_group" "amqp" {
 
 resource "aws_lb_target_group" "management" {
   name     = substr("${local.name}-mgmt", 0, 32)
-  port     = 15672
+  port     = local.management_lb_port
   protocol = "TCP"
   vpc_id   = aws_vpc.this.id
   tags     = local.tags
@@ -328,7 +332,7 @@ resource "aws_lb_listener" "amqps" {
 
 resource "aws_lb_listener" "management" {
   load_balancer_arn = aws_lb.this.arn
-  port              = 15672
+  port              = local.management_lb_port
   protocol          = "TCP"
 
   default_action {

@@ -14,8 +14,8 @@ output "amqp_endpoint" {
 }
 
 output "management_url" {
-  description = "Management API of the backend cluster (FEDGATE_CLOUD_BACKEND_MANAGEMENT_URL for `make gateway`)."
-  value       = "http://${aws_lb.this.dns_name}:15672"
+  description = "Management API of the backend cluster (FEDGATE_CLOUD_BACKEND_MANAGEMENT_URL for `make gateway`): HTTPS with node_tls, its certificate for node_tls.server_name."
+  value       = "${local.node_tls ? "https" : "http"}://${aws_lb.this.dns_name}:${local.management_lb_port}"
 }
 
 output "egress_cidr_blocks" {

@@ -33,7 +33,7 @@ variable "gateway_cidr_blocks" {
 }
 
 variable "admin_cidr_blocks" {
-  description = "Operators and the fedgate CLI (it registers regions through the management API): the only sources allowed on port 15672."
+  description = "Operators and the fedgate CLI (it registers regions through the management API): the only sources allowed on the management port (15671, HTTPS, with node_tls; 15672 without)."
   type        = list(string)
 }
 

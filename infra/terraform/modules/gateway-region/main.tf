@@ -21,6 +21,10 @@ locals {
   amqps_port      = 5671
   management_port = 15672
   prometheus_port = 15692
+  # the routers and operators reach the management API through the load balancer: over
+  # HTTPS with node TLS (the plain listener is then for the node itself only)
+  management_tls_port = 15671
+  management_lb_port  = var.node_tls != null ? local.management_tls_port : local.management_port
 
   # TLS on the nodes: AMQPS for the backend's links, and MQTT over TLS unless
   # the load balancer terminates it (certificate_arn).
@@ -29,12 +33,13 @@ locals {
   tls_dir        = "/etc/rabbitmq/tls"
   server_name    = local.node_tls ? var.node_tls.server_name : null
   tls_conf = local.node_tls ? templatestring(var.tls_conf_template, {
-    host           = "0.0.0.0"
-    amqps_port     = local.amqps_port
-    cacertfile     = "${local.tls_dir}/ca.pem"
-    certfile       = "${local.tls_dir}/cert.pem"
-    keyfile        = "${local.tls_dir}/key.pem"
-    mqtts_listener = local.mqtts_on_nodes ? "mqtt.listeners.ssl.1 = 0.0.0.0:${local.mqtts_port}" : ""
+    host                = "0.0.0.0"
+    amqps_port          = local.amqps_port
+    management_tls_port = local.management_tls_port
+    cacertfile          = "${local.tls_dir}/ca.pem"
+    certfile            = "${local.tls_dir}/cert.pem"
+    keyfile             = "${local.tls_dir}/key.pem"
+    mqtts_listener      = local.mqtts_on_nodes ? "mqtt.listeners.ssl.1 = 0.0.0.0:${local.mqtts_port}" : ""
   }) : ""
 }
 
@@ -118,8 +123,8 @@ resource "aws_security_group" "lb" {
 
   ingress {
     description = "management API: the backend routers (presence, subscriptions) and operators"
-    from_port   = local.management_port
-    to_port     = local.management_port
+    from_port   = local.management_lb_port
+    to_port     = local.management_lb_port
     protocol    = "tcp"
     cidr_blocks = distinct(concat(var.backend_cidr_blocks, var.admin_cidr_blocks))
   }
@@ -173,16 +178,16 @@ resource "aws_security_group" "gateway" {
 
   ingress {
     description     = "management API through the load balancer (backend routers, operators)"
-    from_port       = local.management_port
-    to_port         = local.management_port
+    from_port       = local.management_lb_port
+    to_port         = local.management_lb_port
     protocol        = "tcp"
     security_groups = [aws_security_group.lb.id]
   }
 
   ingress {
     description = "management API and UI from the admin network only"
-    from_port   = local.management_port
-    to_port     = local.management_port
+    from_port   = local.management_lb_port
+    to_port     = local.management_lb_port
     protocol    = "tcp"
     cidr_blocks = var.admin_cidr_blocks
   }
@@ -448,7 +453,7 @@ resource "aws_lb_listener" "amqp" {
 # subscriptions (presence) through it, at an address that outlives the nodes.
 resource "aws_lb_target_group" "management" {
   name     = substr("${local.name}-mgmt", 0, 32)
-  port     = local.management_port
+  port     = local.management_lb_port
   protocol = "TCP"
   vpc_id   = aws_vpc.this.id
   tags     = local.tags
@@ -456,7 +461,7 @@ resource "aws_lb_target_group" "management" {
 
 resource "aws_lb_listener" "management" {
   load_balancer_arn = aws_lb.this.arn
-  port              = local.management_port
+  port              = local.management_lb_port
   protocol          = "TCP"
   tags              = local.tags
 

@@ -69,6 +69,6 @@ output "route53_health_check_id" {
 }
 
 output "management_url" {
-  description = "The region's management API through its load balancer, open to the backend (backend_cidr_blocks) and operators only: what the backend's routers read the region's presence from (fedgate registers it in the backend's region registry)."
-  value       = "http://${aws_lb.this.dns_name}:${local.management_port}"
+  description = "The region's management API through its load balancer, open to the backend (backend_cidr_blocks) and operators only: what the backend's routers read the region's presence from (fedgate registers it in the backend's region registry). HTTPS with node_tls, its certificate for node_tls.server_name."
+  value       = "${local.node_tls ? "https" : "http"}://${aws_lb.this.dns_name}:${local.management_lb_port}"
 }

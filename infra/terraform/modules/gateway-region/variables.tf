@@ -51,7 +51,7 @@ variable "backend_cidr_blocks" {
 }
 
 variable "admin_cidr_blocks" {
-  description = "Operators (and the routers, which reconcile presence through the management API): the only sources allowed on the management port 15672."
+  description = "Operators (and the routers, which reconcile presence through the management API): the only sources allowed on the management port (15671, HTTPS, with node_tls; 15672 without)."
   type        = list(string)
 }
 
