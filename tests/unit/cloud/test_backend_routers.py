@@ -128,6 +128,9 @@ def test_the_routers_and_the_spark_job_load_the_config_and_secret_the_module_giv
     assert settings.backend_management.management_urls == (f"http://{lb['DNSName']}:15672",)
     assert settings.backend_management.password == "admin pw"
     assert settings.router_id == "router-i-0abc" and settings.metrics_port == 9100
+    # the gateways' monitoring user cannot say whether an id is registered: a never-seen
+    # device's command waits for it, never broadcast and dropped
+    assert settings.unknown_device == "park"
 
     # the nodes admit AMQP and the management API from the routers' group, through the
     # internal load balancer's target groups

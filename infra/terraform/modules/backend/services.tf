@@ -19,6 +19,9 @@ locals {
     "kafka_replication = ${local.kafka_replication_factor}",
     # every router may take any shard: the shard queues' single active consumer picks one
     "router_count = 1",
+    # the gateways' monitoring user cannot look devices up (an administrator call): a command
+    # for a device never seen waits for it, parked, rather than being broadcast and dropped
+    "unknown_device = \"park\"",
     "metrics_host = \"0.0.0.0\"",
     "metrics_port = ${local.router_port}",
     var.router_config_extra,
