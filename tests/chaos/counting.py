@@ -90,6 +90,7 @@ def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 9
         settle_s=3.0,
     )
     got: dict[str, list[int]] = {d: [] for d in devices}
+    WHERE.clear()  # the last read's: what check() explains
     for msg, headers in records:
         dev = (msg.key() or b"").decode()
         seq = json.loads(msg.value())["seq"]
