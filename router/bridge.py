@@ -26,12 +26,20 @@ the shards are shared out while all routers run, and a router that dies
 hands its shards to the others at once.  When it is back, RabbitMQ stops
 delivering to the standby and switches the shard back once the standby has
 acked what it holds: one producer per shard at a time, in order.
+
+Routers that cannot be numbered (an autoscaling group's) share the shards
+by rendezvous hashing instead (`shard_owner = "rendezvous"`): each registers
+on each shard with a priority drawn from a hash of its router id and the
+shard, so each shard goes to the running router with the highest, moves to
+the next highest when that one dies and back when it returns, with no
+membership to keep: RabbitMQ's choice of the highest priority does it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import time
 from typing import Any
@@ -53,6 +61,23 @@ log = logging.getLogger(__name__)
 
 #: The consumer priority a router registers with on its own uplink shards (0 on the others).
 OWN_SHARD_PRIORITY = 10
+#: Rendezvous priorities are 1..RENDEZVOUS_PRIORITIES: a tie (RabbitMQ then keeps the consumer
+#: that registered first) is one pair of routers in a thousand per shard.
+RENDEZVOUS_PRIORITIES = 1000
+
+
+def rendezvous_priority(router_id: str, shard: int) -> int:
+    """The priority `router_id` registers with on `shard` under rendezvous hashing: the same in
+    every process and every run, independent across shards."""
+    digest = hashlib.sha256(f"{router_id}\x00{shard}".encode()).digest()
+    return 1 + int.from_bytes(digest[:8], "big") % RENDEZVOUS_PRIORITIES
+
+
+def shard_priority(settings: RouterSettings, shard: int) -> int:
+    """The consumer priority this router registers with on `shard`."""
+    if settings.shard_owner == "rendezvous":
+        return rendezvous_priority(settings.router_id, shard)
+    return OWN_SHARD_PRIORITY if shard in settings.my_shards else 0
 
 
 #: How long a shutdown waits for the last acks to be written.
@@ -101,13 +126,17 @@ class UplinkBridge(Lifecycle):
         # router whose peers are all dead reads at once
         s = self.settings
         await channel.set_qos(prefetch_count=max(1, s.max_inflight // max(1, s.uplink_shards)))
-        mine = set(s.my_shards)
-        for shard in range(s.uplink_shards):
+        priorities = {shard: shard_priority(s, shard) for shard in range(s.uplink_shards)}
+        for shard, priority in priorities.items():
             queue = await channel.get_queue(c.uplink_shard_queue(shard), ensure=True)
-            priority = OWN_SHARD_PRIORITY if shard in mine else 0
             tag = await queue.consume(self.on_message, arguments={"x-priority": priority})
             self._consumers.append((queue, tag))
-        log.info("bridging uplink shards %s; standing by on the others", sorted(mine))
+        if s.shard_owner == "rendezvous":
+            log.info(
+                "on the uplink shards with rendezvous priorities %s (the highest running reads)", priorities
+            )
+        else:
+            log.info("bridging uplink shards %s; standing by on the others", sorted(s.my_shards))
 
     async def stop_intake(self) -> None:
         """Take no new message into Kafka; what is in flight still drains.

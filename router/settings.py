@@ -196,8 +196,21 @@ class RouterSettings:
         },
     )
 
+    shard_owner: str = field(
+        default="index",
+        metadata={
+            "doc": "How the routers share the uplink shards: 'index' (router_index of router_count "
+            "reads the shards s with s % count == index) or 'rendezvous' (each shard goes to the "
+            "running router whose hash of its router_id and the shard is highest: nothing to "
+            "number, as for routers on an autoscaling group; router/bridge.py).",
+            "wiring": True,
+        },
+    )
+
     @property
     def my_shards(self) -> list[int]:
+        """The shards this router reads while its peers run ('index'; 'rendezvous' decides
+        among the running routers' priorities)."""
         return [s for s in range(self.uplink_shards) if s % self.router_count == self.router_index]
 
     @property
@@ -238,6 +251,8 @@ class RouterSettings:
             raise RouterSettingsError(str(e)) from e
         if self.unknown_device not in ("broadcast", "park"):
             raise RouterSettingsError(f"unknown_device: 'broadcast' or 'park', got {self.unknown_device!r}")
+        if self.shard_owner not in ("index", "rendezvous"):
+            raise RouterSettingsError(f"shard_owner: 'index' or 'rendezvous', got {self.shard_owner!r}")
         if not 0 <= self.router_index < self.router_count:
             raise RouterSettingsError(f"router_index: {self.router_index} not in 0..{self.router_count - 1}")
         if self.router_count > self.uplink_shards:

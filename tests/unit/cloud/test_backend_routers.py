@@ -131,6 +131,8 @@ def test_the_routers_and_the_spark_job_load_the_config_and_secret_the_module_giv
     # the gateways' monitoring user cannot say whether an id is registered: a never-seen
     # device's command waits for it, never broadcast and dropped
     assert settings.unknown_device == "park"
+    # numbered by nothing: they share the shards by rendezvous hashing of their ids
+    assert settings.shard_owner == "rendezvous"
 
     # the nodes admit AMQP and the management API from the routers' group, through the
     # internal load balancer's target groups

@@ -135,3 +135,35 @@ def test_the_router_settings_are_described_from_their_fields():
     assert names["FEDGATE_ROUTER_PARK_TTL_S"] == ("3600.0", "How long a parked message waits for its device.")
     assert "telemetry.{stream}" in names["[[router.rules]]"][0]
     assert not any("AMQP_URL" in n or "ROUTER_INDEX" in n for n in names), "wiring is the deployment's"
+
+
+def test_routers_that_cannot_be_numbered_share_the_shards_by_rendezvous_hashing_of_their_ids():
+    """Each shard goes to the running router with the highest priority; the priorities are the
+    same in every process and every run, spread the shards over the routers, and move a dead
+    router's shards to the others without moving anyone else's."""
+    from dataclasses import replace
+
+    from router.bridge import RENDEZVOUS_PRIORITIES, rendezvous_priority, shard_priority
+
+    base = RouterSettings(amqp_url="amqp://u:p@h/%2F", kafka_bootstrap="k:9092", uplink_shards=64)
+    routers = [f"router-i-{n:017x}" for n in range(4)]
+    settings = {r: replace(base, router_id=r, shard_owner="rendezvous").validate() for r in routers}
+
+    def owners(alive: list[str]) -> dict[int, str]:
+        return {s: max(alive, key=lambda r: shard_priority(settings[r], s)) for s in range(64)}
+
+    assert all(1 <= rendezvous_priority(r, s) <= RENDEZVOUS_PRIORITIES for r in routers for s in range(64))
+    assert rendezvous_priority(routers[0], 3) == rendezvous_priority(routers[0], 3)
+    everyone = owners(routers)
+    counts = sorted(list(everyone.values()).count(r) for r in routers)
+    assert counts[0] >= 8 and counts[-1] <= 24, counts  # 16 each on average
+    # one dies: only its shards move, spread over the others
+    without = owners(routers[1:])
+    moved = {s for s in range(64) if everyone[s] != without[s]}
+    assert moved == {s for s, r in everyone.items() if r == routers[0]}
+    assert len({without[s] for s in moved}) > 1
+    # the numbered way stays as it was
+    numbered = replace(base, router_count=2, router_index=1).validate()
+    assert [shard_priority(numbered, s) for s in range(4)] == [0, 10, 0, 10]
+    with pytest.raises(RouterSettingsError, match="shard_owner"):
+        replace(base, shard_owner="random").validate()

@@ -17,8 +17,9 @@ locals {
     "kafka_sasl_mechanism = \"SCRAM-SHA-512\"",
     "kafka_sasl_username = ${jsonencode(local.kafka_user)}",
     "kafka_replication = ${local.kafka_replication_factor}",
-    # every router may take any shard: the shard queues' single active consumer picks one
-    "router_count = 1",
+    # instances of an autoscaling group have no index: the shards go to the running routers by
+    # rendezvous hashing of their ids (router/bridge.py)
+    "shard_owner = \"rendezvous\"",
     # the gateways' monitoring user cannot look devices up (an administrator call): a command
     # for a device never seen waits for it, parked, rather than being broadcast and dropped
     "unknown_device = \"park\"",
