@@ -21,25 +21,20 @@ reports stop, the prefetch fills up and RabbitMQ keeps the rest.
 Every router registers on every uplink shard.  A shard is a quorum queue
 with a single active consumer, and RabbitMQ 4.0 makes the consumer of the
 highest priority the active one: each router registers on its own shards
-(settings.my_shards) with OWN_SHARD_PRIORITY and on the others with 0, so
+(settings.my_shards) with a higher priority than on the others, so
 the shards are shared out while all routers run, and a router that dies
 hands its shards to the others at once.  When it is back, RabbitMQ stops
 delivering to the standby and switches the shard back once the standby has
 acked what it holds: one producer per shard at a time, in order.
 
 Routers that cannot be numbered (an autoscaling group's) share the shards
-by rendezvous hashing instead (`shard_owner = "rendezvous"`): each registers
-on each shard with a priority drawn from a hash of its router id and the
-shard, so each shard goes to the running router with the highest, moves to
-the next highest when that one dies and back when it returns, with no
-membership to keep: RabbitMQ's choice of the highest priority does it.
+by rendezvous hashing instead (router/shards.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import logging
 import time
 from typing import Any
@@ -55,29 +50,10 @@ from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
 from router.settings import RouterSettings
+from router.shards import shard_priority
 from router.topics import TopicMapper
 
 log = logging.getLogger(__name__)
-
-#: The consumer priority a router registers with on its own uplink shards (0 on the others).
-OWN_SHARD_PRIORITY = 10
-#: Rendezvous priorities are 1..RENDEZVOUS_PRIORITIES: a tie (RabbitMQ then keeps the consumer
-#: that registered first) is one pair of routers in a thousand per shard.
-RENDEZVOUS_PRIORITIES = 1000
-
-
-def rendezvous_priority(router_id: str, shard: int) -> int:
-    """The priority `router_id` registers with on `shard` under rendezvous hashing: the same in
-    every process and every run, independent across shards."""
-    digest = hashlib.sha256(f"{router_id}\x00{shard}".encode()).digest()
-    return 1 + int.from_bytes(digest[:8], "big") % RENDEZVOUS_PRIORITIES
-
-
-def shard_priority(settings: RouterSettings, shard: int) -> int:
-    """The consumer priority this router registers with on `shard`."""
-    if settings.shard_owner == "rendezvous":
-        return rendezvous_priority(settings.router_id, shard)
-    return OWN_SHARD_PRIORITY if shard in settings.my_shards else 0
 
 
 #: How long a shutdown waits for the last acks to be written.

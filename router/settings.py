@@ -202,7 +202,7 @@ class RouterSettings:
             "doc": "How the routers share the uplink shards: 'index' (router_index of router_count "
             "reads the shards s with s % count == index) or 'rendezvous' (each shard goes to the "
             "running router whose hash of its router_id and the shard is highest: nothing to "
-            "number, as for routers on an autoscaling group; router/bridge.py).",
+            "number, as for routers on an autoscaling group; router/shards.py).",
             "wiring": True,
         },
     )

@@ -143,7 +143,7 @@ def test_routers_that_cannot_be_numbered_share_the_shards_by_rendezvous_hashing_
     router's shards to the others without moving anyone else's."""
     from dataclasses import replace
 
-    from router.bridge import RENDEZVOUS_PRIORITIES, rendezvous_priority, shard_priority
+    from router.shards import RENDEZVOUS_PRIORITIES, rendezvous_priority, shard_priority
 
     base = RouterSettings(amqp_url="amqp://u:p@h/%2F", kafka_bootstrap="k:9092", uplink_shards=64)
     routers = [f"router-i-{n:017x}" for n in range(4)]

@@ -18,7 +18,7 @@ locals {
     "kafka_sasl_username = ${jsonencode(local.kafka_user)}",
     "kafka_replication = ${local.kafka_replication_factor}",
     # instances of an autoscaling group have no index: the shards go to the running routers by
-    # rendezvous hashing of their ids (router/bridge.py)
+    # rendezvous hashing of their ids (router/shards.py)
     "shard_owner = \"rendezvous\"",
     # the gateways' monitoring user cannot look devices up (an administrator call): a command
     # for a device never seen waits for it, parked, rather than being broadcast and dropped
