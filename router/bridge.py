@@ -87,7 +87,6 @@ class UplinkBridge(Lifecycle):
         # delivery tags in arrival order, and those whose Kafka record is settled, of one
         # channel: a tag means nothing on another (see _track)
         self._channel: object | None = None
-        self._generation = 0
         self._outstanding: collections.deque[int] = collections.deque()
         self._done: dict[int, tuple[AbstractIncomingMessage, bool]] = {}
         self._flush_scheduled = False
@@ -191,7 +190,7 @@ class UplinkBridge(Lifecycle):
         started = time.monotonic()
         self.inflight += 1
 
-        tag, generation = self._track(channel, message.delivery_tag)
+        tag = self._track(channel, message.delivery_tag)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.inflight -= 1
@@ -199,19 +198,19 @@ class UplinkBridge(Lifecycle):
                 log.error("Kafka refused a record for %s: %s", topic, err)
                 self.metrics.inc("fedgate_router_kafka_errors_total")
                 if refused_for_good(err) and topic != self.settings.deadletter_topic:
-                    self._send_alone(generation, tag, message, topic, key, headers, counter, started)
+                    self._send_alone(channel, tag, message, topic, key, headers, counter, started)
                     return
                 # a fatal producer error (message.timeout.ms=0: nothing else ends here):
                 # back to RabbitMQ rather than lost (fedgate.poison after 20 times)
             else:
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
                 self.metrics.inc(counter, topic=topic)
-            self._settled(generation, tag, message, ok=err is None)
+            self._settled(channel, tag, message, ok=err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
 
-    def _track(self, channel: object, delivery_tag: int | None) -> tuple[int, int]:
-        """The delivery's tag, and the generation of the channel it came on.
+    def _track(self, channel: object, delivery_tag: int | None) -> int:
+        """The delivery's tag among those of `channel`, the one deliveries now come on.
 
         After a connection loss the robust channel is reopened and its tags start
         again at 1, while records of the old channel may still be on their way to
@@ -222,16 +221,15 @@ class UplinkBridge(Lifecycle):
         its unacked messages, and what the old records wrote are duplicates."""
         if channel is not self._channel:
             self._channel = channel
-            self._generation += 1
             self._outstanding.clear()
             self._done.clear()
         tag = delivery_tag or 0  # always set: the bridge consumes with acks
         self._outstanding.append(tag)
-        return tag, self._generation
+        return tag
 
     def _send_alone(
         self,
-        generation: int,
+        channel: object,
         tag: int,
         message: AbstractIncomingMessage,
         topic: str,
@@ -250,16 +248,16 @@ class UplinkBridge(Lifecycle):
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
                 self.metrics.inc(counter, topic=topic)
             elif refused_for_good(err):
-                self._deadletter_refused(generation, tag, message, topic, err)
+                self._deadletter_refused(channel, tag, message, topic, err)
                 return
             else:
                 log.error("Kafka refused a record sent alone for %s: %s", topic, err)
-            self._settled(generation, tag, message, ok=err is None)
+            self._settled(channel, tag, message, ok=err is None)
 
         self.alone.produce(topic, message.body, key, headers, answered)
 
     def _deadletter_refused(
-        self, generation: int, tag: int, message: AbstractIncomingMessage, topic: str, err: KafkaError
+        self, channel: object, tag: int, message: AbstractIncomingMessage, topic: str, err: KafkaError
     ) -> None:
         """A record Kafka refused for good, alone (larger than the topic takes, invalid), goes to the
         dead-letter topic with the reason, and the message is acked once that is stored;
@@ -273,7 +271,7 @@ class UplinkBridge(Lifecycle):
             self.inflight -= 1
             if err is None:
                 self.metrics.inc(DEADLETTERED, topic=self.settings.deadletter_topic)
-            self._settled(generation, tag, message, ok=err is None)
+            self._settled(channel, tag, message, ok=err is None)
 
         self.producer.produce(self.settings.deadletter_topic, message.body, None, headers, stored)
 
@@ -287,8 +285,8 @@ class UplinkBridge(Lifecycle):
     # only after its own record is in Kafka.  One writer sends the frames, in
     # order.
 
-    def _settled(self, generation: int, tag: int, message: AbstractIncomingMessage, *, ok: bool) -> None:
-        if generation != self._generation:
+    def _settled(self, channel: object, tag: int, message: AbstractIncomingMessage, *, ok: bool) -> None:
+        if channel is not self._channel:
             return  # a closed channel's message: RabbitMQ has redelivered it (see _track)
         self._done[tag] = (message, ok)
         if not self._flush_scheduled:
