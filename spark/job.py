@@ -9,7 +9,8 @@ source, and each micro-batch (every `trigger_s`) lands in the Iceberg tables
                  yet, however late: from here a reading is queryable
 
 Beside the batches, every `aggregate_interval_s` (run(), its own scheduler
-pool), the rows the batches since the last time added are counted:
+pool; sooner once `aggregate_after_rows` wait), the rows the batches since the
+last time added are counted:
 
   device_minute  the minutes (per device / per region) those rows fall in,
   region_minute  computed again from telemetry_raw: a late reading is counted
@@ -54,7 +55,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
-from spark.tables import RAW, REJECTS, Catalog, Table, TimeSpan
+from spark.tables import RAW, REJECTS, Catalog, Table, TimeSpan, summarize_batch
 
 log = logging.getLogger("fedgate.spark")
 
@@ -76,8 +77,12 @@ def kafka_source(spark: SparkSession, s: SparkSettings) -> DataFrame:
     )
 
 
-def decoded_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
-    return tr.decode_kafka(kafka_source(spark, s), s.unmatched_topic, s.deadletter_topic, s.max_payload_bytes)
+def parsed_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
+    """The Kafka records decoded and parsed (transforms.parse) on the stream: the expressions
+    are built once, and a micro-batch arrives with every column its tables take."""
+    return tr.parse(
+        tr.decode_kafka(kafka_source(spark, s), s.unmatched_topic, s.deadletter_topic, s.max_payload_bytes)
+    )
 
 
 def offsets_read(progress: Any) -> int | None:
@@ -113,6 +118,8 @@ class TelemetryJob:
         #: the aggregates count the rows of batches up to this one; those after it are pending
         self._refreshed_through = -1
         self._pending_through = -1
+        #: rows landed since the last refresh (a backlog's count starts before the clock says)
+        self._pending_rows = 0
         self._refreshed_at = time.monotonic()
         #: refreshes run from run() (and stop()), compactions from the batches: never both
         #: at once (both rewrite the aggregates' files)
@@ -128,7 +135,7 @@ class TelemetryJob:
         landed = self.catalog.read(RAW).agg(F.max("ingest_batch")).first()[0]  # type: ignore[index]
         self._pending_through = max(self._refreshed_through, landed if landed is not None else -1)
         self.query = (
-            decoded_stream(self.spark, s)
+            parsed_stream(self.spark, s)
             .writeStream.queryName(QUERY)
             .foreachBatch(self.land_batch)
             .option("checkpointLocation", f"{s.checkpoint_dir.rstrip('/')}/{QUERY}")
@@ -145,19 +152,32 @@ class TelemetryJob:
 
     def land_batch(self, batch: DataFrame, batch_id: int) -> None:
         """foreachBatch function: the batch's rows land table by table (module docstring);
-        a batch replayed after a crash adds nothing twice (Catalog.land)."""
-        batch = batch.persist()  # read from Kafka once, whatever the tables built from it
+        a batch replayed after a crash adds nothing twice (Catalog.land).
+
+        A micro-batch at a steady rate is small, and Spark's cost per batch is mostly per task
+        (each builds its projections): the batch is read in as many tasks as the job has cores
+        -- one per Kafka partition would be several per core -- and one aggregate
+        (summarize_batch) tells both MERGEs where to look and whether the batch repeats a
+        message, instead of an action per table and a shuffle for copies that are rare."""
+        # as many tasks as cores: local[N]'s N, or the cores the cluster's executors have now
+        cores = max(1, self.spark.sparkContext.defaultParallelism)
+        batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         try:
             timings: dict[str, int] = {}
-            # an empty frame commits nothing (Catalog.land)
-            self._landed(REJECTS, tr.reject_rows(batch), timings)
-            # copies inside one batch (a redelivery right behind its original) are one row;
-            # copies across batches are kept out by the MERGE
-            rows = tr.raw_rows(batch).dropDuplicates(["message_id"])
-            rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
-            if self._landed(RAW, rows, timings):
+            summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
+            if summary.rejects is not None:
+                self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
+            if summary.raw is not None:
+                rows = tr.raw_rows(batch)
+                if summary.raw_copies:
+                    # copies inside one batch are one row; copies across batches are kept out
+                    # by the MERGE
+                    rows = rows.dropDuplicates(["message_id"])
+                rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
+                self._landed(RAW, rows, summary.raw, timings)
                 # counted in the aggregates by run(), beside the next batches
                 self._pending_through = batch_id
+                self._pending_rows += summary.raw_records
             self.last_batch_ms = timings
         finally:
             batch.unpersist()
@@ -167,15 +187,13 @@ class TelemetryJob:
         ):
             self.compact()
 
-    def _landed(self, table: Table, rows: DataFrame, timings: dict[str, int]) -> bool:
-        """Land `rows` in `table` (Catalog.land), timed; note its dates for compaction.  False:
-        no rows."""
+    def _landed(self, table: Table, rows: DataFrame, span: TimeSpan, timings: dict[str, int]) -> None:
+        """Land `rows` (of `span`) in `table` (Catalog.land), timed; note its dates for
+        compaction."""
         t0 = time.monotonic()
-        span = self.catalog.land(table, rows)
+        self.catalog.land(table, rows, span=span)
         self._note_dates(table, span)
-        if span is not None:
-            timings[table.name] = round((time.monotonic() - t0) * 1000)
-        return span is not None
+        timings[table.name] = round((time.monotonic() - t0) * 1000)
 
     def _note_dates(self, table: Table, span: TimeSpan | None) -> None:
         if span is not None:
@@ -190,6 +208,7 @@ class TelemetryJob:
             through = self._pending_through
             if through <= self._refreshed_through:
                 return
+            self._pending_rows = 0
             # a pool of its own: the scheduler shares the cores with the batches' jobs
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
             for table, span in self.catalog.refresh(self._refreshed_through, through).items():
@@ -280,7 +299,9 @@ class TelemetryJob:
                     p.get("processedRowsPerSecond") or 0,
                     self.last_batch_ms,
                 )
-            due = time.monotonic() - self._refreshed_at >= s.aggregate_interval_s
+            due = time.monotonic() - self._refreshed_at >= s.aggregate_interval_s or (
+                0 < s.aggregate_after_rows <= self._pending_rows
+            )
             if due and self._pending_through > self._refreshed_through:
                 # here, not in the batches: the next batches land telemetry_raw meanwhile
                 try:

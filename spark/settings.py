@@ -125,11 +125,21 @@ class SparkSettings:
         metadata={"doc": "How often new records become rows of every table (one micro-batch)."},
     )
     aggregate_interval_s: float = field(
-        default=10.0,
+        default=60.0,
         metadata={
             "doc": "How often the rows the micro-batches landed since the last time are counted in "
             "device_minute and region_minute, beside the batches (0: as often as the job's 2 s "
-            "round allows).  The batches themselves land only telemetry_raw and rejects."
+            "round allows).  The batches themselves land only telemetry_raw and rejects.  A "
+            "count costs the job more than its batches do (it recomputes the minutes it touches): "
+            "once a minute keeps a minute's aggregates a minute behind at most and leaves the "
+            "cores to the batches."
+        },
+    )
+    aggregate_after_rows: int = field(
+        default=50_000,
+        metadata={
+            "doc": "Count sooner than aggregate_interval_s once this many rows wait to be counted "
+            "(a backlog's aggregates follow its batches instead of the clock; 0: only by time)."
         },
     )
     compact_interval_s: float = field(
@@ -204,6 +214,8 @@ class SparkSettings:
         for name in ("aggregate_interval_s", "compact_interval_s", "snapshots_kept_hours"):
             if getattr(self, name) < 0:
                 raise SparkSettingsError(f"{name}: must be >= 0")
+        if self.aggregate_after_rows < 0:
+            raise SparkSettingsError("aggregate_after_rows: must be >= 0")
         if self.dedupe_lookback_days < 0:
             raise SparkSettingsError("dedupe_lookback_days: must be >= 0")
         for name in ("catalog", "namespace"):

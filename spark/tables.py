@@ -182,16 +182,20 @@ class Catalog:
     def read(self, table: Table) -> DataFrame:
         return self.spark.table(self.name(table))
 
-    def land(self, table: Table, rows: DataFrame, *, replace: bool = False) -> TimeSpan | None:
+    def land(
+        self, table: Table, rows: DataFrame, *, replace: bool = False, span: TimeSpan | None = None
+    ) -> TimeSpan | None:
         """Insert the rows of `rows` whose key `table` does not hold yet -- with `replace`,
         replace the rows it holds too -- in one commit (none for an empty frame); return the
-        span of `rows`.  The key is looked up only in the time a copy can have (copy_window):
-        the MERGE reads the files of those dates whose time range meets it, not the table."""
-        owned = not rows.is_cached
+        span of `rows`.  The key is looked up only in the time a copy can have (copy_window,
+        or `span` when the caller computed it already): the MERGE reads the files of those
+        dates whose time range meets it, not the table."""
+        owned = span is None and not rows.is_cached
         if owned:
             rows = rows.persist()  # read twice: for its times, then by the MERGE
         try:
-            span = copy_window(table, rows, self.settings.dedupe_lookback_days)
+            if span is None:
+                span = copy_window(table, rows, self.settings.dedupe_lookback_days)
             if span is None:
                 return None
             view = f"fedgate_batch_{table.name}"
@@ -366,6 +370,66 @@ def copy_window(table: Table, rows: DataFrame, lookback_days: int) -> TimeSpan |
         _utc(last),
         tuple(time_runs(seconds, _SECOND_US)),
         None if kafka_lo is None else (_utc(kafka_lo) - dt.timedelta(days=lookback_days), _utc(kafka_hi)),
+    )
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """What one action over a parsed micro-batch (transforms.parse) tells about it: where
+    each table's MERGE looks for earlier copies, and whether the batch holds a message twice."""
+
+    raw: TimeSpan | None
+    rejects: TimeSpan | None
+    #: two records of the batch carry one message id (a redelivery right behind its original)
+    raw_copies: bool
+    #: the batch's records bound for telemetry_raw (copies included)
+    raw_records: int = 0
+
+
+def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
+    """One small aggregate over the batch, grouped by kind and device-time second: each
+    table's copy window (copy_window) and the batch's own copies, in a single Spark job.
+
+    A message's copies carry the same payload, hence the same device second (or none): a
+    group whose records outnumber its message ids holds copies, and no other group can."""
+    raw = F.col("reject_reason").isNull()
+    time = F.unix_micros(F.when(raw, F.col(RAW.time)).otherwise(F.col(REJECTS.time)))
+    groups = (
+        parsed.groupBy(raw.alias("raw"), _epoch_units("device_ts", _SECOND_US).alias("second"))
+        .agg(
+            F.count(F.lit(1)).alias("records"),
+            F.count_distinct("message_id").alias("ids"),
+            F.min(time).alias("first"),
+            F.max(time).alias("last"),
+        )
+        .collect()
+    )
+    rejects = [g for g in groups if not g["raw"]]
+    accepted = [g for g in groups if g["raw"]]
+    reject_span = (
+        TimeSpan(_utc(min(g["first"] for g in rejects)), _utc(max(g["last"] for g in rejects)))
+        if rejects
+        else None
+    )
+    raw_span = None
+    if accepted:
+        timeless = [g for g in accepted if g["second"] is None]
+        raw_span = TimeSpan(
+            _utc(min(g["first"] for g in accepted)),
+            _utc(max(g["last"] for g in accepted)),
+            tuple(time_runs([g["second"] for g in accepted if g["second"] is not None], _SECOND_US)),
+            (
+                _utc(timeless[0]["first"]) - dt.timedelta(days=lookback_days),
+                _utc(timeless[0]["last"]),
+            )
+            if timeless
+            else None,
+        )
+    return BatchSummary(
+        raw_span,
+        reject_span,
+        any(g["records"] > g["ids"] for g in accepted),
+        sum(g["records"] for g in accepted),
     )
 
 

@@ -145,14 +145,16 @@ def _device_ts(fields: Column) -> tuple[Column, Column]:
     return parsed, error
 
 
-def raw_rows(decoded: DataFrame) -> DataFrame:
-    """Accepted records (reject_reason NULL) -> telemetry_raw rows.
+def parse(decoded: DataFrame) -> DataFrame:
+    """Decoded records -> the same records with every telemetry_raw column added (the
+    payload's JSON, device time, event time, latency, parse_error), rejects too.
 
-    An invalid payload is kept as it came, with `parse_error` saying what is
-    wrong; it is never dropped.
+    The job parses on the stream itself, so that a micro-batch arrives parsed: each batch
+    then only selects (raw_rows, reject_rows) instead of building these expressions again.
+    An invalid payload is kept as it came, with `parse_error` saying what is wrong.
     """
     fields = F.from_json("payload", "MAP<STRING,STRING>")
-    df = decoded.where(F.col("reject_reason").isNull()).withColumn("fields", fields)
+    df = decoded.withColumn("fields", fields)
     numeric = F.coalesce(
         F.map_filter(
             F.transform_values("fields", lambda k, v: v.cast("double")),
@@ -177,7 +179,7 @@ def raw_rows(decoded: DataFrame) -> DataFrame:
         fast_clock,
         F.format_string("device clock %.1f s ahead of Kafka time; event time clamped to it", ahead_ms / 1000),
     )
-    df = (
+    return (
         df.withColumn("numeric_fields", numeric)
         .withColumn("device_ts", device_ts)
         .withColumn(
@@ -196,7 +198,14 @@ def raw_rows(decoded: DataFrame) -> DataFrame:
         # the micro-batch that wrote the row (set by the job; lineage and freshness)
         .withColumn("ingest_batch", F.lit(None).cast("long"))
     )
-    return df.select(*RAW_COLUMNS)
+
+
+def raw_rows(records: DataFrame) -> DataFrame:
+    """Accepted records (reject_reason NULL) -> telemetry_raw rows; `records` decoded
+    (decode_kafka) or already parsed (parse)."""
+    if "event_time" not in records.columns:
+        records = parse(records)
+    return records.where(F.col("reject_reason").isNull()).select(*RAW_COLUMNS)
 
 
 def reject_rows(decoded: DataFrame) -> DataFrame:

@@ -108,8 +108,10 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         tmp_path_factory.mktemp("federation"),
         TEST_PORT_BASE,
         router=ROUTER_TABLE,
-        # compaction runs between the tests' batches, not once in 10 minutes
+        # compaction runs between the tests' batches, not once in 10 minutes, and the
+        # aggregates count what landed within seconds, not a minute: the tests wait for both
         spark_compact_interval_s=60,
+        spark_aggregate_interval_s=10,
     )
     try:
         fed.up()

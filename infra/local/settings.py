@@ -189,6 +189,10 @@ class LocalSettings:
         default=2.0,
         metadata={"doc": "Spark: how often new records become rows of every table (one micro-batch)."},
     )
+    spark_aggregate_interval_s: float = field(
+        default=60.0,
+        metadata={"doc": "Spark: how often the job counts the rows it landed in the per-minute aggregates."},
+    )
     spark_compact_interval_s: float = field(
         default=600.0,
         metadata={"doc": "Spark: how often the job compacts small files and expires old snapshots."},

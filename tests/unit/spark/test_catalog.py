@@ -15,15 +15,17 @@ from spark.tables import (
     DEVICE_MINUTE,
     RAW,
     REGION_MINUTE,
+    REJECTS,
     TABLES,
     Catalog,
     TimeSpan,
     coarsen,
     copy_window,
     schemas,
+    summarize_batch,
     unit_spans,
 )
-from tests.unit.spark.test_transforms import NOW, decode, record
+from tests.unit.spark.test_transforms import NOW, UNMATCHED, decode, record
 
 pytestmark = pytest.mark.spark
 
@@ -131,6 +133,34 @@ def test_copies_are_looked_for_only_among_the_same_device_times(spark):
     second = dt.timedelta(seconds=1)
     assert window.device_times == ((old_second, old_second + second), (now_second, now_second + second))
     assert window.kafka_times is None, "no reading without a device time: no lookback"
+
+
+def test_one_aggregate_tells_the_job_both_tables_copy_windows_and_the_batchs_own_copies(spark):
+    """The job's one action per micro-batch (summarize_batch) gives each MERGE the window
+    that copy_window would, and says whether the batch repeats a message.  Tried: readings
+    with a device time, from 2019, without one, a fast clock, a record of the unmatched topic,
+    and a redelivered copy right behind its original."""
+    old = dt.datetime(2019, 5, 1, 12, 0, 10)
+    later = NOW + dt.timedelta(minutes=3)
+    reading = {"ts": ms(NOW), "seq": 1}
+    records = [
+        record(reading, 1),
+        record({"ts": ms(old), "seq": 2}, 2),
+        record({"seq": 3}, 3, ts=later),
+        record({"ts": ms(NOW + dt.timedelta(hours=1)), "seq": 4}, 4),
+        record({"seq": 5}, 5, topic=UNMATCHED, ts=later),
+    ]
+    decoded = decode(spark, records)
+    summary = summarize_batch(tr.parse(decoded), lookback_days=2)
+    assert summary.raw == copy_window(RAW, tr.raw_rows(decoded), 2)
+    assert summary.rejects == copy_window(REJECTS, tr.reject_rows(decoded), 2)
+    assert summary.raw_copies is False, "every message once: no in-batch dedupe needed"
+    with_copy = decode(spark, [*records, record(reading, 6)])
+    again = summarize_batch(tr.parse(with_copy), lookback_days=2)
+    assert again.raw_copies is True, "the redelivered copy was not seen"
+    assert again.raw == summary.raw, "a copy has its original's times: the window is the same"
+    clean = decode(spark, records[:2])
+    assert summarize_batch(tr.parse(clean), 2).rejects is None
 
 
 def test_a_device_sending_random_times_makes_a_short_condition():

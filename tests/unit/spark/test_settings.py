@@ -25,6 +25,10 @@ def test_file_then_environment_then_overrides(tmp_path, monkeypatch):
             'kafka_bootstrap = "k"\nwarehouse = "w"\ncompact_interval_s = -1\n',
             "^compact_interval_s: must be >= 0",
         ),
+        (
+            'kafka_bootstrap = "k"\nwarehouse = "w"\naggregate_after_rows = -5\n',
+            "^aggregate_after_rows: must be >= 0",
+        ),
         ('warehouse = "w"\n', "^kafka_bootstrap: required"),
         ("kafka_bootstrap = \n", "config file .*spark.toml"),
     ],
