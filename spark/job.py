@@ -168,7 +168,7 @@ class TelemetryJob:
             if summary.rejects is not None:
                 self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
             if summary.raw is not None:
-                rows = tr.raw_rows(batch)
+                rows = tr.accepted_rows(batch)
                 if summary.raw_copies:
                     # copies inside one batch are one row; copies across batches are kept out
                     # by the MERGE

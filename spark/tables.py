@@ -29,7 +29,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -355,21 +355,32 @@ def copy_window(table: Table, rows: DataFrame, lookback_days: int) -> TimeSpan |
     if table is not RAW:
         first, last = rows.select(F.min(time), F.max(time)).first()  # type: ignore[misc]
         return None if first is None else TimeSpan(_utc(first), _utc(last))
-    no_device = F.when(F.col("device_ts").isNull(), time)
-    first, last, seconds, kafka_lo, kafka_hi = rows.select(
-        F.min(time),
-        F.max(time),
-        F.collect_set(_epoch_units("device_ts", _SECOND_US)),
-        F.min(no_device),
-        F.max(no_device),
-    ).first()  # type: ignore[misc]
-    if first is None:
+    return _raw_window(
+        rows.groupBy(_device_second()).agg(F.min(time).alias("first"), F.max(time).alias("last")).collect(),
+        lookback_days,
+    )
+
+
+def _device_second() -> Column:
+    """A row's device time as whole seconds: a telemetry_raw copy's is its original's (copy_window)."""
+    return _epoch_units("device_ts", _SECOND_US).alias("second")
+
+
+def _raw_window(seconds: list[Row], lookback_days: int) -> TimeSpan | None:
+    """telemetry_raw's copy window (copy_window) from rows of (second, first, last): a
+    device second (NULL: no device time) and its rows' first and last times."""
+    if not seconds:
         return None
+    timeless = [g for g in seconds if g["second"] is None]
     return TimeSpan(
-        _utc(first),
-        _utc(last),
-        tuple(time_runs(seconds, _SECOND_US)),
-        None if kafka_lo is None else (_utc(kafka_lo) - dt.timedelta(days=lookback_days), _utc(kafka_hi)),
+        _utc(min(g["first"] for g in seconds)),
+        _utc(max(g["last"] for g in seconds)),
+        tuple(time_runs([g["second"] for g in seconds if g["second"] is not None], _SECOND_US)),
+        (
+            (_utc(timeless[0]["first"]) - dt.timedelta(days=lookback_days), _utc(timeless[0]["last"]))
+            if timeless
+            else None
+        ),
     )
 
 
@@ -383,20 +394,21 @@ class BatchSummary:
     #: two records of the batch carry one message id (a redelivery right behind its original)
     raw_copies: bool
     #: the batch's records bound for telemetry_raw (copies included)
-    raw_records: int = 0
+    raw_records: int
 
 
 def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
-    """One small aggregate over the batch, grouped by kind and device-time second: each
-    table's copy window (copy_window) and the batch's own copies, in a single Spark job.
-
-    A message's copies carry the same payload, hence the same device second (or none): a
-    group whose records outnumber its message ids holds copies, and no other group can."""
+    """One small aggregate over the batch, in a single Spark job: each table's copy window
+    (what copy_window gives, from the same per-second groups) and whether the batch repeats
+    a message id -- counted over all its accepted records (the rollup's per-kind rows), not
+    per second, so that two records of one id count as copies whatever their payloads."""
     raw = F.col("reject_reason").isNull()
     time = F.unix_micros(F.when(raw, F.col(RAW.time)).otherwise(F.col(REJECTS.time)))
     groups = (
-        parsed.groupBy(raw.alias("raw"), _epoch_units("device_ts", _SECOND_US).alias("second"))
+        parsed.rollup(raw.alias("raw"), _device_second())
         .agg(
+            # 0: a (kind, second) group; 1: all records of a kind; 3: the whole batch
+            F.grouping_id().alias("level"),
             F.count(F.lit(1)).alias("records"),
             F.count_distinct("message_id").alias("ids"),
             F.min(time).alias("first"),
@@ -404,32 +416,16 @@ def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
         )
         .collect()
     )
-    rejects = [g for g in groups if not g["raw"]]
-    accepted = [g for g in groups if g["raw"]]
-    reject_span = (
+    rejects = [g for g in groups if g["level"] == 0 and not g["raw"]]
+    accepted = [g for g in groups if g["level"] == 0 and g["raw"]]
+    kind = next((g for g in groups if g["level"] == 1 and g["raw"]), None)
+    return BatchSummary(
+        _raw_window(accepted, lookback_days),
         TimeSpan(_utc(min(g["first"] for g in rejects)), _utc(max(g["last"] for g in rejects)))
         if rejects
-        else None
-    )
-    raw_span = None
-    if accepted:
-        timeless = [g for g in accepted if g["second"] is None]
-        raw_span = TimeSpan(
-            _utc(min(g["first"] for g in accepted)),
-            _utc(max(g["last"] for g in accepted)),
-            tuple(time_runs([g["second"] for g in accepted if g["second"] is not None], _SECOND_US)),
-            (
-                _utc(timeless[0]["first"]) - dt.timedelta(days=lookback_days),
-                _utc(timeless[0]["last"]),
-            )
-            if timeless
-            else None,
-        )
-    return BatchSummary(
-        raw_span,
-        reject_span,
-        any(g["records"] > g["ids"] for g in accepted),
-        sum(g["records"] for g in accepted),
+        else None,
+        kind is not None and kind["records"] > kind["ids"],
+        0 if kind is None else kind["records"],
     )
 
 

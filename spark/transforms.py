@@ -150,7 +150,7 @@ def parse(decoded: DataFrame) -> DataFrame:
     payload's JSON, device time, event time, latency, parse_error), rejects too.
 
     The job parses on the stream itself, so that a micro-batch arrives parsed: each batch
-    then only selects (raw_rows, reject_rows) instead of building these expressions again.
+    then only selects (accepted_rows, reject_rows) instead of building these expressions again.
     An invalid payload is kept as it came, with `parse_error` saying what is wrong.
     """
     fields = F.from_json("payload", "MAP<STRING,STRING>")
@@ -200,12 +200,14 @@ def parse(decoded: DataFrame) -> DataFrame:
     )
 
 
-def raw_rows(records: DataFrame) -> DataFrame:
-    """Accepted records (reject_reason NULL) -> telemetry_raw rows; `records` decoded
-    (decode_kafka) or already parsed (parse)."""
-    if "event_time" not in records.columns:
-        records = parse(records)
-    return records.where(F.col("reject_reason").isNull()).select(*RAW_COLUMNS)
+def accepted_rows(parsed: DataFrame) -> DataFrame:
+    """Parsed records (parse) -> telemetry_raw rows: those without a reject reason."""
+    return parsed.where(F.col("reject_reason").isNull()).select(*RAW_COLUMNS)
+
+
+def raw_rows(decoded: DataFrame) -> DataFrame:
+    """Decoded records (decode_kafka) -> telemetry_raw rows."""
+    return accepted_rows(parse(decoded))
 
 
 def reject_rows(decoded: DataFrame) -> DataFrame:

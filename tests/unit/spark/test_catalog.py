@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import json
 
 import pytest
 
@@ -25,7 +26,7 @@ from spark.tables import (
     summarize_batch,
     unit_spans,
 )
-from tests.unit.spark.test_transforms import NOW, UNMATCHED, decode, record
+from tests.unit.spark.test_transforms import NOW, UNMATCHED, bridge_headers, decode, record
 
 pytestmark = pytest.mark.spark
 
@@ -161,6 +162,12 @@ def test_one_aggregate_tells_the_job_both_tables_copy_windows_and_the_batchs_own
     assert again.raw == summary.raw, "a copy has its original's times: the window is the same"
     clean = decode(spark, records[:2])
     assert summarize_batch(tr.parse(clean), 2).rejects is None
+    # a record carrying another message's id with a payload of its own (another device second,
+    # so no per-second group holds both): still a copy, as the MERGE's key says
+    borrowed = record(
+        {"ts": ms(later), "seq": 9}, 7, headers=bridge_headers(payload=json.dumps(reading).encode())
+    )
+    assert summarize_batch(tr.parse(decode(spark, [*records, borrowed])), 2).raw_copies is True
 
 
 def test_a_device_sending_random_times_makes_a_short_condition():
