@@ -281,12 +281,20 @@ def spark_batch(spark: Any, settings: Any, topic: str, out: Path) -> float:
 
 
 def counted_through(settings: Any) -> int:
-    """The last micro-batch the aggregates count (the job's mark on its last refreshed table)."""
+    """The last micro-batch every aggregate counts: each aggregate's greatest
+    `counted_through` (from its data files' statistics), the least of those."""
     from spark.reading import open_catalog
-    from spark.tables import AGGREGATES, REFRESHED_THROUGH
+    from spark.tables import AGGREGATES, COUNTED_THROUGH
 
-    table = open_catalog(settings).load_table(f"{settings.namespace}.{AGGREGATES[-1].table.name}")
-    return int(table.properties.get(REFRESHED_THROUGH, -1))
+    catalog = open_catalog(settings)
+    marks = []
+    for aggregate in AGGREGATES:
+        files = catalog.load_table(f"{settings.namespace}.{aggregate.table.name}").inspect.files()
+        bounds = [
+            m[COUNTED_THROUGH]["upper_bound"] for m in files.column("readable_metrics").to_pylist() if m
+        ]
+        marks.append(max((b for b in bounds if b is not None), default=-1))
+    return min(marks)
 
 
 def last_ingest_batch(settings: Any, device_prefix: str) -> int:

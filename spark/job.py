@@ -12,9 +12,9 @@ Beside the batches, every `aggregate_interval_s` (run(), its own scheduler
 pool; sooner once `aggregate_after_rows` wait), the rows the batches since the
 last time added are counted:
 
-  device_minute  the minutes (per device / per region) those rows fall in,
-  region_minute  computed again from telemetry_raw: a late reading is counted
-                 in its minute, never dropped (Catalog.refresh)
+  device_minute  those rows' counts per minute (per device / per region),
+  region_minute  added to the stored minutes' counts: a late reading is
+                 counted in its minute, never dropped (Catalog.refresh)
 
 The topics are exactly those the router's mapping rules produce, plus its
 catch-all and dead-letter topics (settings `topics`, from
@@ -24,9 +24,9 @@ small files of the dates it wrote into large ones and expires old snapshots.
 Each table's commit adds a key only once (Catalog.land): stop the job anywhere
 (SIGTERM, SIGKILL, a crash, between two tables' commits) and the next start
 resumes from the checkpoint, replays the batch it had not recorded, counts in
-the aggregates every batch they did not count yet (the table property
-Catalog.refreshed_through), and the tables end up complete and free of
-duplicates.  The driver also serves its session over Spark Connect
+the aggregates every batch they did not count yet (each aggregate's rows say
+which batches they count: Catalog.refreshed_through), and the tables end up
+complete and free of duplicates.  The driver also serves its session over Spark Connect
 (`connect_port`) for `fedgate query`.
 
     python -m spark.job --config state/nodes/spark/spark.toml
@@ -201,8 +201,8 @@ class TelemetryJob:
             self._uncompacted[table] = min(first, self._uncompacted.get(table, first))
 
     def refresh_aggregates(self) -> None:
-        """Count the pending batches' rows in the aggregates (Catalog.refresh), then record
-        that they are counted; a crash in between refreshes them again, to the same rows."""
+        """Count the pending batches' rows in the aggregates (Catalog.refresh: each
+        aggregate's commit says which batches it counts, so a crash counts none twice)."""
         with self._refresh_lock:
             self._refreshed_at = t0 = time.monotonic()
             through = self._pending_through
@@ -211,9 +211,8 @@ class TelemetryJob:
             self._pending_rows = 0
             # a pool of its own: the scheduler shares the cores with the batches' jobs
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
-            for table, span in self.catalog.refresh(self._refreshed_through, through).items():
+            for table, span in self.catalog.refresh(through).items():
                 self._note_dates(table, span)
-            self.catalog.mark_refreshed(through)
             self._refreshed_through = through
             self.last_refresh = {
                 "through_batch": through,

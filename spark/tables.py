@@ -18,15 +18,19 @@ rejects by a MERGE that inserts only the rows whose key the table does not
 hold yet.  A MERGE is one Iceberg commit, all or nothing, so a batch replayed
 after a crash, a copy redelivered by RabbitMQ, or a gateway resending after 30
 minutes or a day adds nothing: the table already holds the key.  The
-aggregates' rows of every minute a batch touched are then computed again from
-telemetry_raw and replace the stored ones (Catalog.refresh): a reading however
-late is counted in its minute, and once.  No watermark, no state to expire.
+aggregates then count the rows that micro-batches added to telemetry_raw
+(Catalog.refresh): those rows' counts, sums, sketches and histograms per
+minute are added to the stored rows of those minutes by one MERGE per
+aggregate, whose rows say which batches they count (`counted_through`), in
+the same commit: a reading however late is counted in its minute, and once.
+No watermark, no state to expire.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -35,6 +39,8 @@ from pyspark.sql import types as T
 
 from spark import transforms as tr
 from spark.settings import SparkSettings
+
+log = logging.getLogger("fedgate.spark")
 
 KAFKA_SOURCE_SCHEMA = T.StructType(
     [
@@ -97,25 +103,31 @@ REJECTS = Table(
     "records that could not become rows, with the reason",
 )
 
-#: Table property: the last micro-batch whose telemetry_raw rows the aggregates count.
-REFRESHED_THROUGH = "fedgate.aggregates-refreshed-through-batch"
 TABLES = (RAW, DEVICE_MINUTE, REGION_MINUTE, REJECTS)
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """A table computed from telemetry_raw by a transform, per minute and `group`."""
+    """A table computed from telemetry_raw by a transform, per minute and key: the
+    transform of some rows gives the rows' counts, and `merge` adds those to the stored
+    counts of the same key."""
 
     table: Table
     transform: Callable[[DataFrame], DataFrame]
-    #: with the minute, which rows of telemetry_raw one of its rows is computed from
-    group: str
+    #: column -> SQL: the stored row `t` and the new rows' `s` of one key, as one row
+    merge: Mapping[str, str]
 
 
 AGGREGATES = (
-    Aggregate(DEVICE_MINUTE, tr.device_minute, "device"),
-    Aggregate(REGION_MINUTE, tr.region_minute, "region"),
+    Aggregate(DEVICE_MINUTE, tr.device_minute, tr.DEVICE_MINUTE_MERGE),
+    Aggregate(REGION_MINUTE, tr.region_minute, tr.REGION_MINUTE_MERGE),
 )
+#: an aggregate's column: the last micro-batch whose telemetry_raw rows the row counts;
+#: the table's greatest is the table's own mark, moving in the same commit as its counts
+COUNTED_THROUGH = "counted_through"
+
+#: the telemetry_raw columns the aggregates' transforms read
+_AGGREGATES_READ = ("device", "region", "event_time", "ingest_batch", "numeric_fields", "latency_ms")
 
 _SCHEMAS: dict[str, T.StructType] = {}
 
@@ -155,7 +167,8 @@ class Catalog:
         return f"{self.namespace}.{table.name}"
 
     def create_tables(self) -> None:
-        """Create the namespace and any missing table (never alters one that exists)."""
+        """Create the namespace and any missing table; an aggregate made before it kept the
+        states that later rows are added to is brought up to date (upgrade_aggregate)."""
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace}")
         all_schemas = schemas(self.spark)
         for table in TABLES:
@@ -178,18 +191,41 @@ class Catalog:
                 # lookup reads the few whose time range meets the batch's, not hours of rows
                 "'write.target-file-size-bytes'='33554432')"
             )
+        for aggregate in AGGREGATES:
+            self.upgrade_aggregate(aggregate, all_schemas[aggregate.table.name])
+
+    def upgrade_aggregate(self, aggregate: Aggregate, schema: T.StructType) -> None:
+        """An aggregate table without some of its columns (made by an earlier fedgate, before
+        it kept the states that batches' counts are added to) gets them, and its rows are
+        computed again from all of telemetry_raw, in one commit: stored rows without their
+        states could not be added to."""
+        name = self.name(aggregate.table)
+        held = set(self.spark.table(name).columns)
+        missing = [f for f in schema.fields if f.name not in held]
+        if not missing:
+            return
+        added = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in missing)
+        log.warning("%s lacks %s: adding them and counting it again from telemetry_raw", name, added)
+        self.spark.sql(f"ALTER TABLE {name} ADD COLUMNS ({added})")
+        aggregate.transform(self.read(RAW)).writeTo(name).overwrite(F.lit(True))
 
     def read(self, table: Table) -> DataFrame:
         return self.spark.table(self.name(table))
 
     def land(
-        self, table: Table, rows: DataFrame, *, replace: bool = False, span: TimeSpan | None = None
+        self,
+        table: Table,
+        rows: DataFrame,
+        *,
+        merge: Mapping[str, str] | None = None,
+        span: TimeSpan | None = None,
     ) -> TimeSpan | None:
-        """Insert the rows of `rows` whose key `table` does not hold yet -- with `replace`,
-        replace the rows it holds too -- in one commit (none for an empty frame); return the
-        span of `rows`.  The key is looked up only in the time a copy can have (copy_window,
-        or `span` when the caller computed it already): the MERGE reads the files of those
-        dates whose time range meets it, not the table."""
+        """Insert the rows of `rows` whose key `table` does not hold yet -- with `merge`
+        (column -> SQL over the stored row `t` and the new `s`), update the rows it holds
+        too -- in one commit (none for an empty frame); return the span of `rows`.  The key
+        is looked up only in the time a copy can have (copy_window, or `span` when the
+        caller computed it already): the MERGE reads the files of those dates whose time
+        range meets it, not the table."""
         owned = span is None and not rows.is_cached
         if owned:
             rows = rows.persist()  # read twice: for its times, then by the MERGE
@@ -201,7 +237,10 @@ class Catalog:
             view = f"fedgate_batch_{table.name}"
             rows.createOrReplaceTempView(view)
             on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in table.key)
-            matched = "WHEN MATCHED THEN UPDATE SET * " if replace else ""
+            matched = ""
+            if merge:
+                sets = ", ".join(f"t.{_quote(column)} = {sql}" for column, sql in merge.items())
+                matched = f"WHEN MATCHED THEN UPDATE SET {sets} "
             # the view lives in the frame's own session: in foreachBatch, the streaming query's clone
             rows.sparkSession.sql(
                 f"MERGE INTO {self.name(table)} t USING {view} s ON {on} AND {span.condition(table)} "
@@ -212,63 +251,50 @@ class Catalog:
             if owned:
                 rows.unpersist()
 
-    def refresh(self, after_batch: int, through_batch: int) -> dict[Table, TimeSpan | None]:
-        """Recompute the aggregates' rows of every group the telemetry_raw rows of micro-batches
-        (`after_batch`, `through_batch`] fall in -- their minute and device, their minute and
-        region -- from all of telemetry_raw, and replace them, one commit per aggregate; return
-        each aggregate's span.
+    def refresh(self, through_batch: int) -> dict[Table, TimeSpan | None]:
+        """Count in each aggregate the telemetry_raw rows of the micro-batches up to
+        `through_batch` that it does not count yet (those after its `counted_through`): the
+        transform of those rows gives their counts, states included, per minute and key,
+        and one MERGE per aggregate adds them to the stored rows (Aggregate.merge) or
+        inserts them.  Return each aggregate's span.
 
-        From telemetry_raw, not by adding the new rows to the stored counts: distinct devices
-        and latency percentiles do not add up, and batches refreshed again after a crash
-        between the commits compute the same rows instead of counting them twice.  The new
-        rows are found by their `ingest_batch` (a file's range of it prunes the rest)."""
-        minute = _epoch_minute("event_time")
-        raw = self.read(RAW)
+        The rows read are the new ones only (a file's range of `ingest_batch` prunes the
+        rest), not their minutes' others: a backlog's minutes are counted batch by batch,
+        not again from all of it each time.  A row's `counted_through` moves in the commit
+        that adds its counts: after a crash between the two aggregates' commits, each
+        counts from its own mark, and no batch is counted twice."""
+        marks = {a.table: self.counted_through(a.table) for a in AGGREGATES}
+        after = min(marks.values())
+        if after >= through_batch:
+            return {}
         batch = F.col("ingest_batch")
         new = (
-            raw.where((batch > after_batch) & (batch <= through_batch))
-            .select(minute.alias("_minute"), *(a.group for a in AGGREGATES))
-            .persist()
+            self.read(RAW)
+            .where((batch > after) & (batch <= through_batch))
+            .select(*_AGGREGATES_READ)
+            .persist()  # read once for both aggregates
         )
         try:
-            minutes = [r[0] for r in new.select("_minute").distinct().collect()]
-            if not minutes:
-                return {}
-            # the rows of those minutes (at most a few runs of them: the semi-join below is exact)
-            runs = time_runs(minutes, _MINUTE_US)
-            first, last = runs[0][0].date(), (runs[-1][1] - dt.timedelta(microseconds=1)).date()
-            scope = (
-                raw.where(
-                    F.col("date").between(F.lit(first), F.lit(last)) & F.expr(_in_runs("event_time", runs))
+            done = {}
+            for aggregate in AGGREGATES:
+                mark = marks[aggregate.table]
+                rows = new.where(batch > mark) if mark > after else new
+                done[aggregate.table] = self.land(
+                    aggregate.table, aggregate.transform(rows), merge=aggregate.merge
                 )
-                .withColumn("_minute", minute)
-                .persist()  # read once for both aggregates
-            )
-            try:
-                done = {}
-                for aggregate in AGGREGATES:
-                    touched = F.broadcast(new.select("_minute", aggregate.group).distinct())
-                    rows = scope.join(touched, ["_minute", aggregate.group], "left_semi")
-                    done[aggregate.table] = self.land(
-                        aggregate.table, aggregate.transform(rows), replace=True
-                    )
-                return done
-            finally:
-                scope.unpersist()
+            return done
         finally:
             new.unpersist()
 
-    def refreshed_through(self) -> int:
-        """The last micro-batch whose rows the aggregates count (-1: none yet): a property of
-        the aggregate refreshed last, so that it lives, and moves, with the tables."""
-        for row in self.spark.sql(f"SHOW TBLPROPERTIES {self.name(AGGREGATES[-1].table)}").collect():
-            if row[0] == REFRESHED_THROUGH:
-                return int(row[1])
-        return -1
+    def counted_through(self, table: Table) -> int:
+        """The last micro-batch whose telemetry_raw rows aggregate `table` counts (-1: none)
+        -- Iceberg answers the greatest from its files' statistics, without reading them."""
+        mark = self.read(table).agg(F.max(COUNTED_THROUGH)).first()
+        return -1 if mark is None or mark[0] is None else int(mark[0])
 
-    def mark_refreshed(self, batch: int) -> None:
-        table = self.name(AGGREGATES[-1].table)
-        self.spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('{REFRESHED_THROUGH}'='{batch}')")
+    def refreshed_through(self) -> int:
+        """The last micro-batch whose rows every aggregate counts (-1: none yet)."""
+        return min(self.counted_through(a.table) for a in AGGREGATES)
 
     def replace_dates(self, table: Table, rows: DataFrame, dates: list[dt.date]) -> None:
         """Replace `table`'s rows of `dates` with `rows` (holding only those dates) in one commit."""

@@ -226,10 +226,64 @@ def reject_rows(decoded: DataFrame) -> DataFrame:
     )
 
 
+#: A minute's latencies are kept as a histogram, so that the percentiles of two batches'
+#: readings can be computed from their own histograms added up (the aggregates count each
+#: batch's rows into the stored minutes: spark/tables.py).  A latency under this many ms is
+#: its own bucket (exact); above, buckets grow by LATENCY_BUCKET_RATIO: a percentile read
+#: from its bucket is within half a percent of the true value.
+EXACT_LATENCY_MS = 100
+LATENCY_BUCKET_RATIO = 1.01
+#: Distinct devices per region and minute: a HyperLogLog sketch of 2^12 registers (1.6 %
+#: relative error; exact for small counts), kept so that batches' sketches add up.
+DEVICES_SKETCH_LG_K = 12
+
+
+def latency_bucket(latency_ms: str) -> str:
+    """SQL: the histogram bucket of a latency (ms, negative for a clock a little ahead)."""
+    x, lo, ratio = latency_ms, EXACT_LATENCY_MS, LATENCY_BUCKET_RATIO
+    return (
+        f"CAST(CASE WHEN abs({x}) < {lo} THEN {x} "
+        f"ELSE signum({x}) * ({lo} + floor(ln(abs({x}) / {lo}.0) / ln({ratio}))) END AS INT)"
+    )
+
+
+def bucket_latency(bucket: str) -> str:
+    """SQL: the latency (ms) a bucket stands for: itself under EXACT_LATENCY_MS, else the
+    middle of its range (in ratio)."""
+    b, lo, ratio = bucket, EXACT_LATENCY_MS, LATENCY_BUCKET_RATIO
+    return (
+        f"CAST(CASE WHEN abs({b}) < {lo} THEN {b} "
+        f"ELSE signum({b}) * round({lo} * power({ratio}, abs({b}) - {lo} + 0.5)) END AS BIGINT)"
+    )
+
+
+def histogram_percentile(histogram: str, q: str) -> str:
+    """SQL: the `q` percentile (a decimal literal, e.g. '0.95') of a latency histogram (map of
+    bucket -> count): the latency of the first bucket by which q of the counts are reached,
+    as percentile_approx picks the smallest value with q of the values at or below it.
+    NULL for an empty histogram."""
+    entries = f"array_sort(map_entries({histogram}))"  # by bucket: struct order is key first
+    rank = f"ceil({q} * aggregate(map_values({histogram}), 0L, (n, c) -> n + c))"
+    walk = (
+        f"aggregate({entries}, named_struct('n', 0L, 'rank', {rank}, 'b', CAST(NULL AS INT)), "
+        "(a, e) -> named_struct('n', a.n + e.value, 'rank', a.rank, "
+        "'b', coalesce(a.b, CASE WHEN a.n + e.value >= a.rank THEN e.key END)), a -> a.b)"
+    )
+    return bucket_latency(walk)
+
+
+def add_histograms(a: str, b: str) -> str:
+    return f"map_zip_with({a}, {b}, (k, x, y) -> coalesce(x, 0L) + coalesce(y, 0L))"
+
+
 def device_minute(raw: DataFrame) -> DataFrame:
     """Per device and minute (of event time): for each numeric field count,
     min, max, avg and the last value; the row with field '*' counts all the
-    device's messages of that minute."""
+    device's messages of that minute.
+
+    With them the states that let a later batch's rows of the same minute be added
+    (DEVICE_MINUTE_MERGE): the sum, the time of the last value, and `counted_through`,
+    the last micro-batch (`ingest_batch`) whose rows the row counts."""
     entries = F.concat(
         F.array(
             F.struct(F.lit(ALL_MESSAGES_FIELD).alias("field"), F.lit(None).cast("double").alias("value"))
@@ -239,16 +293,18 @@ def device_minute(raw: DataFrame) -> DataFrame:
             lambda e: F.struct(e["key"].alias("field"), e["value"].alias("value")),
         ),
     )
-    exploded = raw.select("device", "region", "event_time", F.explode(entries).alias("e")).select(
-        "device", "region", "event_time", "e.field", "e.value"
-    )
+    exploded = raw.select(
+        "device", "region", "event_time", "ingest_batch", F.explode(entries).alias("e")
+    ).select("device", "region", "event_time", "ingest_batch", "e.field", "e.value")
     agg = exploded.groupBy(F.window("event_time", "1 minute").alias("w"), "device", "field").agg(
         F.count(F.lit(1)).alias("count"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),
-        F.avg("value").alias("avg"),
+        F.sum("value").alias("sum"),
         F.max_by("value", "event_time").alias("last"),
         F.max_by("region", "event_time").alias("region"),
+        F.max("event_time").alias("last_at"),
+        F.max("ingest_batch").alias("counted_through"),
     )
     return agg.select(
         F.to_date(F.col("w.start")).alias("date"),
@@ -259,28 +315,88 @@ def device_minute(raw: DataFrame) -> DataFrame:
         "count",
         "min",
         "max",
-        "avg",
+        (F.col("sum") / F.col("count")).alias("avg"),
         "last",
+        "sum",
+        "last_at",
+        "counted_through",
     )
 
 
 def region_minute(raw: DataFrame) -> DataFrame:
     """Per region and minute (of event time): messages, distinct devices and
-    end-to-end latency (device send -> Kafka) percentiles."""
-    agg = raw.groupBy(F.window("event_time", "1 minute").alias("w"), "region").agg(
+    end-to-end latency (device send -> Kafka) percentiles.
+
+    With them the states that let a later batch's rows of the same minute be added
+    (REGION_MINUTE_MERGE): the devices' sketch, the latency histogram and `counted_through`.
+    Two steps: per latency bucket, then per minute -- the histogram is the second's list
+    of the first's counts."""
+    w = F.window("event_time", "1 minute").alias("w")
+    per_bucket = raw.groupBy(w, "region", F.expr(latency_bucket("latency_ms")).alias("bucket")).agg(
         F.count(F.lit(1)).alias("messages"),
-        F.approx_count_distinct("device", 0.01).alias("devices"),
-        F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], 10000).alias("p"),
+        F.count("latency_ms").alias("timed"),
+        F.hll_sketch_agg("device", DEVICES_SKETCH_LG_K).alias("sketch"),
         F.max("latency_ms").alias("latency_max_ms"),
+        F.max("ingest_batch").alias("counted_through"),
+    )
+    agg = per_bucket.groupBy("w", "region").agg(
+        F.sum("messages").alias("messages"),
+        F.hll_union_agg("sketch").alias("devices_sketch"),
+        F.map_from_entries(
+            F.collect_list(F.when(F.col("timed") > 0, F.struct(F.col("bucket"), F.col("timed"))))
+        ).alias("latency_histogram"),
+        F.max("latency_max_ms").alias("latency_max_ms"),
+        F.max("counted_through").alias("counted_through"),
     )
     return agg.select(
         F.to_date(F.col("w.start")).alias("date"),
         F.col("w.start").alias("minute"),
         "region",
         "messages",
-        "devices",
-        F.col("p")[0].alias("latency_p50_ms"),
-        F.col("p")[1].alias("latency_p95_ms"),
-        F.col("p")[2].alias("latency_p99_ms"),
+        F.hll_sketch_estimate("devices_sketch").alias("devices"),
+        *(
+            F.expr(histogram_percentile("latency_histogram", q)).alias(f"latency_p{name}_ms")
+            for name, q in LATENCY_PERCENTILES
+        ),
         "latency_max_ms",
+        "devices_sketch",
+        "latency_histogram",
+        "counted_through",
     )
+
+
+LATENCY_PERCENTILES = (("50", "0.50"), ("95", "0.95"), ("99", "0.99"))
+
+
+def _newer(column: str) -> str:
+    """SQL for a MERGE's update: the column of the source row `s` if its last value is at
+    least as recent as the target row `t`'s."""
+    return f"CASE WHEN s.last_at >= t.last_at THEN s.{column} ELSE t.{column} END"
+
+
+_SUM = "coalesce(t.sum + s.sum, t.sum, s.sum)"
+#: How a stored device_minute row `t` and one of new rows `s` (same minute, device, field)
+#: become the row of both: SQL per column, for a MERGE's `UPDATE SET`.
+DEVICE_MINUTE_MERGE = {
+    "count": "t.count + s.count",
+    "min": "least(t.min, s.min)",
+    "max": "greatest(t.max, s.max)",
+    "avg": f"{_SUM} / (t.count + s.count)",
+    "last": _newer("last"),
+    "sum": _SUM,
+    "region": _newer("region"),
+    "last_at": "greatest(t.last_at, s.last_at)",
+    "counted_through": "greatest(t.counted_through, s.counted_through)",
+}
+_HISTOGRAM = add_histograms("t.latency_histogram", "s.latency_histogram")
+_SKETCH = "hll_union(t.devices_sketch, s.devices_sketch)"
+#: The same for region_minute (same minute, region).
+REGION_MINUTE_MERGE = {
+    "messages": "t.messages + s.messages",
+    "devices_sketch": _SKETCH,
+    "devices": f"hll_sketch_estimate({_SKETCH})",
+    "latency_histogram": _HISTOGRAM,
+    **{f"latency_p{name}_ms": histogram_percentile(_HISTOGRAM, q) for name, q in LATENCY_PERCENTILES},
+    "latency_max_ms": "greatest(t.latency_max_ms, s.latency_max_ms)",
+    "counted_through": "greatest(t.counted_through, s.counted_through)",
+}

@@ -196,6 +196,17 @@ def test_region_minute_counts_devices_and_latency_percentiles(spark):
     assert (agg["local-us"]["messages"], agg["local-us"]["devices"]) == (1, 1)
 
 
+def test_latency_percentiles_over_100_ms_are_within_half_a_percent(spark):
+    """Latencies of 1..2000 ms, and one reading with no device time (no latency)."""
+    rows = [record({"ts": NOW_MS - (i + 1), "i": i}, i, device=f"d{i % 50}") for i in range(2000)]
+    rows.append(record({"i": "no clock"}, 5000))
+    eu = tr.region_minute(tr.raw_rows(decode(spark, rows))).first()
+    assert (eu["messages"], eu["devices"], eu["latency_max_ms"]) == (2001, 50, 2000)
+    for column, exact in (("latency_p50_ms", 1000), ("latency_p95_ms", 1900), ("latency_p99_ms", 1980)):
+        assert eu[column] == pytest.approx(exact, rel=0.005), column
+    assert sum(eu["latency_histogram"].values()) == 2000
+
+
 def test_an_mqtt5_readings_user_properties_are_a_column_and_an_mqtt311_reading_has_none(spark):
     five = bridge_headers() + [
         (c.KAFKA_USER_PROPERTY_PREFIX + "unit", b"celsius"),
