@@ -159,7 +159,11 @@ def recompute(spark: SparkSession, settings: SparkSettings, since: dt.date, unti
     dates = [since + dt.timedelta(days=i) for i in range((until - since).days + 1)]
     counts = {}
     for aggregate in AGGREGATES:
-        df = aggregate.transform(raw).persist()
+        # only the batches the aggregate counts already: those after its mark are the job's
+        # to add (its refresh), and counting them here would move the mark past their rows
+        # of other dates
+        counted = F.col("ingest_batch") <= catalog.counted_through(aggregate.table)
+        df = aggregate.transform(raw.where(F.col("ingest_batch").isNull() | counted)).persist()
         counts[aggregate.table.name] = df.count()
         catalog.replace_dates(aggregate.table, df, dates)
         df.unpersist()
