@@ -108,6 +108,8 @@ class TelemetryJob:
         self.catalog = Catalog(self.spark, settings)
         self.query: StreamingQuery | None = None
         self._stop = threading.Event()
+        #: wakes run() before its next round: a stop, or enough rows waiting to be counted
+        self._wake = threading.Event()
         #: per table, the first date written since the last compaction
         self._uncompacted: dict[Table, dt.date] = {}
         self._compacted_at = time.monotonic()
@@ -118,8 +120,10 @@ class TelemetryJob:
         #: the aggregates count the rows of batches up to this one; those after it are pending
         self._refreshed_through = -1
         self._pending_through = -1
-        #: rows landed since the last refresh (a backlog's count starts before the clock says)
-        self._pending_rows = 0
+        #: per micro-batch not counted yet, the rows it landed (a backlog's count starts
+        #: before the clock says); written by the batches, read and trimmed by refreshes
+        self._pending_rows: dict[int, int] = {}
+        self._pending_lock = threading.Lock()
         self._refreshed_at = time.monotonic()
         #: refreshes run from run() (and stop()), compactions from the batches: never both
         #: at once (both rewrite the aggregates' files)
@@ -176,8 +180,11 @@ class TelemetryJob:
                 rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
                 self._landed(RAW, rows, summary.raw, timings)
                 # counted in the aggregates by run(), beside the next batches
-                self._pending_through = batch_id
-                self._pending_rows += summary.raw_records
+                with self._pending_lock:
+                    self._pending_through = batch_id
+                    self._pending_rows[batch_id] = summary.raw_records
+                if self._counting_due_by_rows():
+                    self._wake.set()  # counted as soon as run() is free, not at its next round
             self.last_batch_ms = timings
         finally:
             batch.unpersist()
@@ -205,15 +212,18 @@ class TelemetryJob:
         aggregate's commit says which batches it counts, so a crash counts none twice)."""
         with self._refresh_lock:
             self._refreshed_at = t0 = time.monotonic()
-            through = self._pending_through
+            with self._pending_lock:  # a batch's mark and its row count move together
+                through = self._pending_through
             if through <= self._refreshed_through:
                 return
-            self._pending_rows = 0
             # a pool of its own: the scheduler shares the cores with the batches' jobs
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
             for table, span in self.catalog.refresh(through).items():
                 self._note_dates(table, span)
             self._refreshed_through = through
+            with self._pending_lock:
+                for batch in [b for b in self._pending_rows if b <= through]:
+                    del self._pending_rows[batch]
             self.last_refresh = {
                 "through_batch": through,
                 "took_ms": round((time.monotonic() - t0) * 1000),
@@ -281,7 +291,11 @@ class TelemetryJob:
         q = self.query
         last_batch = None
         self.write_progress("running")
-        while not self._stop.wait(2.0):
+        while True:
+            self._wake.wait(2.0)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             if not q.isActive:
                 log.error("query %s stopped: %s", q.name, q.exception())
                 self.stop()
@@ -298,8 +312,9 @@ class TelemetryJob:
                     p.get("processedRowsPerSecond") or 0,
                     self.last_batch_ms,
                 )
-            due = time.monotonic() - self._refreshed_at >= s.aggregate_interval_s or (
-                0 < s.aggregate_after_rows <= self._pending_rows
+            due = (
+                time.monotonic() - self._refreshed_at >= s.aggregate_interval_s
+                or self._counting_due_by_rows()
             )
             if due and self._pending_through > self._refreshed_through:
                 # here, not in the batches: the next batches land telemetry_raw meanwhile
@@ -312,8 +327,14 @@ class TelemetryJob:
         self.write_progress("stopped")
         return 0
 
+    def _counting_due_by_rows(self) -> bool:
+        with self._pending_lock:
+            pending = sum(self._pending_rows.values())
+        return 0 < self.settings.aggregate_after_rows <= pending
+
     def request_stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def stop(self) -> None:
         # A query stopped mid-batch replays that batch at the next start; the
