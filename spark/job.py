@@ -131,7 +131,7 @@ class TelemetryJob:
 
     def start(self) -> None:
         s = self.settings
-        self.catalog.create_tables()
+        self.catalog.create_tables(upgrade=True)
         # batches landed in telemetry_raw before a crash and not yet counted: the first
         # refresh covers them (batch ids go on from the checkpoint)
         self._refreshed_through = self.catalog.refreshed_through()

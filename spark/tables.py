@@ -126,6 +126,20 @@ AGGREGATES = (
 #: the table's greatest is the table's own mark, moving in the same commit as its counts
 COUNTED_THROUGH = "counted_through"
 
+#: Every table's Iceberg properties.
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.parquet.compression-codec": "zstd",
+    # a micro-batch is small: no shuffle to lay out files by partition before writing
+    "write.distribution-mode": "none",
+    # readers of a table the job commits to every 2 s find its metadata small
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "20",
+    # compacted files of ~15 minutes of a busy fleet (300 readings/s): a MERGE's key lookup
+    # reads the few whose time range meets the batch's, not hours of rows
+    "write.target-file-size-bytes": "33554432",
+}
+
 #: the telemetry_raw columns the aggregates' transforms read
 _AGGREGATES_READ = ("device", "region", "event_time", "ingest_batch", "numeric_fields", "latency_ms")
 
@@ -166,48 +180,48 @@ class Catalog:
     def name(self, table: Table) -> str:
         return f"{self.namespace}.{table.name}"
 
-    def create_tables(self) -> None:
-        """Create the namespace and any missing table; an aggregate made before it kept the
-        states that later rows are added to is brought up to date (upgrade_aggregate)."""
+    def create_tables(self, *, upgrade: bool = False) -> None:
+        """Create the namespace and any missing table.  With `upgrade` (the job, at its
+        start), an aggregate made before it kept the states that later rows are added to is
+        brought up to date (upgrade_aggregate); a reader's session never rewrites a table."""
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {self.namespace}")
         all_schemas = schemas(self.spark)
         for table in TABLES:
             columns = ", ".join(
                 f"{_quote(f.name)} {f.dataType.simpleString()}" for f in all_schemas[table.name].fields
             )
+            properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
             self.spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {self.name(table)} ({columns}) USING iceberg "
                 f"PARTITIONED BY ({', '.join(table.partition_by)}) "
-                f"COMMENT '{table.doc}' "
-                "TBLPROPERTIES ("
-                "'format-version'='2', "
-                "'write.parquet.compression-codec'='zstd', "
-                # a micro-batch is small: no shuffle to lay out files by partition before writing
-                "'write.distribution-mode'='none', "
-                # readers of a table the job commits to every 2 s find its metadata small
-                "'write.metadata.delete-after-commit.enabled'='true', "
-                "'write.metadata.previous-versions-max'='20', "
-                # compacted files of ~15 minutes of a busy fleet (300 readings/s): a MERGE's key
-                # lookup reads the few whose time range meets the batch's, not hours of rows
-                "'write.target-file-size-bytes'='33554432')"
+                f"COMMENT '{table.doc}' TBLPROPERTIES ({properties})"
             )
-        for aggregate in AGGREGATES:
-            self.upgrade_aggregate(aggregate, all_schemas[aggregate.table.name])
+        if upgrade:
+            for aggregate in AGGREGATES:
+                self.upgrade_aggregate(aggregate, all_schemas[aggregate.table.name])
 
     def upgrade_aggregate(self, aggregate: Aggregate, schema: T.StructType) -> None:
         """An aggregate table without some of its columns (made by an earlier fedgate, before
-        it kept the states that batches' counts are added to) gets them, and its rows are
-        computed again from all of telemetry_raw, in one commit: stored rows without their
-        states could not be added to."""
+        it kept the states that batches' counts are added to) is replaced by one that has
+        them, its rows computed again from all of telemetry_raw -- one commit, schema and
+        rows together: stored rows without their states could not be added to, and a crash
+        half way must not leave such rows under the new schema."""
         name = self.name(aggregate.table)
         held = set(self.spark.table(name).columns)
-        missing = [f for f in schema.fields if f.name not in held]
+        missing = [f.name for f in schema.fields if f.name not in held]
         if not missing:
             return
-        added = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in missing)
-        log.warning("%s lacks %s: adding them and counting it again from telemetry_raw", name, added)
-        self.spark.sql(f"ALTER TABLE {name} ADD COLUMNS ({added})")
-        aggregate.transform(self.read(RAW)).writeTo(name).overwrite(F.lit(True))
+        log.warning("%s lacks %s: counting it again from telemetry_raw", name, ", ".join(missing))
+        writer = (
+            aggregate.transform(self.read(RAW))
+            .writeTo(name)
+            .using("iceberg")
+            .partitionedBy(*(F.col(c) for c in aggregate.table.partition_by))
+            .tableProperty("comment", aggregate.table.doc)
+        )
+        for key, value in TABLE_PROPERTIES.items():
+            writer = writer.tableProperty(key, value)
+        writer.createOrReplace()
 
     def read(self, table: Table) -> DataFrame:
         return self.spark.table(self.name(table))

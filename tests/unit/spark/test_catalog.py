@@ -387,7 +387,12 @@ def test_an_aggregate_made_before_its_states_is_counted_again_from_telemetry_raw
     spark.sql(f"DROP TABLE {name}")
     before.writeTo(name).using("iceberg").partitionedBy(F.col("date")).create()
     Catalog(spark, catalog.settings).create_tables()
+    assert "counted_through" not in spark.table(name).columns, "a reader's session upgraded it"
+    Catalog(spark, catalog.settings).create_tables(upgrade=True)  # the job's start
     assert "counted_through" in spark.table(name).columns
+    properties = {r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
+    assert properties["write.target-file-size-bytes"] == "33554432", "the table's properties are kept"
+    assert spark.table(f"{name}.partitions").schema["partition"].dataType.names == ["date"]
     same_rows(catalog.read(DEVICE_MINUTE), tr.device_minute(catalog.read(RAW)), DEVICE_MINUTE.key)
     land_batch(catalog, readings_of_one_minute(spark, range(20, 40)), 2)
     same_rows(catalog.read(DEVICE_MINUTE), tr.device_minute(catalog.read(RAW)), DEVICE_MINUTE.key)
