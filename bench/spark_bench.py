@@ -280,23 +280,6 @@ def spark_batch(spark: Any, settings: Any, topic: str, out: Path) -> float:
     return n / elapsed
 
 
-def counted_through(settings: Any) -> int:
-    """The last micro-batch every aggregate counts: each aggregate's greatest
-    `counted_through` (from its data files' statistics), the least of those."""
-    from spark.reading import open_catalog
-    from spark.tables import AGGREGATES, COUNTED_THROUGH
-
-    catalog = open_catalog(settings)
-    marks = []
-    for aggregate in AGGREGATES:
-        files = catalog.load_table(f"{settings.namespace}.{aggregate.table.name}").inspect.files()
-        bounds = [
-            m[COUNTED_THROUGH]["upper_bound"] for m in files.column("readable_metrics").to_pylist() if m
-        ]
-        marks.append(max((b for b in bounds if b is not None), default=-1))
-    return min(marks)
-
-
 def last_ingest_batch(settings: Any, device_prefix: str) -> int:
     """The micro-batch that landed the last of these devices' rows in telemetry_raw."""
     from spark.reading import open_catalog
@@ -306,9 +289,13 @@ def last_ingest_batch(settings: Any, device_prefix: str) -> int:
     return max(scan.to_arrow().column("ingest_batch").to_pylist())
 
 
-def burst(fed: LocalFederation, log: SnapshotLog, aggregates: SnapshotLog, n: int) -> dict[str, Any]:
+def burst(
+    fed: LocalFederation, spark: Any, log: SnapshotLog, aggregates: SnapshotLog, n: int
+) -> dict[str, Any]:
     """Produce n records into the running job's topic at once; time until it has landed them
     all in telemetry_raw, and until the aggregates' refresh that counts the last of them."""
+    from spark.tables import Catalog
+
     bootstrap = fed.endpoints()["kafka"]["bootstrap"]
     settings = fed.spark_settings()
     log.poll()
@@ -324,7 +311,7 @@ def burst(fed: LocalFederation, log: SnapshotLog, aggregates: SnapshotLog, n: in
         if landed >= n:
             # a refresh counts the batches since the one before, beside the next batches
             last_batch = last_batch if last_batch is not None else last_ingest_batch(settings, BACKLOG_PREFIX)
-            if counted_through(settings) >= last_batch:
+            if Catalog(spark, settings).refreshed_through() >= last_batch:
                 break
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -400,7 +387,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         results["spark_batch_cold_per_s"] = round(runs[0])
         results["spark_batch_per_s"] = round(runs[1])
         progress(f"ingest: a burst of {n_backlog} records into the running job")
-        results["ingest"] = burst(fed, log, last_table, n_backlog)
+        results["ingest"] = burst(fed, spark, log, last_table, n_backlog)
         check_backlog_rows(spark, raw, n_backlog)
         results["steady"].update(freshness_figures(spark, raw, log, results["steady"]["sent"]))
         first = results["first_minutes"]

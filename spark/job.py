@@ -119,9 +119,8 @@ class TelemetryJob:
         self.last_refresh: dict[str, Any] = {}
         #: the aggregates count the rows of batches up to this one; those after it are pending
         self._refreshed_through = -1
-        self._pending_through = -1
-        #: per micro-batch not counted yet, the rows it landed (a backlog's count starts
-        #: before the clock says); written by the batches, read and trimmed by refreshes
+        #: per micro-batch landed and not counted yet, the rows it landed (a backlog's count
+        #: starts before the clock says); written by the batches, trimmed by refreshes
         self._pending_rows: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._refreshed_at = time.monotonic()
@@ -137,7 +136,8 @@ class TelemetryJob:
         self._refreshed_through = self.catalog.refreshed_through()
         # (Iceberg answers the max from its files' statistics, without reading them)
         landed = self.catalog.read(RAW).agg(F.max("ingest_batch")).first()[0]  # type: ignore[index]
-        self._pending_through = max(self._refreshed_through, landed if landed is not None else -1)
+        if landed is not None and landed > self._refreshed_through:
+            self._pending_rows[landed] = 0  # how many is not known: the clock counts them
         self.query = (
             parsed_stream(self.spark, s)
             .writeStream.queryName(QUERY)
@@ -181,7 +181,6 @@ class TelemetryJob:
                 self._landed(RAW, rows, summary.raw, timings)
                 # counted in the aggregates by run(), beside the next batches
                 with self._pending_lock:
-                    self._pending_through = batch_id
                     self._pending_rows[batch_id] = summary.raw_records
                 if self._counting_due_by_rows():
                     self._wake.set()  # counted as soon as run() is free, not at its next round
@@ -212,8 +211,7 @@ class TelemetryJob:
         aggregate's commit says which batches it counts, so a crash counts none twice)."""
         with self._refresh_lock:
             self._refreshed_at = t0 = time.monotonic()
-            with self._pending_lock:  # a batch's mark and its row count move together
-                through = self._pending_through
+            through = self._pending_through()
             if through <= self._refreshed_through:
                 return
             # a pool of its own: the scheduler shares the cores with the batches' jobs
@@ -316,7 +314,7 @@ class TelemetryJob:
                 time.monotonic() - self._refreshed_at >= s.aggregate_interval_s
                 or self._counting_due_by_rows()
             )
-            if due and self._pending_through > self._refreshed_through:
+            if due and self._pending_through() > self._refreshed_through:
                 # here, not in the batches: the next batches land telemetry_raw meanwhile
                 try:
                     self.refresh_aggregates()
@@ -326,6 +324,11 @@ class TelemetryJob:
         self.stop()
         self.write_progress("stopped")
         return 0
+
+    def _pending_through(self) -> int:
+        """The last micro-batch landed (the aggregates count those up to _refreshed_through)."""
+        with self._pending_lock:
+            return max(self._pending_rows, default=self._refreshed_through)
 
     def _counting_due_by_rows(self) -> bool:
         with self._pending_lock:

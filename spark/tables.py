@@ -481,16 +481,11 @@ def coarsen(spans: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
 
 
 _SECOND_US = 1_000_000
-_MINUTE_US = 60 * _SECOND_US
 
 
 def _epoch_units(column: str, unit_us: int) -> Column:
     """`column` as whole units (seconds, minutes) since the epoch."""
     return F.floor(F.unix_micros(F.col(column)) / unit_us).cast("long")
-
-
-def _epoch_minute(column: str) -> Column:
-    return _epoch_units(column, _MINUTE_US)
 
 
 def time_runs(units: list[int], unit_us: int) -> list[tuple[dt.datetime, dt.datetime]]:
