@@ -62,6 +62,20 @@ log = logging.getLogger("fedgate.spark")
 #: The job's one streaming query (its checkpoint folder, its name in progress.json).
 QUERY = "tables"
 
+#: A micro-batch of fewer records than this is planned without Spark's generated code
+#: (interpreted_for): at a steady 300 readings/s a batch holds ~600, and the plans' literals
+#: (the batch id, the MERGE's time window) differ in every batch, so each batch compiled
+#: new classes that the JVM's JIT then compiled again.  Measured on the job alone, minutes
+#: 3-4 of its JVM: 0.66 cores and 0.78 s a batch with generated code, 0.47 cores and 0.56 s
+#: without.  A backlog's batches (up to max_offsets_per_trigger) keep generated code.
+INTERPRETED_BELOW_RECORDS = 20_000
+
+#: Spark SQL settings of a batch planned with and without generated code.  factoryMode is
+#: Spark's internal switch between generated and interpreted projections and predicates;
+#: without it an operator outside whole-stage code still compiles its own.
+_GENERATED_CODE = {"spark.sql.codegen.wholeStage": "true", "spark.sql.codegen.factoryMode": "FALLBACK"}
+_INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
 
 def kafka_source(spark: SparkSession, s: SparkSettings) -> DataFrame:
     return (
@@ -83,6 +97,24 @@ def parsed_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
     return tr.parse(
         tr.decode_kafka(kafka_source(spark, s), s.unmatched_topic, s.deadletter_topic, s.max_payload_bytes)
     )
+
+
+def last_progress(query: StreamingQuery) -> dict[str, Any]:
+    """The query's last progress (Spark's StreamingQueryProgress as JSON), {} before its first
+    batch.  Read as JSON in one call: PySpark's `lastProgress` builds the object field by
+    field through py4j and walks each Java list until an exception ends it -- measured in the
+    job, ~1,200 such reads a minute at the run loop's pace, each a chain of failed class
+    lookups and JVM exceptions, more of the JVM's CPU than planning its batches."""
+    progress = query._jsq.lastProgress()
+    return json.loads(progress.json()) if progress is not None else {}
+
+
+def interpreted_for(session: SparkSession, records: int) -> None:
+    """Plan the next queries of `session` with Spark's generated code for a batch of
+    `records`, or without it (INTERPRETED_BELOW_RECORDS)."""
+    settings = _INTERPRETED if records < INTERPRETED_BELOW_RECORDS else _GENERATED_CODE
+    for key, value in settings.items():
+        session.conf.set(key, value)
 
 
 def offsets_read(progress: Any) -> int | None:
@@ -124,6 +156,8 @@ class TelemetryJob:
         self._pending_rows: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._refreshed_at = time.monotonic()
+        #: the accepted records of the last micro-batch (interpreted_for)
+        self._last_batch_records = 0
         #: refreshes run from run() (and stop()), compactions from the batches: never both
         #: at once (both rewrite the aggregates' files)
         self._refresh_lock = threading.Lock()
@@ -165,10 +199,16 @@ class TelemetryJob:
         message, instead of an action per table and a shuffle for copies that are rare."""
         # as many tasks as cores: local[N]'s N, or the cores the cluster's executors have now
         cores = max(1, self.spark.sparkContext.defaultParallelism)
+        session = batch.sparkSession  # the streaming query's own: its settings are the batches'
+        # the read and parse run in the summary's job, before this batch's size is known: sized
+        # like the last batch (a backlog's first batch is read interpreted, its MERGE is not)
+        interpreted_for(session, self._last_batch_records)
         batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         try:
             timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
+            self._last_batch_records = summary.raw_records
+            interpreted_for(session, summary.raw_records)
             if summary.rejects is not None:
                 self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
             if summary.raw is not None:
@@ -245,11 +285,13 @@ class TelemetryJob:
 
     # --- running ------------------------------------------------------------------------
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self, p: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The query's state for progress.json, from its last progress `p` (read if None)."""
         q = self.query
         if q is None:
             return {}
-        p: Any = q.lastProgress or {}
+        if p is None:
+            p = last_progress(q)
         return {
             q.name: {
                 "active": q.isActive,
@@ -267,7 +309,7 @@ class TelemetryJob:
             }
         }
 
-    def write_progress(self, state: str) -> None:
+    def write_progress(self, state: str, p: dict[str, Any] | None = None) -> None:
         if not self.settings.progress_file:
             return
         path = Path(self.settings.progress_file)
@@ -275,7 +317,7 @@ class TelemetryJob:
         report = {
             "state": state,
             "updated_ms": int(time.time() * 1000),
-            "queries": self.progress(),
+            "queries": self.progress(p),
             "aggregates": self.last_refresh,
             "compaction": self.last_compaction,
         }
@@ -299,8 +341,8 @@ class TelemetryJob:
                 self.stop()
                 self.write_progress("failed")
                 return 1
-            p: Any = q.lastProgress
-            if p and p.get("numInputRows") and last_batch != p.get("batchId"):
+            p = last_progress(q)
+            if p.get("numInputRows") and last_batch != p.get("batchId"):
                 last_batch = p.get("batchId")
                 log.info(
                     "batch %s: %s records in %.1f s (%.0f/s); commits (ms): %s",
@@ -320,7 +362,7 @@ class TelemetryJob:
                     self.refresh_aggregates()
                 except (PySparkException, Py4JError) as e:
                     log.error("counting batches in the aggregates: %s (tried again in the next round)", e)
-            self.write_progress("running")
+            self.write_progress("running", p)
         self.stop()
         self.write_progress("stopped")
         return 0

@@ -230,3 +230,51 @@ def test_a_repeated_key_in_headers_or_payload_never_fails_the_batch(spark):
     (row,) = tr.raw_rows(d).collect()
     assert row["user_properties"] == {"unit": "K"}
     assert row["numeric_fields"] == {"temp_c": 2.0}
+
+
+def test_a_small_batch_planned_without_generated_code_gives_the_same_rows(spark):
+    """The job plans a steady stream's small batches without Spark's generated code
+    (spark.job.interpreted_for): every expression of the batch's path -- decode, parse, the
+    summary, the rows of both tables -- must give the same rows interpreted, and the plan
+    must really be interpreted (no whole-stage code)."""
+    from spark.job import INTERPRETED_BELOW_RECORDS, interpreted_for
+    from spark.tables import summarize_batch
+
+    five = bridge_headers() + [(c.KAFKA_USER_PROPERTY_PREFIX + "unit", b"celsius")]
+    records = [
+        record({"ts": NOW_MS - 25, "temp_c": 21.5, "ok": True, "seq": 7}, 1),
+        record({"ts": "2026-11-22T10:00:29.500Z", "rh": 40}, 2, device="d2"),
+        record({"temp_c": 19.0}, 3, headers=five),  # no device time; MQTT 5 user properties
+        record({"ts": NOW_MS + 3_600_000 * 5, "temp_c": 1}, 4),  # a clock hours fast: clamped
+        record(b"not json", 5),
+        record(b"x" * 2000, 6),
+        record({"a": 1}, 7, topic=UNMATCHED),
+        record(b"oops", 8, topic=DEADLETTER, headers=[(c.KAFKA_DEADLETTER_REASON_HEADER, b"not UTF-8")]),
+        record(
+            {"ts": NOW_MS},
+            9,
+            headers=bridge_headers(
+                payload=json.dumps({"ts": NOW_MS - 25, "temp_c": 21.5, "ok": True, "seq": 7}).encode()
+            ),
+        ),  # a copy of offset 1's id
+    ]
+
+    def outcome(records_in_batch: int):
+        interpreted_for(spark, records_in_batch)
+        parsed = tr.parse(decode(spark, records))
+        raw = tr.accepted_rows(parsed)
+        plan = raw._jdf.queryExecution().executedPlan().toString()
+        rows = sorted(raw.collect(), key=lambda r: r["kafka_offset"])
+        rejects = sorted(tr.reject_rows(parsed).collect(), key=lambda r: r["kafka_offset"])
+        return plan, rows, rejects, summarize_batch(parsed, lookback_days=2)
+
+    try:
+        generated = outcome(INTERPRETED_BELOW_RECORDS)
+        interpreted = outcome(INTERPRETED_BELOW_RECORDS - 1)
+    finally:
+        interpreted_for(spark, INTERPRETED_BELOW_RECORDS)  # the session's defaults again
+    assert "*(" in generated[0] and "*(" not in interpreted[0]  # whole-stage code, then none
+    assert [r["kafka_offset"] for r in generated[1]] == [1, 2, 3, 4, 5, 9]
+    assert [r["kafka_offset"] for r in generated[2]] == [6, 7, 8]
+    assert interpreted[1:] == generated[1:]
+    assert interpreted[3].raw_copies is True
