@@ -102,9 +102,9 @@ def parsed_stream(spark: SparkSession, s: SparkSettings) -> DataFrame:
 def last_progress(query: StreamingQuery) -> dict[str, Any]:
     """The query's last progress (Spark's StreamingQueryProgress as JSON), {} before its first
     batch.  Read as JSON in one call: PySpark's `lastProgress` builds the object field by
-    field through py4j and walks each Java list until an exception ends it -- measured in the
-    job, ~1,200 such reads a minute at the run loop's pace, each a chain of failed class
-    lookups and JVM exceptions, more of the JVM's CPU than planning its batches."""
+    field through py4j and walks each Java list until an exception ends it: at the run loop's
+    two reads a round, measured ~1,200 lookups of py4j's own classes a minute in the JVM,
+    besides the exceptions."""
     progress = query._jsq.lastProgress()
     return json.loads(progress.json()) if progress is not None else {}
 
@@ -156,8 +156,6 @@ class TelemetryJob:
         self._pending_rows: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._refreshed_at = time.monotonic()
-        #: the accepted records of the last micro-batch (interpreted_for)
-        self._last_batch_records = 0
         #: refreshes run from run() (and stop()), compactions from the batches: never both
         #: at once (both rewrite the aggregates' files)
         self._refresh_lock = threading.Lock()
@@ -199,16 +197,14 @@ class TelemetryJob:
         message, instead of an action per table and a shuffle for copies that are rare."""
         # as many tasks as cores: local[N]'s N, or the cores the cluster's executors have now
         cores = max(1, self.spark.sparkContext.defaultParallelism)
-        session = batch.sparkSession  # the streaming query's own: its settings are the batches'
-        # the read and parse run in the summary's job, before this batch's size is known: sized
-        # like the last batch (a backlog's first batch is read interpreted, its MERGE is not)
-        interpreted_for(session, self._last_batch_records)
         batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         try:
             timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
-            self._last_batch_records = summary.raw_records
-            interpreted_for(session, summary.raw_records)
+            # on the streaming query's own session, where it stays: the next batch's read and
+            # parse (in its summary's job, before its size is known) are planned like this one
+            # (a backlog's first batch is read interpreted, its MERGE is not)
+            interpreted_for(batch.sparkSession, summary.raw_records)
             if summary.rejects is not None:
                 self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
             if summary.raw is not None:

@@ -403,7 +403,7 @@ def copy_window(table: Table, rows: DataFrame, lookback_days: int) -> TimeSpan |
 
 def _device_second() -> Column:
     """A row's device time as whole seconds: a telemetry_raw copy's is its original's (copy_window)."""
-    return _epoch_units("device_ts", _SECOND_US).alias("second")
+    return F.expr(_DEVICE_SECOND_SQL).alias("second")
 
 
 def _raw_window(seconds: list[Row], lookback_days: int) -> TimeSpan | None:
@@ -463,6 +463,7 @@ def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
 
 _SUMMARY_VIEW = "fedgate_parsed_batch"
 _SECOND_US = 1_000_000
+_DEVICE_SECOND_SQL = f"CAST(floor(unix_micros(device_ts) / {_SECOND_US}) AS BIGINT)"
 # level 0: a (kind, second) group; 1: all records of a kind; 3: the whole batch.  A row's
 # second is its device time's (_device_second); its time the table's time column.
 _SUMMARY_SQL = f"""
@@ -470,7 +471,7 @@ SELECT grouping_id() AS level, raw, second, count(1) AS records,
        count(DISTINCT message_id) AS ids, min(t) AS first, max(t) AS last
 FROM (
   SELECT reject_reason IS NULL AS raw,
-         CAST(floor(unix_micros(device_ts) / {_SECOND_US}) AS BIGINT) AS second,
+         {_DEVICE_SECOND_SQL} AS second,
          message_id,
          unix_micros(CASE WHEN reject_reason IS NULL THEN `{RAW.time}` ELSE `{REJECTS.time}` END) AS t
   FROM {_SUMMARY_VIEW})
@@ -487,11 +488,6 @@ def coarsen(spans: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
     starts = [0, *cuts]
     ends = [*cuts, len(spans)]
     return [(spans[a][0], spans[b - 1][1]) for a, b in zip(starts, ends, strict=True)]
-
-
-def _epoch_units(column: str, unit_us: int) -> Column:
-    """`column` as whole units (seconds, minutes) since the epoch."""
-    return F.floor(F.unix_micros(F.col(column)) / unit_us).cast("long")
 
 
 def time_runs(units: list[int], unit_us: int) -> list[tuple[dt.datetime, dt.datetime]]:
