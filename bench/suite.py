@@ -113,6 +113,10 @@ def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dic
         progress(f"benchmark failed; the federation's logs are kept in {workdir}/state")
         raise
     fed.down()
-    shutil.rmtree(workdir, ignore_errors=True)
+    if os.environ.get("BENCH_KEEP") not in (None, "", "0"):
+        # to study a run afterwards: the job's log and progress, the nodes' logs
+        progress(f"the federation's state and logs are kept in {workdir}/state (BENCH_KEEP)")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     progress(f"benchmarks done in {time.monotonic() - t_suite:.0f} s: {', '.join(chosen)}")
     return out

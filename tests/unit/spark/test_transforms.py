@@ -182,6 +182,29 @@ def test_device_minute_counts_messages_and_summarises_each_numeric_field(spark):
     assert first["region"] == "local-eu" and first["date"] == NOW.date()
 
 
+def test_a_device_that_moved_region_in_a_minute_is_in_the_region_of_its_last_reading(spark):
+    """device_minute keeps the region of the device's last reading of the minute (by device
+    time, whatever the arrival order); other devices keep theirs."""
+    t0 = NOW.replace(second=0)
+    at = lambda s: int((t0 + dt.timedelta(seconds=s)).replace(tzinfo=dt.UTC).timestamp() * 1000)  # noqa: E731
+    kafka = t0 + dt.timedelta(seconds=90)  # all in Kafka after they were sent
+    rows = [
+        record({"ts": at(1), "temp_c": 20.0}, 1, ts=kafka, device="mover", region="local-eu"),
+        record({"ts": at(40), "temp_c": 21.0}, 2, ts=kafka, device="mover", region="local-us"),  # moved
+        record({"ts": at(20), "temp_c": 22.0}, 3, ts=kafka, device="mover", region="local-ap"),  # sent 2nd
+        record({"ts": at(50), "temp_c": 23.0}, 4, ts=kafka, device="stayer", region="local-eu"),
+        record({"ts": at(10), "temp_c": 24.0}, 5, ts=kafka, device="stayer", region="local-eu"),
+    ]
+    agg = tr.device_minute(tr.raw_rows(decode(spark, rows)))
+    regions = {(r["device"], r["field"]): r["region"] for r in agg.collect()}
+    assert regions == {
+        ("mover", tr.ALL_MESSAGES_FIELD): "local-us",
+        ("mover", "temp_c"): "local-us",
+        ("stayer", tr.ALL_MESSAGES_FIELD): "local-eu",
+        ("stayer", "temp_c"): "local-eu",
+    }
+
+
 def test_region_minute_counts_devices_and_latency_percentiles(spark):
     rows = []
     for i in range(100):
