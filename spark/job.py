@@ -67,8 +67,7 @@ QUERY = "tables"
 #: (the batch id, the MERGE's time window) differ in every batch, so each batch compiled
 #: new classes that the JVM's JIT then compiled again.  Measured on the job alone, minutes
 #: 3-4 of its JVM: 0.66 cores and 0.78 s a batch with generated code, 0.47 cores and 0.56 s
-#: without.  A backlog's batches (up to max_offsets_per_trigger) keep generated code, and
-#: every batch's read and parse use it (land_batch).
+#: without.  A backlog's batches (up to max_offsets_per_trigger) keep generated code.
 INTERPRETED_BELOW_RECORDS = 20_000
 
 #: Spark SQL settings of a batch planned with and without generated code.  factoryMode is
@@ -113,12 +112,8 @@ def last_progress(query: StreamingQuery) -> dict[str, Any]:
 def interpreted_for(session: SparkSession, records: int) -> None:
     """Plan the next queries of `session` with Spark's generated code for a batch of
     `records`, or without it (INTERPRETED_BELOW_RECORDS)."""
-    plan_with_generated_code(session, records >= INTERPRETED_BELOW_RECORDS)
-
-
-def plan_with_generated_code(session: SparkSession, generated: bool) -> None:
-    """Plan the next queries of `session` with Spark's generated code, or interpreted."""
-    for key, value in (_GENERATED_CODE if generated else _INTERPRETED).items():
+    settings = _INTERPRETED if records < INTERPRETED_BELOW_RECORDS else _GENERATED_CODE
+    for key, value in settings.items():
         session.conf.set(key, value)
 
 
@@ -209,8 +204,13 @@ class TelemetryJob:
         try:
             timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
-            # the rows' selections and the MERGE carry the batch's literals (its id, its time
-            # window): planned on the streaming query's own session by the batch's size
+            # On the streaming query's own session, where it stays: the next batch's read
+            # and parse are planned like this one, before land_batch sees them (the engine
+            # hands over planned rows), so a backlog's first batch is read interpreted
+            # (200,000 records: 9.5 s against 6.5 with generated code, job alone).  Reading
+            # every batch with generated code instead cost the steady job 0.36 -> 0.52
+            # cores (minutes 3-4 at 300/s; the code is generated anew for each batch, even
+            # where Spark's cache spares its compile).
             interpreted_for(batch.sparkSession, summary.raw_records)
             if summary.rejects is not None:
                 self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
@@ -238,13 +238,6 @@ class TelemetryJob:
             )
         finally:
             batch.unpersist()
-            # The next batch's read and parse are planned before land_batch sees them (the
-            # streaming engine hands over planned rows), with this session's settings then,
-            # and so is its summary here; their code is the same in every batch (no
-            # literal of a batch's), compiled once and then taken from Spark's code cache.
-            # Left interpreted, a backlog's first batch read and parsed 200,000 records at
-            # 35 us of CPU each, against 21 with generated code (Spark UI, job alone).
-            plan_with_generated_code(batch.sparkSession, True)
         if (
             self._uncompacted
             and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0

@@ -421,29 +421,6 @@ def test_a_recompute_leaves_the_batches_the_job_has_not_counted_to_the_job(spark
     same_rows(catalog.read(REGION_MINUTE), tr.region_minute(catalog.read(RAW)), REGION_MINUTE.key)
 
 
-def test_after_a_small_batch_the_next_batchs_read_is_planned_with_generated_code(spark, catalog, monkeypatch):
-    """The job lands a small batch's rows interpreted (spark.job.interpreted_for), but the
-    next batch's read and parse are planned before the job sees them, with the session's
-    settings then: left interpreted, a backlog's first batch was read at 35 us of CPU a
-    record instead of 21.  Tried: a batch of two readings (one a copy of an earlier one)
-    through the job's own land_batch; its new row lands once, and the streaming session
-    plans with generated code afterwards."""
-    import spark.job as job_module
-
-    monkeypatch.setattr(job_module, "build_session", lambda *args, **kwargs: spark)
-    job = job_module.TelemetryJob(catalog.settings)
-    first = record({"ts": NOW_MS, "seq": 1}, 1)
-    job.land_batch(tr.parse(decode(spark, [first])), 1)
-    job.land_batch(tr.parse(decode(spark, [first, record({"ts": NOW_MS, "seq": 2}, 2)])), 2)
-    try:
-        assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
-        assert spark.conf.get("spark.sql.codegen.factoryMode") == "FALLBACK"
-    finally:
-        job_module.interpreted_for(spark, job_module.INTERPRETED_BELOW_RECORDS)
-    landed = catalog.read(RAW).select("kafka_offset", "ingest_batch").collect()
-    assert sorted((r["kafka_offset"], r["ingest_batch"]) for r in landed) == [(1, 1), (2, 2)]
-
-
 def test_the_end_of_a_backlog_is_counted_without_waiting_for_the_clock(spark, catalog, monkeypatch):
     """The aggregates count as soon as aggregate_after_rows rows wait (a backlog), and then
     the rows of the backlog's last batches, however few, without waiting for
