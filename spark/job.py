@@ -383,7 +383,8 @@ class TelemetryJob:
         that many (the end of a backlog)."""
         with self._pending_lock:
             pending = sum(self._pending_rows.values())
-        if self._catching_up:
+            catching_up = self._catching_up  # set with the rows it counted (refresh_aggregates)
+        if catching_up:
             return pending > 0
         return 0 < self.settings.aggregate_after_rows <= pending
 

@@ -302,8 +302,8 @@ def device_minute(raw: DataFrame) -> DataFrame:
     )
     # The region of the last reading is aggregated as a number, its name's hash, and named
     # again from the rows' few (hash, name) pairs: an aggregate of a string value makes
-    # Spark sort every exploded row instead of hashing them (a refresh of 300,000
-    # readings: 1.29 s -> see docs/benchmarks.md).  Region names are the operators' own
+    # Spark sort every exploded row instead of hashing them (300,000 readings: 1.29 ->
+    # 0.84-1.03 s, docs/benchmarks.md).  Region names are the operators' own
     # (contract.validate_region), a handful per minute: a collision of their 64-bit
     # hashes keeps one of the two names.
     region_code = F.xxhash64("region").alias("region_code")
