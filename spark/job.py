@@ -277,7 +277,7 @@ class TelemetryJob:
                 # a backlog's count goes on until nothing waits: the rows of its last
                 # batches, fewer than aggregate_after_rows, waited for the clock (a minute
                 # in make bench); the first count of fewer ends it
-                self._catching_up = 0 < self.settings.aggregate_after_rows <= counted
+                self._catching_up = self._a_backlog(counted)
             self.last_refresh = {
                 "through_batch": through,
                 "took_ms": round((time.monotonic() - t0) * 1000),
@@ -386,7 +386,11 @@ class TelemetryJob:
             catching_up = self._catching_up  # set with the rows it counted (refresh_aggregates)
         if catching_up:
             return pending > 0
-        return 0 < self.settings.aggregate_after_rows <= pending
+        return self._a_backlog(pending)
+
+    def _a_backlog(self, rows: int) -> bool:
+        """Whether `rows` to count are a backlog's (aggregate_after_rows or more; 0: never)."""
+        return 0 < self.settings.aggregate_after_rows <= rows
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -320,6 +320,8 @@ def device_minute(raw: DataFrame) -> DataFrame:
         F.max("event_time").alias("last_at"),
         F.max("ingest_batch").alias("counted_through"),
     )
+    # the distinct pairs by hashing first: dropping a hash's duplicates keeps a string, which
+    # sorts, so it runs on those few pairs only
     names = raw.select(region_code, "region").distinct().dropDuplicates(["region_code"])
     agg = agg.join(F.broadcast(names), "region_code")
     return agg.select(
