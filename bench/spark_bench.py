@@ -68,6 +68,7 @@ WARMUP_PREFIX = "warmup-"
 #: How long the job runs at the measured rate before the steady figures (a full run).
 WARMUP_S = 180.0
 BURST_PREFIX = "burst-"
+STEADY_PREFIX = "steady-"
 BACKLOG_PREFIX = "backlog-"
 
 
@@ -96,6 +97,17 @@ class SnapshotLog:
 
     def rows_since(self, since_ms: int) -> int:
         return sum(rows for at, rows in self.batches.values() if at >= since_ms)
+
+    def wait_for_rows(self, since_ms: int, n: int, timeout_s: float, what: str) -> None:
+        """Until n rows were committed since `since_ms`; TimeoutError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.rows_since(since_ms) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{what}: {self.rows_since(since_ms)} of {n} rows committed after {timeout_s:g} s"
+                )
+            time.sleep(0.2)
+            self.poll()
 
     def last_commit_ms(self) -> int:
         """When the latest snapshot that added rows was committed (0: none)."""
@@ -149,12 +161,7 @@ def steady_publish(
         by_role = {
             role: round((cpu_seconds(pids) - roles_cpu0[role]) / publish_s, 2) for role, pids in roles.items()
         }
-        deadline = time.monotonic() + 180
-        while log.rows_since(since_ms) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"freshness: {log.rows_since(since_ms)} of {n} rows committed after 180 s")
-            time.sleep(0.2)
-            log.poll()
+        log.wait_for_rows(since_ms, n, 180, "freshness")
     finally:
         for d in fleet:
             d.close()
@@ -312,7 +319,9 @@ def burst(
 
     `job_paused`: the job's processes are stopped (SIGSTOP) while the records are produced
     and the clock starts when they go on (SIGCONT) -- a backlog waiting in Kafka, like the
-    references' records, read by a warm job that had stalled.  Otherwise the clock starts
+    references' records, read by a warm job that had stalled.  A few readings land first,
+    so that the job stalls after a small batch, as one at a steady rate does (it plans a
+    batch like the one before: spark.job.interpreted_for).  Otherwise the clock starts
     with the first record produced, and the job reads them as they come (and shares the
     cores with the bench's producer)."""
     from spark.tables import Catalog
@@ -321,6 +330,8 @@ def burst(
     settings = fed.spark_settings()
     job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
     log.poll()
+    if job_paused:
+        _land_a_few(bootstrap, log)
     t0 = time.time()
     if job_paused:
         for pid in job_pids:
@@ -361,6 +372,13 @@ def burst(
         "all_tables_rows_per_s": round(n / all_s),
         "all_tables_s": round(all_s, 1),
     }
+
+
+def _land_a_few(bootstrap: str, log: SnapshotLog, n: int = 600) -> None:
+    """n readings (a steady batch's worth at 300/s) into the job, until they are landed."""
+    since_ms = int(time.time() * 1000)
+    produce_records(bootstrap, c.KAFKA_TELEMETRY_TOPIC, n, devices=30, prefix=STEADY_PREFIX)
+    log.wait_for_rows(since_ms, n, 60, "ingest, before the stall")
 
 
 def check_backlog_rows(spark: Any, raw: str, n: int, prefix: str) -> None:

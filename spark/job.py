@@ -10,7 +10,8 @@ source, and each micro-batch (every `trigger_s`) lands in the Iceberg tables
 
 Beside the batches, every `aggregate_interval_s` (run(), its own scheduler
 pool; sooner once `aggregate_after_rows` wait, and then at once until a backlog's
-last rows are counted), the rows the batches since the last time added are counted:
+last rows are counted), the rows the batches since the last time added are counted
+(a backlog's batches, `aggregate_after_rows` or more, from their rows kept in memory):
 
   device_minute  those rows' counts per minute (per device / per region),
   region_minute  added to the stored minutes' counts: a late reading is
@@ -43,6 +44,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark import transforms as tr
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
-from spark.tables import RAW, REJECTS, Catalog, Table, TimeSpan, summarize_batch
+from spark.tables import RAW, REJECTS, BatchSummary, Catalog, Table, TimeSpan, summarize_batch
 
 log = logging.getLogger("fedgate.spark")
 
@@ -69,6 +71,10 @@ QUERY = "tables"
 #: 3-4 of its JVM: 0.66 cores and 0.78 s a batch with generated code, 0.47 cores and 0.56 s
 #: without.  A backlog's batches (up to max_offsets_per_trigger) keep generated code.
 INTERPRETED_BELOW_RECORDS = 20_000
+
+#: At most this many backlog batches wait in memory to be counted (TelemetryJob._in_memory;
+#: up to max_offsets_per_trigger records each); more are read back from telemetry_raw.
+MAX_BATCHES_IN_MEMORY = 2
 
 #: Spark SQL settings of a batch planned with and without generated code.  factoryMode is
 #: Spark's internal switch between generated and interpreted projections and predicates;
@@ -133,6 +139,18 @@ def offsets_read(progress: Any) -> int | None:
     return total if seen else None
 
 
+@dataclass(frozen=True)
+class InMemoryBatch:
+    """A landed micro-batch's rows, still in memory, for the aggregates' count."""
+
+    #: the batch as read, persisted: unpersisted once counted
+    frame: DataFrame
+    #: its telemetry_raw rows (from `frame`), exactly those telemetry_raw holds as the batch's
+    rows: DataFrame
+    #: their times
+    span: TimeSpan
+
+
 class TelemetryJob:
     def __init__(self, settings: SparkSettings):
         self.settings = settings
@@ -156,6 +174,8 @@ class TelemetryJob:
         self._pending_rows: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._refreshed_at = time.monotonic()
+        #: per backlog batch landed and not counted yet, its rows kept in memory for the count
+        self._in_memory: dict[int, InMemoryBatch] = {}
         #: the last count counted aggregate_after_rows rows or more: a backlog is being counted
         self._catching_up = False
         #: refreshes run from run() (and stop()), compactions from the batches: never both
@@ -201,6 +221,7 @@ class TelemetryJob:
         cores = max(1, self.spark.sparkContext.defaultParallelism)
         batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         t0 = time.monotonic()
+        kept = False
         try:
             timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
@@ -222,6 +243,7 @@ class TelemetryJob:
                     rows = rows.dropDuplicates(["message_id"])
                 rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
                 self._landed(RAW, rows, summary.raw, timings)
+                kept = self._keep_for_counting(batch, rows, batch_id, summary)
                 # counted in the aggregates by run(), beside the next batches
                 with self._pending_lock:
                     self._pending_rows[batch_id] = summary.raw_records
@@ -237,7 +259,8 @@ class TelemetryJob:
                 timings,
             )
         finally:
-            batch.unpersist()
+            if not kept:  # else run() lets it go once counted
+                batch.unpersist()
         if (
             self._uncompacted
             and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0
@@ -261,29 +284,90 @@ class TelemetryJob:
         """Count the pending batches' rows in the aggregates (Catalog.refresh: each
         aggregate's commit says which batches it counts, so a crash counts none twice)."""
         with self._refresh_lock:
-            self._refreshed_at = t0 = time.monotonic()
-            through = self._pending_through()
-            if through <= self._refreshed_through:
-                return
-            # a pool of its own: the scheduler shares the cores with the batches' jobs
-            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
-            for table, span in self.catalog.refresh(through).items():
+            self._refresh_pending()
+
+    def _refresh_pending(self) -> None:
+        """refresh_aggregates, its lock held: the pending batches in order, those kept in
+        memory from their rows there, the others read back from telemetry_raw."""
+        self._refreshed_at = time.monotonic()
+        through = self._pending_through()
+        with self._pending_lock:  # the batches add to it meanwhile
+            replays = [b for b in self._in_memory if b <= self._refreshed_through]
+        for batch_id in replays:
+            self._let_go(batch_id)  # a replay of a batch counted before
+        if through <= self._refreshed_through:
+            self._take_pending(through)
+            return
+        # a pool of its own: the scheduler shares the cores with the batches' jobs
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
+        with self._pending_lock:
+            kept = sorted(b for b in self._in_memory if b <= through)
+        for batch_id in kept:
+            if self._pending_through(before=batch_id) > self._refreshed_through:
+                self._count_read_back(batch_id - 1)
+            t0 = time.monotonic()
+            batch = self._in_memory[batch_id]
+            try:
+                spans = self.catalog.count_landed(batch.rows, batch_id, batch.span)
+            finally:
+                self._let_go(batch_id)  # counted, or read back from telemetry_raw at the next try
+            for table, span in spans.items():
                 self._note_dates(table, span)
-            self._refreshed_through = through
-            with self._pending_lock:
-                counted = 0
-                for batch in [b for b in self._pending_rows if b <= through]:
-                    counted += self._pending_rows.pop(batch)
-                # a backlog's count goes on until nothing waits: the rows of its last
-                # batches, fewer than aggregate_after_rows, waited for the clock (a minute
-                # in make bench); the first count of fewer ends it
-                self._catching_up = self._a_backlog(counted)
-            self.last_refresh = {
-                "through_batch": through,
-                "took_ms": round((time.monotonic() - t0) * 1000),
-                "at_ms": int(time.time() * 1000),
-            }
-            log.info("aggregates count the batches through %s (%.1f s)", through, time.monotonic() - t0)
+            self._counted(batch_id, self._take_pending(batch_id), t0)
+        if through > self._refreshed_through:
+            self._count_read_back(through)
+
+    def _count_read_back(self, through: int) -> None:
+        """Count the pending batches up to `through` from their rows in telemetry_raw."""
+        t0 = time.monotonic()
+        for table, span in self.catalog.refresh(through).items():
+            self._note_dates(table, span)
+        self._counted(through, self._take_pending(through), t0)
+
+    def _let_go(self, batch_id: int) -> None:
+        with self._pending_lock:
+            batch = self._in_memory.pop(batch_id)
+        batch.frame.unpersist()
+
+    def _keep_for_counting(
+        self, frame: DataFrame, rows: DataFrame, batch_id: int, summary: BatchSummary
+    ) -> bool:
+        """Keep a backlog's batch in memory (`frame`, persisted) for run() to count its
+        `rows` from there (Catalog.count_landed) instead of reading them back from
+        telemetry_raw; False if it is read back: a steady batch (few rows: the read is
+        cheap and its memory better let go), a batch with copies (which of them the MERGE
+        kept is not known here), or one whose rows telemetry_raw does not hold exactly as
+        the batch's (a replay after a crash, messages landed before)."""
+        assert summary.raw is not None
+        if not self._a_backlog(summary.raw_records) or summary.raw_copies:
+            return False
+        if batch_id <= self._refreshed_through or len(self._in_memory) >= MAX_BATCHES_IN_MEMORY:
+            return False  # a replay counted before; run() behind: their memory comes first
+        if self.catalog.landed_rows(batch_id) != summary.raw_records:
+            return False
+        with self._pending_lock:
+            self._in_memory[batch_id] = InMemoryBatch(frame, rows, summary.raw)
+        return True
+
+    def _take_pending(self, through: int) -> int:
+        """Forget the pending batches up to `through` (now counted); return their rows."""
+        with self._pending_lock:
+            return sum(self._pending_rows.pop(b) for b in [b for b in self._pending_rows if b <= through])
+
+    def _counted(self, through: int, rows: int, t0: float) -> None:
+        """The aggregates now count every batch up to `through`, the last `rows` rows since `t0`."""
+        self._refreshed_through = through
+        with self._pending_lock:
+            # a backlog's count goes on until nothing waits: the rows of its last batches,
+            # fewer than aggregate_after_rows, waited for the clock (a minute in make bench);
+            # the first count of fewer ends it
+            self._catching_up = self._a_backlog(rows)
+        self.last_refresh = {
+            "through_batch": through,
+            "took_ms": round((time.monotonic() - t0) * 1000),
+            "at_ms": int(time.time() * 1000),
+        }
+        log.info("aggregates count the batches through %s (%.1f s)", through, time.monotonic() - t0)
 
     def compact(self) -> None:
         """Compact every table's dates written since the last time; between two batches, so
@@ -373,10 +457,12 @@ class TelemetryJob:
         self.write_progress("stopped")
         return 0
 
-    def _pending_through(self) -> int:
-        """The last micro-batch landed (the aggregates count those up to _refreshed_through)."""
+    def _pending_through(self, before: int | None = None) -> int:
+        """The last micro-batch landed (before `before`; the aggregates count those up to
+        _refreshed_through)."""
         with self._pending_lock:
-            return max(self._pending_rows, default=self._refreshed_through)
+            landed = [b for b in self._pending_rows if before is None or b < before]
+        return max(landed, default=self._refreshed_through)
 
     def _counting_due_by_rows(self) -> bool:
         """Whether aggregate_after_rows rows wait to be counted, or any after a count of

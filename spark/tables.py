@@ -300,6 +300,28 @@ class Catalog:
         finally:
             new.unpersist()
 
+    def count_landed(self, rows: DataFrame, batch_id: int, span: TimeSpan) -> dict[Table, TimeSpan]:
+        """Count micro-batch `batch_id` in each aggregate that does not count it yet, from
+        `rows`: the rows of `span` that telemetry_raw holds as the batch's (landed_rows), the
+        batch's own still in memory, instead of reading them back -- one MERGE per
+        aggregate in the minutes of `span`, without reading the rows first to find those.
+        Return each counting aggregate's span.
+
+        The caller counts every earlier batch first: an aggregate's mark says that it
+        counts every batch up to it."""
+        minutes = TimeSpan(_minute(span.first), _minute(span.last))
+        new = rows.select(*_AGGREGATES_READ)
+        done = {}
+        for aggregate in AGGREGATES:
+            if self.counted_through(aggregate.table) < batch_id:
+                self.land(aggregate.table, aggregate.transform(new), merge=aggregate.merge, span=minutes)
+                done[aggregate.table] = minutes
+        return done
+
+    def landed_rows(self, batch_id: int) -> int:
+        """How many rows telemetry_raw holds as micro-batch `batch_id`'s."""
+        return self.read(RAW).where(F.col("ingest_batch") == batch_id).count()
+
     def counted_through(self, table: Table) -> int:
         """The last micro-batch whose telemetry_raw rows aggregate `table` counts (-1: none)
         -- Iceberg answers the greatest from its files' statistics, without reading them."""
@@ -504,6 +526,11 @@ def _in_runs(column: str, runs: Sequence[tuple[dt.datetime, dt.datetime]]) -> st
         + " OR ".join(f"({column} >= {_timestamp(lo)} AND {column} < {_timestamp(hi)})" for lo, hi in runs)
         + ")"
     )
+
+
+def _minute(t: dt.datetime) -> dt.datetime:
+    """The start of `t`'s minute: an aggregate's time (transforms: a 1-minute window's start)."""
+    return t.replace(second=0, microsecond=0)
 
 
 def _utc(micros: int) -> dt.datetime:

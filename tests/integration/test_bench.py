@@ -41,6 +41,8 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
     assert r["job_vs_spark_batch"] > 0
     assert ingest["all_tables_s"] >= ingest["raw_s"], "the aggregates count a row after it landed"
+    burst = r["burst"]  # the same count produced into the running job
+    assert 0 < burst["raw_s"] <= burst["all_tables_s"] and r["burst_vs_spark_batch"] > 0
     assert "row queryable" in spark_bench.to_markdown(r)
 
     # router: measured alone, after the Spark benchmark had the federation's routers running

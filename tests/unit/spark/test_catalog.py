@@ -448,3 +448,47 @@ def test_the_end_of_a_backlog_is_counted_without_waiting_for_the_clock(spark, ca
     job.refresh_aggregates()  # the clock's count
     counted = catalog.read(DEVICE_MINUTE).where(F.col("field") == tr.ALL_MESSAGES_FIELD)
     assert counted.agg(F.sum("count")).first()[0] == 5
+
+
+def test_a_backlogs_batch_is_counted_from_memory_once_and_a_batch_of_copies_is_not(
+    spark, catalog, monkeypatch
+):
+    """A backlog's batch (aggregate_after_rows or more) stays in memory until run() counts
+    it from there, after the batches before it (read back from telemetry_raw).  Tried
+    (aggregate_after_rows 3): a steady batch of 1 reading, then a backlog batch of 3, counted
+    together; that batch replayed (a crash before the checkpoint: nothing counted twice,
+    nothing left in memory); a batch of 3 copies of readings telemetry_raw already holds and
+    1 new (not counted from memory, which would count the copies: read back, the new one
+    counted).  Each reading is counted once, and the aggregates hold what counting
+    telemetry_raw's rows at once gives."""
+    import spark.job as job_module
+
+    monkeypatch.setattr(job_module, "build_session", lambda *args, **kwargs: spark)
+    job = job_module.TelemetryJob(dataclasses.replace(catalog.settings, aggregate_after_rows=3))
+
+    def land(batch_id, seqs):
+        readings = [record({"ts": NOW_MS, "seq": s}, s, device=f"dev-{s}") for s in seqs]
+        job.land_batch(tr.parse(decode(spark, readings)), batch_id)
+
+    def counted():
+        rows = catalog.read(DEVICE_MINUTE).where(F.col("field") == tr.ALL_MESSAGES_FIELD)
+        return rows.agg(F.sum("count")).first()[0]
+
+    land(1, [1])
+    land(2, [2, 3, 4])
+    assert list(job._in_memory) == [2], "the backlog batch waits in memory, the steady one does not"
+    assert job._counting_due_by_rows()
+    job.refresh_aggregates()
+    assert (catalog.refreshed_through(), counted(), job._in_memory) == (2, 4, {})
+    assert catalog.read(REGION_MINUTE).agg(F.sum("messages")).first()[0] == 4
+    land(2, [2, 3, 4])  # the replay
+    job.refresh_aggregates()
+    assert (catalog.refreshed_through(), counted(), job._in_memory) == (2, 4, {})
+    land(3, [2, 3, 4, 5])
+    assert job._in_memory == {}, "copies kept in memory"
+    job.refresh_aggregates()
+    assert (catalog.refreshed_through(), counted()) == (3, 5)
+    assert catalog.read(RAW).count() == 5
+    # every column as counting telemetry_raw's rows at once gives
+    same_rows(catalog.read(DEVICE_MINUTE), tr.device_minute(catalog.read(RAW)), DEVICE_MINUTE.key)
+    same_rows(catalog.read(REGION_MINUTE), tr.region_minute(catalog.read(RAW)), REGION_MINUTE.key)
