@@ -328,7 +328,7 @@ def burst(
 
     bootstrap = fed.endpoints()["kafka"]["bootstrap"]
     settings = fed.spark_settings()
-    job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
+    job_pids = roles_pids(fed)[ROLE_SPARK]
     log.poll()
     if job_paused:
         _land_a_few(bootstrap, log)

@@ -306,7 +306,8 @@ class TelemetryJob:
             if self._pending_through(before=batch_id) > self._refreshed_through:
                 self._count_read_back(batch_id - 1)
             t0 = time.monotonic()
-            batch = self._in_memory[batch_id]
+            with self._pending_lock:
+                batch = self._in_memory[batch_id]
             try:
                 spans = self.catalog.count_landed(batch.rows, batch_id, batch.span)
             finally:
