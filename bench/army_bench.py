@@ -48,6 +48,7 @@ from urllib.parse import quote
 
 from backend import contract as c
 from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
+from bench import sizing
 from bench.baseline import Baseline, Mosquitto, mosquitto_target
 from bench.router_bench import cpu_seconds, kafka_produce, progress
 from fedgate import army
@@ -66,6 +67,13 @@ LOW_LATENCY_P99_MS = 250.0
 STEADY_SLACK_MS = 100.0
 #: Extra steps that narrow the ceiling down once a step was not carried.
 CEILING_PROBES = 2
+#: The offered load in steps, then doubled for a target while it carries its highest step, up
+#: to MAX_OFFERED, so that each target, the baseline included, is driven to its own ceiling.
+RATES = {"full": [500, 1000, 2000, 4000], "quick": [200, 400]}
+MAX_OFFERED = {"full": 32_000, "quick": 400}
+#: A step whose devices sent less than this share of its offered load measured the army, not the
+#: target: the ceiling it sets is the load generator's.
+OFFERED_IN_FULL = 0.95
 
 
 #: Left out of each step's latency percentiles: the devices have just connected, and the
@@ -116,6 +124,7 @@ def _plan(devices: int, quick: bool, **kw: Any) -> army.ArmyPlan:
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
     up, down, conn = r["uplink"], r["downlink"], r["connections"]
     return {
+        "sent_per_s": round(up["sent"] / r["plan"]["duration_s"], 1),
         "acked_per_s": up["acked_per_s"],
         "acked": up["acked"],
         "lost": up["lost"],
@@ -167,6 +176,38 @@ def next_probe(steps: list[dict[str, Any]], resolution: float) -> int | None:
     return int(round((best + min(above)) / 2 / 50) * 50)
 
 
+def offered_in_full(s: dict[str, Any]) -> bool:
+    """The army sent the step's load (a step without the figure is taken as offered)."""
+    return s.get("sent_per_s", s["offered"]) >= OFFERED_IN_FULL * s["offered"]
+
+
+def next_step_up(steps: list[dict[str, Any]], max_offered: int) -> int | None:
+    """Twice the highest step, while that step was carried, offered in full, and twice it is
+    within max_offered: the target has not shown its ceiling yet."""
+    top = max(steps, key=lambda s: s["offered"])
+    if not (carried(top) and offered_in_full(top)) or 2 * top["offered"] > max_offered:
+        return None
+    return 2 * top["offered"]
+
+
+def ceiling(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the steps found the target's own ceiling: a step above the sustained rate that
+    the army offered in full and the target did not carry.  If the lowest such step the target
+    did not carry was short of its offer, the ceiling is the army's (the load generator's)."""
+    best = sustained(steps) or 0
+    above = sorted((s for s in steps if s["offered"] > best and not carried(s)), key=lambda s: s["offered"])
+    if not above:
+        return {"ceiling": "not reached", "ceiling_offered": None}
+    first = above[0]
+    who = "target" if offered_in_full(first) else "army"
+    return {"ceiling": who, "ceiling_offered": first["offered"]}
+
+
+def per_core_at(steps: list[dict[str, Any]], rate: float | None) -> float | None:
+    """Readings/s per core the system used (every part but the army) at the step offered `rate`."""
+    return next((s.get("per_core") for s in steps if s["offered"] == rate), None)
+
+
 #: The hops of fedgate's uplink where readings can wait, in path order.
 HOPS = {
     "devices": "the gateway acknowledges slower than the devices publish (MQTT in-flight window)",
@@ -182,30 +223,18 @@ BACKLOG_FLOOR = 200
 BACKLOG_FLOOR_S = 0.5
 
 
-class HopSampler(threading.Thread):
-    """Once a second during a step: the readings waiting at each hop of fedgate's uplink (queue
-    depths, from each node's Prometheus endpoint), and the CPU each part of the machine used
-    (two cores, shared by all of them)."""
+class StepSampler(threading.Thread):
+    """Once a second during a step: the CPU each part of the machine used (two cores, shared by
+    all of them) and its resident memory, and, for fedgate, the readings waiting at each hop of
+    its uplink (queue depths, from each node's Prometheus endpoint)."""
 
-    def __init__(self, fed: LocalFederation):
-        super().__init__(daemon=True, name="hop-sampler")
-        # queue depths from the nodes' Prometheus endpoints (no node collects management statistics)
-        self.prometheus = {
-            hop: f"http://{n.host}:{n.spec.ports['prometheus']}"
-            for hop, n in {"gateway": fed.gateways()[0], "backend": fed.backend()}.items()
-        }
-        self.shards = {c.uplink_shard_queue(i) for i in range(fed.settings.uplink_shards)}
-        self.peak = {"gateway_federation": 0, "backend_shards": 0}
-        # the nodes' processes stay the same through a step: looked up once
-        self.pids = {
-            part: [pid for n in nodes for pid in processes.marked_pids(n.marker)]
-            for part, nodes in {
-                "gateway": [fed.gateways()[0]],
-                "backend": [fed.backend()],
-                "routers": [fed.node(s.name) for s in fed.specs() if s.role == ROLE_ROUTER],
-                "kafka": [fed.kafka()],
-            }.items()
-        }
+    def __init__(self, parts: dict[str, list[int]], depths: dict[str, Callable[[], int]] | None = None):
+        super().__init__(daemon=True, name="step-sampler")
+        # a part's processes stay the same through a step: looked up once
+        self.pids = parts
+        self.depths = depths or {}
+        self.peak = dict.fromkeys(self.depths, 0)
+        self.rss_mb: dict[str, float] = {}
         #: (part, pid) -> CPU seconds when first and last seen: the army's workers exit
         #: before the sampler stops, so their last reading is kept
         self.cpu_first: dict[tuple[str, int], float] = {}
@@ -213,7 +242,51 @@ class HopSampler(threading.Thread):
         self.stop = threading.Event()
         self.t0 = time.monotonic()
 
-    def _sample_cpu(self) -> None:
+    @classmethod
+    def fedgate(cls, fed: LocalFederation) -> StepSampler:
+        # queue depths from the nodes' Prometheus endpoints (no node collects management statistics)
+        gateway, backend = fed.gateways()[0], fed.backend()
+        shards = {c.uplink_shard_queue(i) for i in range(fed.settings.uplink_shards)}
+
+        def depth(node: Any, wanted: Callable[[str], bool]) -> Callable[[], int]:
+            url = f"http://{node.host}:{node.spec.ports['prometheus']}"
+
+            def read() -> int:
+                try:
+                    queues = prometheus_queue_messages(url, timeout=3)
+                except AdminError:
+                    return 0  # the backend stopped for the raw reference: nothing to read
+                return sum(n for name, n in queues.items() if wanted(name))
+
+            return read
+
+        return cls(
+            {
+                part: [pid for n in nodes for pid in processes.marked_pids(n.marker)]
+                for part, nodes in {
+                    "gateway": [gateway],
+                    "backend": [backend],
+                    "routers": [fed.node(s.name) for s in fed.specs() if s.role == ROLE_ROUTER],
+                    "kafka": [fed.kafka()],
+                }.items()
+            },
+            {
+                "gateway_federation": depth(gateway, lambda n: n.startswith(FEDERATION_QUEUE_PREFIX)),
+                "backend_shards": depth(backend, lambda n: n in shards),
+            },
+        )
+
+    @classmethod
+    def baseline(cls, baseline: Baseline, fed: LocalFederation) -> StepSampler:
+        return cls(
+            {
+                "mosquitto": baseline.broker_pids(),
+                "bridge": baseline.bridge_pids(),
+                "kafka": processes.marked_pids(fed.kafka().marker),
+            }
+        )
+
+    def _sample(self) -> None:
         # the army's worker processes come and go with each run
         army_pids = [p.pid for p in mp.active_children() if p.pid is not None]
         for part, pids in {**self.pids, "army": army_pids}.items():
@@ -221,6 +294,8 @@ class HopSampler(threading.Thread):
                 cpu = cpu_seconds([pid])
                 self.cpu_first.setdefault((part, pid), cpu)
                 self.cpu_last[(part, pid)] = cpu
+        for part, pids in self.pids.items():
+            self.rss_mb[part] = round(processes.rss_bytes(pids) / 2**20, 1)
 
     def cpu_cores(self) -> dict[str, float]:
         """Cores each part used over the step (2.0 = both cores all the time)."""
@@ -228,23 +303,14 @@ class HopSampler(threading.Thread):
         used: dict[str, float] = dict.fromkeys([*self.pids, "army"], 0.0)
         for key, last in self.cpu_last.items():
             used[key[0]] += last - self.cpu_first[key]
-        return {part: round(sec / elapsed, 2) for part, sec in used.items()}
-
-    def _depth(self, hop: str, wanted: Callable[[str], bool]) -> int:
-        try:
-            queues = prometheus_queue_messages(self.prometheus[hop], timeout=3)
-        except AdminError:
-            return 0  # the backend stopped for the raw reference: nothing to read
-        return sum(n for name, n in queues.items() if wanted(name))
+        return {part: round(sec / elapsed, 3) for part, sec in used.items()}
 
     def run(self) -> None:
-        self._sample_cpu()
+        self._sample()
         while not self.stop.wait(1.0):
-            self._sample_cpu()
-            gw = self._depth("gateway", lambda n: n.startswith(FEDERATION_QUEUE_PREFIX))
-            shards = self._depth("backend", lambda n: n in self.shards)
-            self.peak["gateway_federation"] = max(self.peak["gateway_federation"], gw)
-            self.peak["backend_shards"] = max(self.peak["backend_shards"], shards)
+            self._sample()
+            for hop, read in self.depths.items():
+                self.peak[hop] = max(self.peak[hop], read())
 
 
 def held_at(backlog: dict[str, int], offered: float) -> str | None:
@@ -258,8 +324,9 @@ SERVICES = {"routers": True, "spark": False}
 
 
 def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
+    mode = "quick" if quick else "full"
     devices = 100 if quick else 500
-    rates = [200, 400] if quick else [500, 1000, 2000, 4000]
+    rates = RATES[mode]
     step_s = 3 if quick else 15
     # devices held for the memory modes: a fresh node also grows once, whatever the number of
     # devices (tables, allocator carriers); 4,000 spread that as a gateway of a fleet would
@@ -286,45 +353,55 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
 
         def step(name: str, rate: int) -> None:
             progress(f"{name}: {devices} devices offering {rate} readings/s for {step_s} s")
-            sampler = HopSampler(fed) if name == "fedgate" else None
-            if sampler is not None:
-                sampler.start()
+            sampler = StepSampler.fedgate(fed) if name == "fedgate" else StepSampler.baseline(baseline, fed)
+            sampler.start()
             try:
                 r = army.run_fleet(
                     _subset(targets[name], devices),
                     _plan(devices, quick, rate=rate, duration_s=step_s, prefix="bench"),
                 )
             finally:
-                if sampler is not None:
-                    sampler.stop.set()
-                    sampler.join()
-            backlog = {"devices": r["uplink"]["inflight_peak"], **(sampler.peak if sampler else {})}
-            results[name]["steps"].append(
-                {
-                    "offered": rate,
-                    **_brief(r),
-                    "backlog_peak": backlog,
-                    "held_at": held_at(backlog, rate),
-                    "cpu_cores": sampler.cpu_cores() if sampler else None,
-                }
-            )
-            results[name]["steps"].sort(key=lambda s: s["offered"])
+                sampler.stop.set()
+                sampler.join()
+            backlog = {"devices": r["uplink"]["inflight_peak"], **sampler.peak}
+            row = {
+                "offered": rate,
+                **_brief(r),
+                "backlog_peak": backlog,
+                "held_at": held_at(backlog, rate),
+                "cpu_cores": sampler.cpu_cores(),
+                "rss_mb": sampler.rss_mb,
+            }
+            row["system_cores"] = sizing.system_cores(row)
+            row["per_core"] = round(row["acked_per_s"] / row["system_cores"]) if row["system_cores"] else None
+            row["us_per_reading"] = sizing.per_step_us(row)
+            results[name]["steps"].append(row)
+            results[name]["steps"].sort(key=lambda x: x["offered"])
 
         # sustained rate and latency: the same devices, the same steps, one target after the other
         for rate in rates:
             for name in targets:
                 step(name, rate)
-        # then the ceiling between the last step carried and the first that was not, to 1/8 of it
+        # each target driven to its own ceiling: doubled while it carries its highest step (and
+        # the army offers it), then the ceiling between the last step carried and the first that
+        # was not, to 1/8 of that step
         for name in targets:
+            while (higher := next_step_up(results[name]["steps"], MAX_OFFERED[mode])) is not None:
+                step(name, higher)
             for _ in range(0 if quick else CEILING_PROBES):
-                probe = next_probe(results[name]["steps"], resolution=rates[-1] / 8)
+                top = max(s["offered"] for s in results[name]["steps"])
+                probe = next_probe(results[name]["steps"], resolution=top / 8)
                 if probe is None:
                     break
                 step(name, probe)
         for name in targets:
+            results[name].update(ceiling(results[name]["steps"]))
             results[name]["sustained_per_s"] = sustained(results[name]["steps"])
             results[name]["low_latency_per_s"] = sustained(results[name]["steps"], LOW_LATENCY_P99_MS)
             results[name]["latency_at_moderate_ms"] = results[name]["steps"][0]["latency_ms"]
+            results[name]["per_core_at_sustained"] = per_core_at(
+                results[name]["steps"], results[name]["sustained_per_s"]
+            )
 
         # downlink: commands through the router, and straight into Mosquitto
         for name, target in targets.items():
@@ -367,10 +444,30 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         "p99_latency_fedgate_vs_baseline": _ratio(
             f["latency_at_moderate_ms"]["p99"], b["latency_at_moderate_ms"]["p99"]
         ),
+        "per_core_fedgate_vs_baseline": _ratio(
+            f.get("per_core_at_sustained"), b.get("per_core_at_sustained")
+        ),
         **memory_ratios(f["memory"], b["memory"]),
     }
+    results["sizing"] = fleet_model(results)
     results["plots"] = plots(results, publish=not quick)
     return results
+
+
+def fleet_model(results: dict[str, Any]) -> dict[str, Any]:
+    """The per-hop costs of fedgate's carried steps and the fleets sized from them (bench/sizing.py):
+    the gateway's memory per device from its QoS 0 mode, the nodes' base memory from the steps."""
+    f = results["fedgate"]
+    steps = [s for s in f["steps"] if carried(s)]
+    qos0 = f["memory"].get("qos0") or {}
+    top = max(steps, key=lambda s: s["offered"]) if steps else {}
+    rss = top.get("rss_mb") or {}
+    return sizing.model(
+        steps,
+        qos0.get("kb_per_device_last"),
+        gateway_base_mb=qos0.get("rss_mb_before", 0.0),
+        backend_base_mb=sum(rss.get(p, 0.0) for p in sizing.BACKEND_PARTS),
+    )
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -677,6 +774,37 @@ def _save(fig: Any, name: str, latest: str | None) -> str:
     return str(results_dir / name)
 
 
+def cpu_markdown(name: str, steps: list[dict[str, Any]], cpus: int | None) -> list[str]:
+    """Per step: the cores each part used, the readings/s per core of the system (every part but
+    the army), and each part's CPU µs per reading acknowledged."""
+    with_cpu = [x for x in steps if x.get("cpu_cores")]
+    if not with_cpu:
+        return []
+    parts = list(with_cpu[0]["cpu_cores"])
+    lines = [
+        "",
+        f"CPU of each part during {name}'s steps, in cores ({cpus} on this machine; the system is "
+        "every part but the army, the load generator), and in µs per reading acknowledged:",
+        "",
+        "| offered/s | sent/s | "
+        + " | ".join(parts)
+        + " | system | readings/s per core | "
+        + " | ".join(f"{p} µs" for p in parts if p != "army")
+        + " |",
+        "|---|---|" + "---|" * (2 * len(parts) + 1),
+    ]
+    for x in with_cpu:
+        cores, us = x["cpu_cores"], x.get("us_per_reading") or {}
+        lines.append(
+            f"| {x['offered']} | {x.get('sent_per_s', '')} | "
+            + " | ".join(str(round(cores[p], 2)) for p in parts)
+            + f" | {round(x.get('system_cores') or 0, 2)} | {x.get('per_core')} | "
+            + " | ".join(str(us.get(p, "")) for p in parts if p != "army")
+            + " |"
+        )
+    return lines
+
+
 def to_markdown(r: dict[str, Any]) -> str:
     f, b = r["fedgate"], r["baseline"]
 
@@ -723,23 +851,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         "Where readings wait, peak over a step: " + "; ".join(f"*{k}*: {v}" for k, v in HOPS.items()) + ".",
     ]
-    cpu_steps = [x for x in f["steps"] if x.get("cpu_cores")]
-    if cpu_steps:
-        parts = list(cpu_steps[0]["cpu_cores"])
-        lines += [
-            "",
-            f"CPU of each part during fedgate's steps, in cores ({r['machine']['cpus']} on this machine):",
-            "",
-            "| offered/s | " + " | ".join(parts) + " | total |",
-            "|---|" + "---|" * (len(parts) + 1),
-        ]
-        for x in cpu_steps:
-            cores = x["cpu_cores"]
-            lines.append(
-                f"| {x['offered']} | "
-                + " | ".join(str(cores[p]) for p in parts)
-                + f" | {round(sum(cores.values()), 2)} |"
-            )
+    for name in ("fedgate", "baseline"):
+        lines += cpu_markdown(name, r[name]["steps"], r["machine"]["cpus"])
     fc, bc = f["connections"], b["connections"]
     fd, bd = f["downlink"], b["downlink"]
     lines += [
@@ -752,6 +865,10 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"| {b['low_latency_per_s']}/s | {r['ratios']['low_latency_fedgate_vs_baseline']} |",
         f"| latency at {f['steps'][0]['offered']}/s, p50 / p99 | {lat(f['latency_at_moderate_ms'])} "
         f"| {lat(b['latency_at_moderate_ms'])} | {r['ratios']['p99_latency_fedgate_vs_baseline']} (p99) |",
+        f"| readings/s per core the system used, at the sustained rate | {f.get('per_core_at_sustained')} "
+        f"| {b.get('per_core_at_sustained')} | {r['ratios'].get('per_core_fedgate_vs_baseline')} |",
+        f"| ceiling found | {f.get('ceiling')} ({f.get('ceiling_offered')}/s) "
+        f"| {b.get('ceiling')} ({b.get('ceiling_offered')}/s) | |",
         f"| {fc['devices']} idle connections: connect rate | {fc['connect_per_s']}/s "
         f"| {bc['connect_per_s']}/s | |",
         f"| broker memory per device, {MEMORY_MODE_TEXT['qos0']} (fedgate's devices), settled "
@@ -770,4 +887,6 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"| {r['ratios']['sustained_fedgate_vs_rabbitmq_raw']} |",
     ]
     lines += memory_markdown(r)
+    if r.get("sizing"):
+        lines += sizing.to_markdown(r["sizing"])
     return "\n".join(lines) + "\n"

@@ -150,6 +150,9 @@ class Baseline:
     def broker_pids(self) -> list[int]:
         return self.broker.pids()
 
+    def bridge_pids(self) -> list[int]:
+        return [self.bridge.pid] if self.bridge and self.bridge.poll() is None else []
+
     def target(self, specs: list[DeviceSpec]) -> Target:
         """The same devices, every one on the one broker."""
         return mosquitto_target(specs, self.host, self.port, self.bootstrap, self.commands())

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import army_bench, ha_bench, router_bench, spark_bench
+from bench import army_bench, goals, ha_bench, router_bench, spark_bench
 from bench.router_bench import progress
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER, ROLE_SPARK
@@ -82,6 +82,19 @@ def choose(names: Iterable[str] | None) -> list[str]:
     return [n for n in BENCHMARKS if n in wanted]
 
 
+def write_goals(out: dict[str, dict[str, Any]], quick: bool) -> None:
+    """results/goals-<stamp>.json and .md: each performance goal the run measured, with its ratio."""
+    rows = goals.goals(out)
+    if not rows:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    md = goals.to_markdown(rows, quick)
+    (RESULTS_DIR / f"goals-{stamp}.json").write_text(json.dumps(rows, indent=2))
+    (RESULTS_DIR / f"goals-{stamp}.md").write_text(md)
+    print(md, flush=True)
+    progress(f"goals: {RESULTS_DIR / f'goals-{stamp}.md'}")
+
+
 def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dict[str, dict[str, Any]]:
     """Run the benchmarks on one federation; write each one's results/<name>-<stamp>.json and .md."""
     chosen = choose(names)
@@ -108,6 +121,7 @@ def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dic
             print(md, flush=True)
             progress(f"{name}: results in {results['files'][0]} and .md ({results['duration_s']} s)")
             out[name] = results
+        write_goals(out, quick)
     except BaseException:
         fed.down()
         progress(f"benchmark failed; the federation's logs are kept in {workdir}/state")

@@ -147,7 +147,7 @@ class ArmyDevice:
         """(region, host, port, own address) to dial now: what DNS answers the device's client
         network, or the next of its endpoints."""
         if self.w.sites is None:
-            return (*self.spec.endpoints[self.endpoint], "")
+            return (*self.spec.endpoints[self.endpoint], self.spec.source)
         region, network = self.spec.networks[self.network]
         gateway, source = self.w.sites.where(self.spec.device_id, network, self.lost, self.spec.pick)
         return gateway.region, gateway.host, gateway.port, source

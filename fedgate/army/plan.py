@@ -73,6 +73,10 @@ class DeviceSpec:
     networks: tuple[tuple[str, str], ...] = ()
     #: which address of an answer with several (a region's gateway cluster) it dials
     pick: int = 0
+    #: the address a device with endpoints dials from ("": the kernel's choice); one source
+    #: address has ~28,000 ports towards one gateway, so a larger army spreads its devices over
+    #: several (the whole of 127.0.0.0/8 is this machine's)
+    source: str = ""
 
     def __post_init__(self) -> None:
         if not (self.endpoints or self.networks):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import resource
 import signal
 import time
 from collections import defaultdict
@@ -197,8 +198,22 @@ class Worker:
             self._send_counts()
 
 
+def _descriptors_for(devices: int) -> None:
+    """A socket per device, and some to spare: the soft limit raised to what the devices need
+    (and the hard one with it where this process may)."""
+    want = devices + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
+    except (ValueError, OSError):  # not allowed to raise the hard limit: as far as it goes
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+
 def worker_main(cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: Any, finish: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    _descriptors_for(len(cfg.specs))
 
     async def main() -> None:
         await Worker(cfg, out, go, t0, stop_publishing, finish).run()

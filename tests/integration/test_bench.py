@@ -87,6 +87,15 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert hops == {"devices", "gateway_federation", "backend_shards"}
     cores = r["fedgate"]["steps"][0]["cpu_cores"]
     assert cores["gateway"] > 0 and cores["army"] > 0, "the CPU each part used during the step"
+    cores = r["baseline"]["steps"][0]["cpu_cores"]
+    assert cores["mosquitto"] > 0 and cores["bridge"] > 0, "the baseline's parts measured as fedgate's"
+    for name in ("fedgate", "baseline"):
+        s = r[name]["steps"][0]
+        assert s["sent_per_s"] > 0 and s["per_core"] > 0 and s["us_per_reading"], name
+        assert r[name]["ceiling"] in ("not reached", "target", "army"), name
+    costs = r["sizing"]["costs"]
+    assert set(costs) == {"gateway", "backend", "routers", "kafka"}, "each hop's cost fitted"
+    assert r["sizing"]["fleets"][0]["per_region"]["nodes"] >= 3, "a fleet sized from them"
     assert r["kafka_produce_raw_per_s"] > 0 and r["rabbitmq_mqtt_raw"]["acked_per_s"] > 0
     assert len(r["plots"]) == 3 and all(Path(p).stat().st_size > 0 for p in r["plots"])
     cdf = r["fedgate"]["steps"][0]["latency_cdf_ms"]

@@ -10,11 +10,15 @@ from bench.army_bench import (
     MEMORY_MODES,
     breakdown_per_device,
     carried,
+    ceiling,
     connections,
+    cpu_markdown,
     held_at,
     memory_markdown,
     memory_ratios,
     next_probe,
+    next_step_up,
+    per_core_at,
     steady,
     sustained,
     to_markdown,
@@ -247,3 +251,46 @@ def test_no_breakdown_table_without_a_breakdown():
     for m in r["fedgate"]["memory"].values():
         m.pop("breakdown_kb_per_device")
     assert "Where the gateway's memory goes" not in "\n".join(memory_markdown(r))
+
+
+# --- each target driven to its own ceiling ------------------------------------------------------
+
+
+def test_a_target_carrying_its_highest_step_is_offered_twice_that_up_to_the_most():
+    steps = [step(2000, 2000), {**step(4000, 3990), "sent_per_s": 4001.0}]
+    assert next_step_up(steps, 32_000) == 8000
+    assert next_step_up(steps, 6000) is None, "8,000 is above the most offered"
+    steps.append({**step(8000, 5100), "sent_per_s": 8000.0})
+    assert next_step_up(steps, 32_000) is None, "8,000 not carried: its ceiling is below"
+
+
+def test_no_step_up_when_the_army_could_not_offer_the_highest_step():
+    short = {**step(8000, 7800), "sent_per_s": 7000.0}  # carried what it got, but 12% short
+    assert next_step_up([step(4000, 4000), short], 32_000) is None
+
+
+def test_the_ceiling_is_the_targets_only_when_the_army_offered_the_step_it_failed():
+    assert ceiling([step(4000, 4000), {**step(8000, 5000), "sent_per_s": 8000.0}]) == {
+        "ceiling": "target",
+        "ceiling_offered": 8000,
+    }
+    assert ceiling([step(4000, 4000), {**step(8000, 5000), "sent_per_s": 5100.0}]) == {
+        "ceiling": "army",
+        "ceiling_offered": 8000,
+    }, "the devices sent 5,100/s of 8,000: the load generator's limit, not the target's"
+    assert ceiling([step(4000, 4000)])["ceiling"] == "not reached"
+
+
+def test_readings_per_core_and_cpu_per_reading_are_reported_per_step_for_both_targets():
+    s = {
+        **step(2000, 2000),
+        "sent_per_s": 2001.0,
+        "cpu_cores": {"mosquitto": 0.1, "bridge": 0.3, "kafka": 0.1, "army": 0.4},
+        "system_cores": 0.5,
+        "per_core": 4000,
+        "us_per_reading": {"mosquitto": 50.0, "bridge": 150.0, "kafka": 50.0, "army": 200.0},
+    }
+    assert per_core_at([s], 2000) == 4000 and per_core_at([s], 4000) is None
+    md = "\n".join(cpu_markdown("baseline", [s], 2))
+    assert "| offered/s | sent/s | mosquitto | bridge | kafka | army | system | readings/s per core |" in md
+    assert "| 2000 | 2001.0 | 0.1 | 0.3 | 0.1 | 0.4 | 0.5 | 4000 | 50.0 | 150.0 | 50.0 |" in md
