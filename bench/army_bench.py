@@ -551,6 +551,7 @@ def measure_memory(
         "rss_mb_peak": round(peak["rss"] / 2**20, 1),
         "kb_per_device": round((peak["rss"] - before) / 1024 / n, 1),
         "kb_per_device_last": round((peak["last"] - before) / 1024 / n, 1),
+        "uplink": {k: r["uplink"][k] for k in ("sent", "acked", "lost", "duplicated", "latency_ms")},
     }
     if breakdown_before is not None and peak["breakdown"] is not None:
         out["breakdown_kb_per_device"] = breakdown_per_device(breakdown_before, peak["breakdown"], n)

@@ -86,8 +86,10 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def fit_costs(steps: list[dict[str, Any]], parts: tuple[str, ...] | None = None) -> dict[str, HopCost]:
     """Each part's cost line from steps (each with acked_per_s and cpu_cores), at least two.
-    A negative intercept (noise at low rates) is taken as zero fixed cost and the line refitted
-    through the origin, so that no part is modelled as costing less than nothing."""
+    No part is modelled as costing less than nothing: a part whose CPU fell as the rate rose
+    (its fixed costs, e.g. a JVM's warm-up, larger than what the readings added) is taken as
+    fixed cost only, and a negative intercept (noise at low rates) as none, the line refitted
+    through the origin."""
     usable = [s for s in steps if s.get("cpu_cores") and s["acked_per_s"] > 0]
     if len(usable) < 2:
         return {}
@@ -96,7 +98,9 @@ def fit_costs(steps: list[dict[str, Any]], parts: tuple[str, ...] | None = None)
     for part in names:
         pts = [(s["acked_per_s"], s["cpu_cores"][part]) for s in usable]
         fixed, slope = _line(pts)
-        if fixed < 0 or slope < 0:
+        if slope < 0:
+            fixed, slope = sum(y for _, y in pts) / len(pts), 0.0
+        elif fixed < 0:
             fixed = 0.0
             slope = sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)
         out[part] = HopCost(round(fixed, 3), round(slope * 1e6, 1), len(pts))

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import army_bench, goals, ha_bench, router_bench, spark_bench
+from bench import army_bench, goals, ha_bench, router_bench, scale_bench, spark_bench
 from bench.router_bench import progress
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER, ROLE_SPARK
@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     "spark": spark_bench,
     "router": router_bench,
     "army": army_bench,
+    "scale": scale_bench,
     # last: it boots a federation of the HA profile of its own beside this one
     "ha": ha_bench,
 }
@@ -52,6 +53,11 @@ def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
         regions="local-eu",
         routers=ROUTERS,
         spark=1 if spark else 0,
+        # the scale benchmark's 100,000 devices on one gateway: a descriptor each, ~3 GB of
+        # memory (below the watermark, which would block them; the other benchmarks stay far
+        # below either)
+        gateway_max_fds=scale_bench.GATEWAY_MAX_FDS,
+        rabbitmq_memory_mb=scale_bench.GATEWAY_MEMORY_MB,
     )
     return LocalFederation(settings, progress=progress)
 

@@ -1,6 +1,6 @@
 """`make bench QUICK=1` runs end to end, so the benchmarks cannot rot.
 
-One test, as `make bench QUICK=1` runs them: the three benchmarks in turn on
+One test, as `make bench QUICK=1` runs them: the benchmarks in turn on
 one federation, each finding it as the one before left it.
 """
 
@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import army_bench, ha_bench, router_bench, spark_bench
+from bench import army_bench, ha_bench, router_bench, scale_bench, spark_bench
 from bench.suite import run_suite
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.mark.timeout(900)  # four benchmarks, the last with a federation of the HA profile of its own
+@pytest.mark.timeout(1100)  # five benchmarks, the last with a federation of the HA profile of its own
 def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "29500")  # clear of the test federation and `make bench`
     results = run_suite(quick=True)
-    assert list(results) == ["spark", "router", "army", "ha"]
+    assert list(results) == ["spark", "router", "army", "scale", "ha"]
     for name, r in results.items():
         files = [Path(f) for f in r["files"]]
         assert json.loads(files[0].read_text())["quick"] is True, name
@@ -103,6 +103,15 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     md = army_bench.to_markdown(r)
     assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md
     assert "| QoS 1 command subscription |" in md and "Where the gateway's memory goes" in md
+
+    # scale: devices held on one gateway node, sending, every reading looked up in Kafka
+    r = results["scale"]
+    h = r["held"]
+    assert h["connected"] >= h["devices"] == 1000 and h["subscribed"] == 1000, "every device held"
+    assert h["uplink"]["acked"] > 0 and h["uplink"]["lost"] == 0, "nothing acknowledged was lost"
+    assert h["rss_mb_before"] > 0 and h["breakdown_kb_per_device"]["total_rss"] is not None
+    assert r["cpu_cores"]["gateway"] > 0
+    assert "devices connected / subscribed" in scale_bench.to_markdown(r)
 
     # ha: the same army against a federation of the HA profile, beside the single one's figures
     r = results["ha"]

@@ -36,6 +36,9 @@ def test_noise_that_would_give_a_part_a_negative_fixed_cost_is_fitted_through_ze
     c = sizing.fit_costs(steps)["backend"]
     assert c.fixed_cores == 0.0 and c.us_per_reading > 0
     assert sizing.fit_costs(steps[:1]) == {}, "one step is no line"
+    # a JVM warming up: more CPU at the lower rate
+    falling = sizing.fit_costs([step(200, kafka=0.44), step(400, kafka=0.34)])["kafka"]
+    assert (falling.fixed_cores, falling.us_per_reading) == (0.39, 0.0), "fixed cost only"
 
 
 def test_a_steps_own_cpu_per_reading_spreads_its_fixed_costs_over_it():

@@ -143,6 +143,11 @@ variable "allow_single_node" {
   default = false
 }
 
+variable "max_fds" {
+  type    = number
+  default = null
+}
+
 module "nodes" {
   source = "../rabbitmq-nodes"
 
@@ -154,6 +159,7 @@ module "nodes" {
   instance_type      = "t3.small"
   node_count         = var.node_count
   allow_single_node  = var.allow_single_node
+  max_fds            = var.max_fds
   subnet_ids         = ["subnet-0123456789abcdef0"]
   security_group_ids = ["sg-0123456789abcdef0"]
 }
@@ -254,3 +260,27 @@ def test_a_cluster_keeps_a_majority_through_the_loss_of_a_node_unless_one_node_i
     assert (plan.returncode == 0) is accepted, plan.stdout[-2000:] + plan.stderr
     if not accepted:
         assert "node_count: at least 3, so that a majority survives the loss of a node" in plan.stderr
+
+
+@pytest.mark.terraform
+@pytest.mark.slow
+def test_a_descriptor_limit_above_erlangs_port_limit_raises_that_too(
+    toolchain: Toolchain, alone: Path
+) -> None:
+    """Each device's socket is an Erlang port, which RabbitMQ's scripts cap at 65,536 unless
+    ERL_MAX_PORTS says otherwise: a gateway given 200,000 descriptors gets as many ports."""
+    plan = _plan(toolchain, alone, "-var=node_count=3", "-var=max_fds=200000")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
+    files = {f["path"]: f["content"] for f in _cloud_config(toolchain, alone)["write_files"]}
+    assert "LimitNOFILE=200000" in files["/etc/systemd/system/rabbitmq-server.service.d/fedgate.conf"]
+    env = files["/etc/rabbitmq/rabbitmq-env.conf"]
+    # RabbitMQ's scripts source the file with sh and leave an ERL_MAX_PORTS they find alone
+    seen = subprocess.run(
+        ["sh", "-c", f"{env}\nsh -c 'echo $ERL_MAX_PORTS'"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert seen == "200000", "exported, so that the emulator the scripts start sees it"
+
+    plan = _plan(toolchain, alone, "-var=node_count=3", "-var=max_fds=65536")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
+    files = {f["path"]: f["content"] for f in _cloud_config(toolchain, alone)["write_files"]}
+    assert "ERL_MAX_PORTS" not in files["/etc/rabbitmq/rabbitmq-env.conf"], "the scripts' own 65,536"

@@ -106,6 +106,9 @@ locals {
     ["# written by the rabbitmq-nodes Terraform module; ${local.nodename_script} adds the node name\n"],
     var.erl_args == "" ? [] : ["SERVER_ADDITIONAL_ERL_ARGS=\"${var.erl_args}\"\n"],
     length(var.erlang_plugins) == 0 ? [] : ["PLUGINS_DIR=\"${local.plugins_root}:${local.package_plugins}\"\n"],
+    # a socket is an Erlang port, and RabbitMQ's scripts cap ports at 65,536 unless told
+    # (sbin/rabbitmq-env): a descriptor limit above that would not admit more connections
+    var.max_fds == null ? [] : (var.max_fds > 65536 ? ["export ERL_MAX_PORTS=${var.max_fds}\n"] : []),
   ))
   nodename_script = "/usr/local/sbin/fedgate-rabbitmq-nodename"
 

@@ -40,7 +40,7 @@ variable "erl_args" {
 }
 
 variable "max_fds" {
-  description = "File descriptor limit of the RabbitMQ service (a systemd drop-in); null keeps the package's."
+  description = "File descriptor limit of the RabbitMQ service (a systemd drop-in; above 65536 also Erlang's port limit, ERL_MAX_PORTS); null keeps the package's."
   type        = number
   default     = null
 }

@@ -1,0 +1,163 @@
+"""How many devices one gateway node holds, and what each costs it.
+
+100,000 devices of the army (`make bench`; 1,000 in a quick run), each as
+fedgate's devices are -- a QoS 0 command subscription -- connect to the
+benchmarks' one gateway node, freshly restarted and settled, at a paced
+rate, and stay connected while each sends a reading every
+READING_EVERY_S seconds (1,000 readings/s from 100,000 devices), every
+reading looked up in Kafka.  Reported: how many connected and
+subscribed, the connect rate, the gateway's resident memory per device at
+the end of the hold (and its peak), RabbitMQ's memory breakdown, the CPU
+each part used over the run, and the readings' loss and latency.
+
+One source address has ~28,000 ports towards one gateway address, so the
+devices dial from several addresses of 127.0.0.0/8 (PER_SOURCE each).  The
+node's descriptor limit and memory watermark come from the benchmarks'
+federation (bench/suite.py raises both for this benchmark).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from backend.rabbitmq_admin import AdminError
+from bench.army_bench import (
+    SETTLE_MAX_SAMPLES,
+    SETTLED_SAMPLES,
+    SETTLED_WITHIN,
+    StepSampler,
+    measure_memory,
+    wait_settled,
+)
+from bench.router_bench import progress
+from fedgate import army
+from infra.local import processes
+from infra.local.driver import LocalFederation
+
+#: The federation as a fleet meets it; the Spark job would only take CPU.
+SERVICES = {"routers": True, "spark": False}
+DEVICES = {"full": 100_000, "quick": 1_000}
+#: Devices per source address (~28,000 ephemeral ports each towards one gateway address).
+PER_SOURCE = 20_000
+#: Each device sends a reading this often while held (100,000 devices: 1,000 readings/s).
+READING_EVERY_S = 100.0
+HOLD_S = {"full": 60.0, "quick": 5.0}
+#: Devices connecting per second: the gateway's listen backlog takes bursts of 4,096.
+CONNECT_RATE = {"full": 2_500.0, "quick": 0.0}
+#: The benchmarks' federation's gateway descriptor limit and RabbitMQ memory watermark (MB).
+GATEWAY_MAX_FDS = 131_072
+GATEWAY_MEMORY_MB = 8_192
+#: Worker processes of the army (each holds its share of the devices on one event loop).
+PROCESSES = {"full": 4, "quick": 2}
+
+
+def source_address(i: int) -> str:
+    """The address device i dials from: PER_SOURCE devices on each of 127.0.0.2, .3, ..."""
+    return f"127.0.0.{2 + i // PER_SOURCE}"
+
+
+def gateway_target(fed: LocalFederation, devices: int, progress_say: Any = progress) -> army.Target:
+    """`devices` devices registered in the federation, each dialling the first gateway node
+    straight (no DNS: the figure is the node's) from its source address."""
+    ep = fed.endpoints()
+    region = sorted(ep["gateways"])[0]
+    gw = ep["gateways"][region]
+    ids = [f"scale-{i:06d}" for i in range(devices)]
+    progress_say(f"registering {devices} devices on the gateway (one definitions import per 500)")
+    started = time.monotonic()
+    secrets = fed.add_devices(ids, rotate=True)
+    progress_say(f"registered {devices} devices in {time.monotonic() - started:.0f} s")
+    specs = [
+        army.DeviceSpec(d, secrets[d], ((region, gw["address"], gw["mqtt"]),), source=source_address(i))
+        for i, d in enumerate(ids)
+    ]
+    return army.Target("fedgate", specs, [region], ep["kafka"]["bootstrap"])
+
+
+def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
+    mode = "quick" if quick else "full"
+    n = DEVICES[mode]
+    gateway = fed.gateways()[0]
+    admin = gateway.admin(timeout=30)
+    target = gateway_target(fed, n)
+    progress(f"restarting {gateway.name}: a fresh node holds the devices")
+    fed.stop_node(gateway.name)
+    fed.start_node(gateway.name)
+    fed.wait_for_links()
+    taken, settled = wait_settled(
+        lambda: processes.rss_bytes(processes.marked_pids(gateway.marker)),
+        samples=SETTLED_SAMPLES[mode],
+        within=SETTLED_WITHIN,
+        max_samples=SETTLE_MAX_SAMPLES[mode],
+    )
+    memory_path = f"nodes/{quote(gateway.erlang_node, safe='')}/memory"
+
+    def breakdown() -> dict[str, Any] | None:
+        try:
+            return dict(admin.get(memory_path)["memory"])
+        except AdminError:  # busy with thousands of connecting devices: the next sample's
+            return None
+
+    plan = army.ArmyPlan(
+        devices=n,
+        rate=n / READING_EVERY_S,
+        duration_s=HOLD_S[mode],
+        processes=PROCESSES[mode],
+        command_qos=0,
+        connect_rate=CONNECT_RATE[mode],
+        drain_timeout_s=120,
+        warmup_s=1.0,
+        settle_s=1.0,
+        prefix="scale",
+    )
+    progress(
+        f"{n} devices with QoS 0 command subscriptions connecting at {plan.connect_rate:g}/s "
+        f"from {1 + (n - 1) // PER_SOURCE} source addresses, "
+        f"then {plan.rate:g} readings/s for {plan.duration_s:g} s"
+    )
+    sampler = StepSampler.fedgate(fed)
+    sampler.start()
+    try:
+        held = measure_memory(target, plan, lambda: processes.marked_pids(gateway.marker), breakdown)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    return {
+        "quick": quick,
+        "devices": n,
+        "gateway_settled_before": settled,
+        "held": held,
+        "cpu_cores": sampler.cpu_cores(),
+        "rss_mb": sampler.rss_mb,
+        "broker": f"RabbitMQ {admin.get('overview').get('rabbitmq_version')}",
+    }
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    h = r["held"]
+    up = h.get("uplink") or {}
+    lat = up.get("latency_ms") or {}
+    cores = ", ".join(f"{k} {v}" for k, v in r["cpu_cores"].items())
+    return "\n".join(
+        [
+            f"# One gateway node, {r['devices']:,} devices "
+            f"({'quick' if r['quick'] else 'full'}; {r['broker']})",
+            "",
+            "| figure | value |",
+            "|---|---|",
+            f"| devices connected / subscribed (QoS 0 commands) | {h['connected']:,} / {h['subscribed']:,} "
+            f"of {h['devices']:,} |",
+            f"| connect rate | {h['connect_per_s']}/s (p99 {h['connect_ms'].get('p99')} ms) |",
+            f"| gateway memory per device, end of the hold (peak) | {h['kb_per_device_last']} KB "
+            f"({h['kb_per_device']} KB) |",
+            f"| gateway resident memory before / peak | {h['rss_mb_before']} MB / {h['rss_mb_peak']} MB |",
+            f"| readings sent / acknowledged / lost "
+            f"| {up.get('sent')} / {up.get('acked')} / {up.get('lost')} |",
+            f"| reading latency p50 / p99 | {lat.get('p50')} / {lat.get('p99')} ms |",
+            f"| CPU over the run, cores | {cores} |",
+            "",
+        ]
+    )
