@@ -54,8 +54,6 @@ from infra.local.tls import LocalCA, tls_listeners_conf
 
 #: Erlang VM flags for several nodes sharing two cores: no busy-waiting schedulers (a core each).
 ERL_SHARED_HOST_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
-#: What RabbitMQ's scripts set ERL_MAX_PORTS to when the environment does not (sbin/rabbitmq-env).
-ERL_DEFAULT_MAX_PORTS = 65536
 
 
 class NodeError(FedgateError):
@@ -392,9 +390,8 @@ class RabbitNode(Node):
             # fedgate's plugins (built in prepare()) first, then the package's own
             env["RABBITMQ_PLUGINS_DIR"] = f"{self.dir / 'plugins'}:{runtime.package_plugins_dir()}"
         max_fds = config.max_fds
-        # a socket is an Erlang port: RabbitMQ's scripts cap ports at 65,536 unless told, which
-        # would cap a gateway's devices below its descriptor limit
-        env["ERL_MAX_PORTS"] = str(max(ERL_DEFAULT_MAX_PORTS, max_fds or 0))
+        # a socket is an Erlang port, which RabbitMQ's scripts cap at 65,536 unless told
+        env["ERL_MAX_PORTS"] = str(max(65536, max_fds or 0))
         # the state folder holds the node's config, data, logs, the shared cookie and TLS files
         argv = runtime.command(runtime.rabbitmq("rabbitmq-server"), [], shared=[self.settings.state_dir])
         return argv, env, max_fds

@@ -107,11 +107,11 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     # scale: devices held on one gateway node, sending, every reading looked up in Kafka
     r = results["scale"]
     h = r["held"]
-    assert h["connected"] >= h["devices"] == 1000 and h["subscribed"] == 1000, "every device held"
+    assert h["held"] == h["devices"] == 1000 and h["subscribed"] == 1000, "every device held"
     assert h["uplink"]["acked"] > 0 and h["uplink"]["lost"] == 0, "nothing acknowledged was lost"
     assert h["rss_mb_before"] > 0 and h["breakdown_kb_per_device"]["total_rss"] is not None
     assert r["cpu_cores"]["gateway"] > 0
-    assert "devices connected / subscribed" in scale_bench.to_markdown(r)
+    assert "devices held / subscribed" in scale_bench.to_markdown(r)
 
     # ha: the same army against a federation of the HA profile, beside the single one's figures
     r = results["ha"]
