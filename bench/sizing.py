@@ -207,16 +207,23 @@ def model(
 ) -> dict[str, Any]:
     """The per-hop costs of fedgate's carried steps, their check, and the fleets sized from them."""
     costs = fit_costs(steps)
+    # the other bound: every reading costing what one cost on average at the highest step carried
+    # (its share of the fixed costs included), as if nothing batched better at higher rates
+    top = max(steps, key=lambda s: s["acked_per_s"], default=None)
+    average = {p: HopCost(0.0, us, 1) for p, us in per_step_us(top).items() if p in costs} if top else {}
     out: dict[str, Any] = {
         "costs": {p: asdict(c) for p, c in costs.items()},
+        "average_at": top["offered"] if top else None,
         "check": check(steps),
         "assumptions": assumptions(),
         "fleets": [],
     }
     if costs and gateway_kb_per_device:
-        out["fleets"] = [
-            size_fleet(n, costs, gateway_kb_per_device, gateway_base_mb, backend_base_mb) for n in FLEETS
-        ]
+        for n in FLEETS:
+            fleet = size_fleet(n, costs, gateway_kb_per_device, gateway_base_mb, backend_base_mb)
+            upper = size_fleet(n, average, gateway_kb_per_device, gateway_base_mb, backend_base_mb)
+            fleet["at_average"] = {"per_region": upper["per_region"], "backend": upper["backend"]}
+            out["fleets"].append(fleet)
     return out
 
 
@@ -251,7 +258,9 @@ def to_markdown(m: dict[str, Any]) -> list[str]:
             f"Sizing at 1 reading per {a['reading_interval_s']:g} s per device, {a['regions']} regions, "
             f"nodes of {a['node']} run at most {a['cpu_utilisation']:.0%} CPU and "
             f"{a['memory_utilisation']:.0%} memory, at least {a['min_nodes']} nodes per cluster, the HA "
-            f"profile's CPU factors {a['ha_cpu_factor']}; Kafka {a['kafka']}:",
+            f"profile's CPU factors {a['ha_cpu_factor']}; Kafka {a['kafka']}. "
+            f"Cores and nodes from the fitted line, and in brackets if every reading cost what one did "
+            f"on average at {m.get('average_at')}/s (the upper bound):",
             "",
             "| devices | readings/s | per region: cores / memory / nodes "
             "| backend: cores / memory / nodes | Kafka disk |",
@@ -259,9 +268,14 @@ def to_markdown(m: dict[str, Any]) -> list[str]:
         ]
         for f in m["fleets"]:
             r, b = f["per_region"], f["backend"]
+            ur, ub = (
+                (f.get("at_average") or {}).get("per_region", r),
+                (f.get("at_average") or {}).get("backend", b),
+            )
             lines.append(
                 f"| {f['devices']:,} | {f['readings_per_s']:,} "
-                f"| {r['cores']} / {r['memory_gb']} GB / {r['nodes']} "
-                f"| {b['cores']} / {b['memory_gb']} GB / {b['nodes']} | {f['kafka_disk_tb']} TB |"
+                f"| {r['cores']} ({ur['cores']}) / {r['memory_gb']} GB / {r['nodes']} ({ur['nodes']}) "
+                f"| {b['cores']} ({ub['cores']}) / {b['memory_gb']} GB / {b['nodes']} ({ub['nodes']}) "
+                f"| {f['kafka_disk_tb']} TB |"
             )
     return lines

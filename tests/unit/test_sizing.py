@@ -84,8 +84,11 @@ def test_the_model_sizes_each_fleet_and_its_markdown_says_the_assumptions():
     assert cores == sorted(cores) and cores[-1] > 10 * cores[0] * 0.9, (
         "ten times the fleet, ~ten times the cores"
     )
+    # the upper bound: every reading at the highest step's average cost (its fixed share included)
+    top = m["fleets"][1]["at_average"]["per_region"]
+    assert m["average_at"] == 2000 and top["cores"] > m["fleets"][1]["per_region"]["cores"]
     md = "\n".join(sizing.to_markdown(m))
     assert "| gateway | 100.0 | 0.1 | 3 |" in md
-    assert "| 1,000,000 | 100,000 |" in md
+    assert "| 1,000,000 | 100,000 |" in md and "on average at 2000/s" in md
     assert "1 reading per 10 s per device, 3 regions" in md
     assert sizing.model(linear_steps(), None, 0, 0)["fleets"] == [], "no memory figure: no fleet sized"
