@@ -9,13 +9,18 @@ Each writes bench/results/<name>-<timestamp>.json and .md and prints the table.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 
 from bench.suite import choose, run_suite
+from fedgate.cli import sigterm_as_interrupt
 
 
 def main() -> int:
+    # SIGTERM gets Ctrl-C's clean-up: the suite stops its federation (whose nodes run in sessions
+    # of their own, out of reach of a signal to this process group) and the army its workers
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     quick = os.environ.get("QUICK") not in (None, "", "0")
     names = os.environ.get("BENCH") or None  # `make bench` passes BENCH= when none is chosen
     try:

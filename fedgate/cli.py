@@ -698,14 +698,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+def sigterm_as_interrupt(signum: int, frame: object) -> None:
     # SIGTERM gets the same clean-up as Ctrl-C: a half-done `up` stops what it started.
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -1,0 +1,47 @@
+"""`make bench` stopped with SIGTERM leaves nothing behind: its federation's nodes run in
+sessions of their own, out of reach of a signal to the command, so the suite must stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.local import processes
+from infra.local.settings import PROJECT_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_in_the_middle_of_a_benchmark_stops_its_federation(tmp_path: Path) -> None:
+    bench_nodes = str(Path(tempfile.gettempdir()).resolve() / "fedgate-bench-")
+    before = set(processes.marked_pids(bench_nodes))
+    log = tmp_path / "bench.log"
+    env = {**os.environ, "BENCH": "router", "QUICK": "1", "FEDGATE_BENCH_PORT_BASE": "29700"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench"], cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while "router benchmark (quick)" not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the federation did not boot"
+            time.sleep(0.5)
+        running = set(processes.marked_pids(bench_nodes)) - before
+        assert running, "the benchmark's federation runs: RabbitMQ nodes, Kafka, routers"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0, "stopped, not finished"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = set(processes.marked_pids(bench_nodes)) & running
+    assert not left, f"processes of the benchmark's federation left running: {sorted(left)}"
+    assert "federation down" in log.read_text(errors="replace")
