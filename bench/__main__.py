@@ -14,7 +14,7 @@ import sys
 import threading
 
 from bench.suite import choose, run_suite
-from fedgate.cli import sigterm_as_interrupt
+from infra.local.processes import sigterm_as_interrupt
 
 
 def main() -> int:

@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import quote
 
 from backend import contract as c
-from backend.rabbitmq_admin import AdminError, prometheus_queue_messages
+from backend.rabbitmq_admin import AdminError, RabbitAdmin, prometheus_queue_messages
 from bench import sizing
 from bench.baseline import Baseline, Mosquitto, mosquitto_target
 from bench.router_bench import cpu_seconds, kafka_produce, progress
@@ -55,7 +55,7 @@ from fedgate import army
 from infra.local import processes
 from infra.local.broker import debian13_runtime
 from infra.local.driver import LocalFederation
-from infra.local.nodes import ROLE_ROUTER
+from infra.local.nodes import ROLE_ROUTER, RabbitNode
 from infra.local.settings import PROJECT_ROOT
 
 #: The baseline broker's port, beside the bench federation's block (the next one: the fresh
@@ -223,6 +223,20 @@ BACKLOG_FLOOR = 200
 BACKLOG_FLOOR_S = 0.5
 
 
+def fedgate_parts(fed: LocalFederation) -> dict[str, list[int]]:
+    """The processes of each part of fedgate's uplink: the (first) gateway, the backend, the
+    routers and Kafka."""
+    return {
+        part: [pid for n in nodes for pid in processes.marked_pids(n.marker)]
+        for part, nodes in {
+            "gateway": [fed.gateways()[0]],
+            "backend": [fed.backend()],
+            "routers": [fed.node(s.name) for s in fed.specs() if s.role == ROLE_ROUTER],
+            "kafka": [fed.kafka()],
+        }.items()
+    }
+
+
 class StepSampler(threading.Thread):
     """Once a second during a step: the CPU each part of the machine used (two cores, shared by
     all of them) and its resident memory, and, for fedgate, the readings waiting at each hop of
@@ -261,15 +275,7 @@ class StepSampler(threading.Thread):
             return read
 
         return cls(
-            {
-                part: [pid for n in nodes for pid in processes.marked_pids(n.marker)]
-                for part, nodes in {
-                    "gateway": [gateway],
-                    "backend": [backend],
-                    "routers": [fed.node(s.name) for s in fed.specs() if s.role == ROLE_ROUTER],
-                    "kafka": [fed.kafka()],
-                }.items()
-            },
+            fedgate_parts(fed),
             {
                 "gateway_federation": depth(gateway, lambda n: n.startswith(FEDERATION_QUEUE_PREFIX)),
                 "backend_shards": depth(backend, lambda n: n in shards),
@@ -565,6 +571,39 @@ def measure_memory(
     return out
 
 
+def restart_gateway(fed: LocalFederation, gateway: RabbitNode) -> float:
+    """A fresh gateway node (a node's RSS grows with its allocators' caches), its federation links
+    up again; returns when (time.monotonic())."""
+    fed.stop_node(gateway.name)
+    fed.start_node(gateway.name)
+    fed.wait_for_links()
+    return time.monotonic()
+
+
+def wait_gateway_settled(gateway: RabbitNode, mode_key: str) -> bool:
+    """Wait until a freshly booted node's RSS stopped falling (or gave up: False)."""
+    _, settled = wait_settled(
+        lambda: processes.rss_bytes(processes.marked_pids(gateway.marker)),
+        samples=SETTLED_SAMPLES[mode_key],
+        within=SETTLED_WITHIN,
+        max_samples=SETTLE_MAX_SAMPLES[mode_key],
+    )
+    return settled
+
+
+def memory_breakdown(gateway: RabbitNode, admin: RabbitAdmin) -> Callable[[], dict[str, Any] | None]:
+    """RabbitMQ's memory breakdown of the node, or None while it is too busy to give it."""
+    path = f"nodes/{quote(gateway.erlang_node, safe='')}/memory"
+
+    def breakdown() -> dict[str, Any] | None:
+        try:
+            return dict(admin.get(path)["memory"])
+        except AdminError:  # busy with thousands of subscribing devices: the next sample's
+            return None
+
+    return breakdown
+
+
 def memory_modes(
     fed: LocalFederation,
     fed_target: army.Target,
@@ -581,7 +620,7 @@ def memory_modes(
     mode_key = "quick" if quick else "full"
     gateway = fed.gateways()[0]
     admin = gateway.admin(timeout=15)
-    memory_path = f"nodes/{quote(gateway.erlang_node, safe='')}/memory"
+    breakdown = memory_breakdown(gateway, admin)
     runtime = debian13_runtime(fed.settings.cache_dir)
     port = fed.settings.port_base + BASELINE_PORT_OFFSET + 1
     base_target = mosquitto_target(fed_target.specs[:devices], "127.0.0.1", port, fed_target.kafka_bootstrap)
@@ -596,32 +635,17 @@ def memory_modes(
             devices, quick, rate=0, duration_s=MEMORY_HOLD_S[mode_key], command_qos=qos, prefix="bench"
         )
         progress(f"memory, {MEMORY_MODE_TEXT[mode]}: restarting {gateway.name} (a fresh node per mode)")
-        fed.stop_node(gateway.name)
-        fed.start_node(gateway.name)
-        fed.wait_for_links()
-        restarted = time.monotonic()
+        restarted = restart_gateway(fed, gateway)
         progress(f"baseline: {devices} devices, {MEMORY_MODE_TEXT[mode]}, on a fresh Mosquitto")
         with Mosquitto(workdir / f"memory-{mode}", port, runtime) as mosquitto:
             results["baseline"]["memory"][mode] = measure_memory(base_target, plan, mosquitto.pids)
         progress(f"fedgate: waiting for {gateway.name}'s memory to settle after its boot")
-        taken, settled = wait_settled(
-            lambda: processes.rss_bytes(gateway_pids()),
-            samples=SETTLED_SAMPLES[mode_key],
-            within=SETTLED_WITHIN,
-            max_samples=SETTLE_MAX_SAMPLES[mode_key],
-        )
+        settled = wait_gateway_settled(gateway, mode_key)
         settle_s = round(time.monotonic() - restarted, 1)
         state = "settled" if settled else "not settled"
         progress(
             f"fedgate: {devices} devices, {MEMORY_MODE_TEXT[mode]} ({state} {settle_s} s after the restart)"
         )
-
-        def breakdown() -> dict[str, Any] | None:
-            try:
-                return dict(admin.get(memory_path)["memory"])
-            except AdminError:  # busy with thousands of subscribing devices: the next sample's
-                return None
-
         m = measure_memory(fed_target, plan, gateway_pids, breakdown)
         results["fedgate"]["memory"][mode] = {**m, "settle_s": settle_s, "settled": settled}
     results["fedgate"]["broker"] = f"RabbitMQ {admin.get('overview').get('rabbitmq_version')}"

@@ -18,20 +18,17 @@ federation (bench/suite.py raises both for this benchmark).
 
 from __future__ import annotations
 
-import resource
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from backend.rabbitmq_admin import AdminError
 from bench.army_bench import (
-    SETTLE_MAX_SAMPLES,
-    SETTLED_SAMPLES,
-    SETTLED_WITHIN,
     StepSampler,
+    fedgate_parts,
     measure_memory,
-    wait_settled,
+    memory_breakdown,
+    restart_gateway,
+    wait_gateway_settled,
 )
 from bench.router_bench import progress
 from fedgate import army
@@ -63,14 +60,7 @@ def descriptor_ceiling(wanted: int) -> int:
     """The most descriptors a node started from here can have: `wanted` if this process may
     raise its hard limit that far (root with CAP_SYS_RESOURCE; then it has), else its hard
     limit, which every child inherits as its ceiling."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard >= wanted:
-        return wanted
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, wanted))
-    except (ValueError, OSError):
-        return hard
-    return wanted
+    return processes.set_descriptor_limit(wanted)
 
 
 def devices_to_hold(wanted: int) -> tuple[int, str | None]:
@@ -91,17 +81,17 @@ def source_address(i: int) -> str:
     return f"127.0.0.{2 + i // PER_SOURCE}"
 
 
-def gateway_target(fed: LocalFederation, devices: int, progress_say: Any = progress) -> army.Target:
+def gateway_target(fed: LocalFederation, devices: int) -> army.Target:
     """`devices` devices registered in the federation, each dialling the first gateway node
     straight (no DNS: the figure is the node's) from its source address."""
     ep = fed.endpoints()
     region = sorted(ep["gateways"])[0]
     gw = ep["gateways"][region]
     ids = [f"scale-{i:06d}" for i in range(devices)]
-    progress_say(f"registering {devices} devices on the gateway (one definitions import per 500)")
+    progress(f"registering {devices} devices on the gateway (one definitions import per 500)")
     started = time.monotonic()
     secrets = fed.add_devices(ids, rotate=True)
-    progress_say(f"registered {devices} devices in {time.monotonic() - started:.0f} s")
+    progress(f"registered {devices} devices in {time.monotonic() - started:.0f} s")
     specs = [
         army.DeviceSpec(d, secrets[d], ((region, gw["address"], gw["mqtt"]),), source=source_address(i))
         for i, d in enumerate(ids)
@@ -118,22 +108,8 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     admin = gateway.admin(timeout=30)
     target = gateway_target(fed, n)
     progress(f"restarting {gateway.name}: a fresh node holds the devices")
-    fed.stop_node(gateway.name)
-    fed.start_node(gateway.name)
-    fed.wait_for_links()
-    taken, settled = wait_settled(
-        lambda: processes.rss_bytes(processes.marked_pids(gateway.marker)),
-        samples=SETTLED_SAMPLES[mode],
-        within=SETTLED_WITHIN,
-        max_samples=SETTLE_MAX_SAMPLES[mode],
-    )
-    memory_path = f"nodes/{quote(gateway.erlang_node, safe='')}/memory"
-
-    def breakdown() -> dict[str, Any] | None:
-        try:
-            return dict(admin.get(memory_path)["memory"])
-        except AdminError:  # busy with thousands of connecting devices: the next sample's
-            return None
+    restart_gateway(fed, gateway)
+    settled = wait_gateway_settled(gateway, mode)
 
     plan = army.ArmyPlan(
         devices=n,
@@ -152,10 +128,14 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         f"from {1 + (n - 1) // PER_SOURCE} source addresses, "
         f"then {plan.rate:g} readings/s for {plan.duration_s:g} s"
     )
-    sampler = StepSampler.fedgate(fed)
+    # CPU and memory only: the queue depths' scrape of every queue, once a second, would load the
+    # gateway holding a QoS 0 queue per device
+    sampler = StepSampler(fedgate_parts(fed))
     sampler.start()
     try:
-        held = measure_memory(target, plan, lambda: processes.marked_pids(gateway.marker), breakdown)
+        held = measure_memory(
+            target, plan, lambda: processes.marked_pids(gateway.marker), memory_breakdown(gateway, admin)
+        )
     finally:
         sampler.stop.set()
         sampler.join()

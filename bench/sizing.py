@@ -84,7 +84,7 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def fit_costs(steps: list[dict[str, Any]], parts: tuple[str, ...] | None = None) -> dict[str, HopCost]:
+def fit_costs(steps: list[dict[str, Any]]) -> dict[str, HopCost]:
     """Each part's cost line from steps (each with acked_per_s and cpu_cores), at least two.
     No part is modelled as costing less than nothing: a part whose CPU fell as the rate rose
     (its fixed costs, e.g. a JVM's warm-up, larger than what the readings added) is taken as
@@ -93,7 +93,7 @@ def fit_costs(steps: list[dict[str, Any]], parts: tuple[str, ...] | None = None)
     usable = [s for s in steps if s.get("cpu_cores") and s["acked_per_s"] > 0]
     if len(usable) < 2:
         return {}
-    names = parts or tuple(p for p in usable[0]["cpu_cores"] if p != "army")
+    names = [p for p in usable[0]["cpu_cores"] if p != "army"]
     out = {}
     for part in names:
         pts = [(s["acked_per_s"], s["cpu_cores"][part]) for s in usable]

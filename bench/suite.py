@@ -88,17 +88,26 @@ def choose(names: Iterable[str] | None) -> list[str]:
     return [n for n in BENCHMARKS if n in wanted]
 
 
+def result_files(name: str) -> list[Path]:
+    """results/<name>-<stamp>.json and .md."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return [RESULTS_DIR / f"{name}-{stamp}.{ext}" for ext in ("json", "md")]
+
+
+def write_results(files: list[Path], data: Any, md: str) -> None:
+    """The figures as JSON and the table as Markdown into `files`; the table printed."""
+    files[0].write_text(json.dumps(data, indent=2))
+    files[1].write_text(md)
+    print(md, flush=True)
+
+
 def write_goals(out: dict[str, dict[str, Any]], quick: bool) -> None:
     """results/goals-<stamp>.json and .md: each performance goal the run measured, with its ratio."""
     rows = goals.goals(out)
-    if not rows:
-        return
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    md = goals.to_markdown(rows, quick)
-    (RESULTS_DIR / f"goals-{stamp}.json").write_text(json.dumps(rows, indent=2))
-    (RESULTS_DIR / f"goals-{stamp}.md").write_text(md)
-    print(md, flush=True)
-    progress(f"goals: {RESULTS_DIR / f'goals-{stamp}.md'}")
+    if rows:
+        files = result_files("goals")
+        write_results(files, rows, goals.to_markdown(rows, quick))
+        progress(f"goals: {files[1]}")
 
 
 def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dict[str, dict[str, Any]]:
@@ -119,12 +128,9 @@ def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dic
             (workdir / name).mkdir()
             results = module.run(fed, workdir / name, quick=quick)
             results["duration_s"] = round(time.monotonic() - started, 1)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            md = module.to_markdown(results)
-            results["files"] = [str(RESULTS_DIR / f"{name}-{stamp}.{ext}") for ext in ("json", "md")]
-            (RESULTS_DIR / f"{name}-{stamp}.json").write_text(json.dumps(results, indent=2))
-            (RESULTS_DIR / f"{name}-{stamp}.md").write_text(md)
-            print(md, flush=True)
+            files = result_files(name)
+            results["files"] = [str(f) for f in files]
+            write_results(files, results, module.to_markdown(results))
             progress(f"{name}: results in {results['files'][0]} and .md ({results['duration_s']} s)")
             out[name] = results
         write_goals(out, quick)

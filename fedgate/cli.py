@@ -45,6 +45,7 @@ from backend.errors import FedgateError
 from infra.device_registry import DeviceRegistry
 from infra.local.dns_node import DnsNode
 from infra.local.driver import LocalFederation, NodeStatus
+from infra.local.processes import sigterm_as_interrupt
 from infra.local.settings import LocalSettings, SettingsError, describe_settings, load_settings
 from infra.local.status import format_clusters
 from infra.regions import RegionDriver, RegionRow, all_drivers, driver_for, format_status
@@ -698,13 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sigterm_as_interrupt(signum: int, frame: object) -> None:
-    # SIGTERM gets the same clean-up as Ctrl-C: a half-done `up` stops what it started.
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM gets the same clean-up as Ctrl-C: a half-done `up` stops what it started.
     signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"

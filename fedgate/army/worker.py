@@ -23,6 +23,7 @@ from typing import Any
 from fedgate.army.device import ArmyDevice
 from fedgate.army.plan import ArmyPlan, DeviceSpec
 from fedgate.army.resolving import DnsConfig, SiteResolvers
+from infra.local.processes import set_descriptor_limit
 
 REPORT_EVERY_S = 0.5
 
@@ -199,16 +200,10 @@ class Worker:
 
 
 def _descriptors_for(devices: int) -> None:
-    """A socket per device, and some to spare: the soft limit raised to what the devices need
-    (and the hard one with it where this process may)."""
+    """A socket per device, and some to spare."""
     want = devices + 256
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft >= want:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
-    except (ValueError, OSError):  # not allowed to raise the hard limit: as far as it goes
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < want:
+        set_descriptor_limit(want)
 
 
 def worker_main(cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: Any, finish: Any) -> None:

@@ -68,6 +68,27 @@ def marked_pids(prefix: str) -> list[int]:
     return sorted(found)
 
 
+def set_descriptor_limit(want: int) -> int:
+    """This process's descriptor limit set to `want`, its hard limit raised with it where this
+    process may (root with CAP_SYS_RESOURCE), else as near as its hard limit lets; returns the
+    limit it got.  The processes it starts inherit it."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
+        return want
+    except (ValueError, OSError):
+        # not allowed to raise the hard limit: keep the one we have
+        got = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (got, hard))
+        return got
+
+
+def sigterm_as_interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: the same clean-up as Ctrl-C, so that a command stopped half-way stops
+    the nodes it started (they run in sessions of their own, out of reach of its signal)."""
+    raise KeyboardInterrupt
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -82,13 +103,7 @@ def spawn(
 
     def before_exec() -> None:
         if max_fds:
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            want = max_fds if hard == resource.RLIM_INFINITY else min(max_fds, max(hard, max_fds))
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
-            except (ValueError, OSError):
-                # not root: keep the hard limit we have
-                resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+            set_descriptor_limit(max_fds)
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:

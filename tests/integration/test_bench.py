@@ -92,7 +92,9 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     for name in ("fedgate", "baseline"):
         s = r[name]["steps"][0]
         assert s["sent_per_s"] > 0 and s["per_core"] > 0 and s["us_per_reading"], name
-        assert r[name]["ceiling"] in ("not reached", "target", "army"), name
+        # the quick run stops at its last step: a ceiling is named only when a step was not carried
+        all_carried = all(army_bench.carried(s) for s in r[name]["steps"])
+        assert (r[name]["ceiling"] == "not reached") == all_carried, name
     costs = r["sizing"]["costs"]
     assert set(costs) == {"gateway", "backend", "routers", "kafka"}, "each hop's cost fitted"
     assert r["sizing"]["fleets"][0]["per_region"]["nodes"] >= 3, "a fleet sized from them"

@@ -2,6 +2,8 @@
 
 from backend.node import BackendNodeConfig
 from gateways.node import GatewayNodeConfig
+from infra.local.driver import LocalFederation
+from infra.local.settings import load_settings
 
 PORTS = {"amqp": 5672, "management": 15672, "prometheus": 15692, "mqtt": 1883}
 
@@ -47,3 +49,16 @@ def test_the_backend_conf_has_no_device_listener():
     assert "cluster_name = fedgate-backend" in conf
     assert "mqtt." not in conf
     assert be.max_fds == 8192 and be.enabled_plugins.exists()
+
+
+def test_a_gateway_gets_an_erlang_port_for_every_descriptor_it_may_open(tmp_path):
+    """A device's socket is an Erlang port, and RabbitMQ's scripts cap ports at 65,536 unless
+    ERL_MAX_PORTS says otherwise: a gateway allowed 131,072 descriptors would refuse devices
+    from the 65,537th on."""
+    for max_fds, ports in ((131_072, "131072"), (20_000, "65536")):
+        state = tmp_path / str(max_fds)
+        settings = load_settings(
+            env={}, state_dir=state, port_base=27700, regions="local-eu", gateway_max_fds=max_fds
+        )
+        _, env, fds = LocalFederation(settings).gateways()[0].command()
+        assert (fds, env["ERL_MAX_PORTS"]) == (max_fds, ports)
