@@ -176,18 +176,24 @@ def region_from_headers(headers: Mapping[str, Any] | None) -> str | None:
 # --- MQTT topics <-> AMQP routing keys ------------------------------------------
 
 
+#: str.translate tables: the router maps every uplink message's routing key, and a
+#: character-by-character join cost it 6 µs a message (the router bench's profile).
+_TO_ROUTING_KEY = str.maketrans({"/": ".", ".": "/", "+": "*"})
+_TO_MQTT_TOPIC = str.maketrans({".": "/", "/": "."})
+
+
 def mqtt_topic_to_routing_key(topic: str) -> str:
     """AMQP routing key RabbitMQ's MQTT plugin uses for an MQTT topic.
 
     The plugin swaps the separators: "/" becomes "." and "." becomes "/".
     Filters map the same way ("+" -> "*", "#" stays "#").
     """
-    return "".join("." if c == "/" else "/" if c == "." else "*" if c == "+" else c for c in topic)
+    return topic.translate(_TO_ROUTING_KEY)
 
 
 def routing_key_to_mqtt_topic(routing_key: str) -> str:
     """Inverse of mqtt_topic_to_routing_key (for topics, not filters)."""
-    return "".join("/" if c == "." else "." if c == "/" else c for c in routing_key)
+    return routing_key.translate(_TO_MQTT_TOPIC)
 
 
 def device_command_topic(device: str, name: str) -> str:

@@ -39,9 +39,8 @@ import logging
 import time
 from typing import Any
 
-import aio_pika
-import aio_pika.exceptions
-from aio_pika.abc import AbstractIncomingMessage
+import aiormq.abc
+from aiormq.abc import DeliveredMessage
 from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
@@ -52,6 +51,7 @@ from router.metrics import Metrics
 from router.settings import RouterSettings
 from router.shards import shard_priority
 from router.topics import TopicMapper
+from router.uplink_connection import CONNECTION_ERRORS, UplinkConnection
 
 log = logging.getLogger(__name__)
 
@@ -83,35 +83,45 @@ class UplinkBridge(Lifecycle):
         #: deliveries that came after stop_intake, left unacked for RabbitMQ to requeue
         self.held = 0
         self._holding = False
-        self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
+        self.connection: UplinkConnection | None = None
         # delivery tags in arrival order, and those whose Kafka record is settled, of one
         # channel: a tag means nothing on another (see _track)
         self._channel: object | None = None
         self._outstanding: collections.deque[int] = collections.deque()
-        self._done: dict[int, tuple[AbstractIncomingMessage, bool]] = {}
+        self._done: dict[int, tuple[DeliveredMessage, bool]] = {}
         self._flush_scheduled = False
-        self._ack_ops: collections.deque[tuple[str, AbstractIncomingMessage]] = collections.deque()
+        self._ack_ops: collections.deque[tuple[str, DeliveredMessage]] = collections.deque()
         self._ack_writer: asyncio.Future[None] | None = None
 
     def kafka_topics(self) -> list[str]:
         return self.settings.kafka_topics()
 
-    async def _start(self, channel: aio_pika.abc.AbstractChannel) -> None:  # type: ignore[override]
-        # prefetch is per consumer: split the in-flight bound over every shard, which a
-        # router whose peers are all dead reads at once
+    async def _start(self) -> None:
+        """Connect (router/uplink_connection.py: its own connection, kept up by itself) and
+        register on every shard."""
         s = self.settings
-        await channel.set_qos(prefetch_count=max(1, s.max_inflight // max(1, s.uplink_shards)))
+        self.connection = UplinkConnection(s.amqp_urls, f"fedgate router {s.router_id} uplink", self._consume)
+        await self.connection.open()
         priorities = {shard: shard_priority(s, shard) for shard in range(s.uplink_shards)}
-        for shard, priority in priorities.items():
-            queue = await channel.get_queue(c.uplink_shard_queue(shard), ensure=True)
-            tag = await queue.consume(self.on_message, arguments={"x-priority": priority})
-            self._consumers.append((queue, tag))
         if s.shard_owner == "rendezvous":
             log.info(
                 "on the uplink shards with rendezvous priorities %s (the highest running reads)", priorities
             )
         else:
             log.info("bridging uplink shards %s; standing by on the others", sorted(s.my_shards))
+
+    async def _consume(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """Register on every shard: at start, and on each new channel after a reconnect."""
+        s = self.settings
+        # prefetch is per consumer: split the in-flight bound over every shard, which a
+        # router whose peers are all dead reads at once
+        await channel.basic_qos(prefetch_count=max(1, s.max_inflight // max(1, s.uplink_shards)))
+        for shard in range(s.uplink_shards):
+            queue = c.uplink_shard_queue(shard)
+            await channel.queue_declare(queue, passive=True)  # a missing shard: a clear error
+            await channel.basic_consume(
+                queue, self.on_message, arguments={"x-priority": shard_priority(s, shard)}
+            )
 
     async def stop_intake(self) -> None:
         """Take no new message into Kafka; what is in flight still drains.
@@ -134,12 +144,16 @@ class UplinkBridge(Lifecycle):
         if self.inflight:
             log.warning("%d messages still on their way to Kafka; RabbitMQ redelivers them", self.inflight)
         await self.drain_acks()
+        if self.connection is not None:
+            # the held deliveries and any not acked go back to their shards, in order
+            await self.connection.close()
 
     # --- per message -------------------------------------------------------------
 
-    def route(self, message: AbstractIncomingMessage) -> tuple[str, str | None, list[tuple[str, bytes]]]:
+    def route(self, message: DeliveredMessage) -> tuple[str, str | None, list[tuple[str, bytes]]]:
         """(Kafka topic, key, headers) for a message; raises Poison."""
-        region = c.region_from_headers(message.headers) or ""
+        props = message.header.properties
+        region = c.region_from_headers(props.headers) or ""
         mqtt_topic = c.routing_key_to_mqtt_topic(message.routing_key or "")
         received_ms = int(time.time() * 1000)
         headers = [
@@ -155,7 +169,7 @@ class UplinkBridge(Lifecycle):
             raise Poison("message without an MQTT topic")
         headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(mqtt_topic, message.body).encode()))
         headers += mqtt5_headers(
-            mqtt_plugin.properties_of(message.headers, message.content_type, message.correlation_id)
+            mqtt_plugin.properties_of(props.headers, props.content_type, props.correlation_id)
         )
         m = self.mapper.map(mqtt_topic)
         if m is None:
@@ -172,13 +186,12 @@ class UplinkBridge(Lifecycle):
             raise Poison(f"payload is not valid UTF-8 ({e.reason} at byte {e.start})") from e
         return m.kafka_topic, m.key, headers
 
-    async def on_message(self, message: AbstractIncomingMessage) -> None:
+    async def on_message(self, message: DeliveredMessage) -> None:
         if self._holding:
             self.held += 1
             return
-        try:
-            channel = message.channel
-        except aio_pika.exceptions.ChannelInvalidStateError:
+        channel = message.channel
+        if channel.is_closed:
             return  # its channel closed before this delivery ran: RabbitMQ redelivers it
         try:
             topic, key, headers = self.route(message)
@@ -212,8 +225,8 @@ class UplinkBridge(Lifecycle):
     def _track(self, channel: object, delivery_tag: int | None) -> int:
         """The delivery's tag among those of `channel`, the one deliveries now come on.
 
-        After a connection loss the robust channel is reopened and its tags start
-        again at 1, while records of the old channel may still be on their way to
+        After a connection loss the uplink's new channel (router/uplink_connection.py)
+        starts its tags again at 1, while records of the old channel may still be on their way to
         Kafka.  Their reports must not settle the new channel's messages of the same
         tag: a later multiple ack would then ack a message whose record Kafka had not
         stored, and a shard handed to another router on that ack has two producers on
@@ -223,6 +236,12 @@ class UplinkBridge(Lifecycle):
             self._channel = channel
             self._outstanding.clear()
             self._done.clear()
+            # acks for the lost channel mean nothing now; a writer still waiting for that
+            # channel's connection to send one would wait for ever and hold back the new
+            # channel's acks, and with them its deliveries (the prefetch fills up)
+            self._ack_ops.clear()
+            if self._ack_writer is not None and not self._ack_writer.done():
+                self._ack_writer.cancel()
         tag = delivery_tag or 0  # always set: the bridge consumes with acks
         self._outstanding.append(tag)
         return tag
@@ -231,7 +250,7 @@ class UplinkBridge(Lifecycle):
         self,
         channel: object,
         tag: int,
-        message: AbstractIncomingMessage,
+        message: DeliveredMessage,
         topic: str,
         key: str | None,
         headers: list[tuple[str, bytes]],
@@ -257,7 +276,7 @@ class UplinkBridge(Lifecycle):
         self.alone.produce(topic, message.body, key, headers, answered)
 
     def _deadletter_refused(
-        self, channel: object, tag: int, message: AbstractIncomingMessage, topic: str, err: KafkaError
+        self, channel: object, tag: int, message: DeliveredMessage, topic: str, err: KafkaError
     ) -> None:
         """A record Kafka refused for good, alone (larger than the topic takes, invalid), goes to the
         dead-letter topic with the reason, and the message is acked once that is stored;
@@ -285,7 +304,7 @@ class UplinkBridge(Lifecycle):
     # only after its own record is in Kafka.  One writer sends the frames, in
     # order.
 
-    def _settled(self, channel: object, tag: int, message: AbstractIncomingMessage, *, ok: bool) -> None:
+    def _settled(self, channel: object, tag: int, message: DeliveredMessage, *, ok: bool) -> None:
         if channel is not self._channel:
             return  # a closed channel's message: RabbitMQ has redelivered it (see _track)
         self._done[tag] = (message, ok)
@@ -295,7 +314,7 @@ class UplinkBridge(Lifecycle):
 
     def _flush_acks(self) -> None:
         self._flush_scheduled = False
-        last_ok: AbstractIncomingMessage | None = None
+        last_ok: DeliveredMessage | None = None
         while self._outstanding and self._outstanding[0] in self._done:
             msg, ok = self._done.pop(self._outstanding.popleft())
             if ok:
@@ -314,12 +333,15 @@ class UplinkBridge(Lifecycle):
     async def _write_acks(self) -> None:
         while self._ack_ops:
             op, msg = self._ack_ops.popleft()
+            channel = msg.channel
+            if channel is not self._channel or channel.is_closed:
+                continue  # gone with its connection: RabbitMQ redelivers what it had not acked
             try:
                 if op == "ack":
-                    await msg.ack(multiple=True)
+                    await channel.basic_ack(msg.delivery_tag or 0, multiple=True)
                 else:
-                    await msg.nack(requeue=True)
-            except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError) as e:
+                    await channel.basic_nack(msg.delivery_tag or 0, requeue=True)
+            except (*CONNECTION_ERRORS, RuntimeError) as e:
                 # the channel is gone: RabbitMQ redelivers whatever was not acked
                 log.warning("could not %s up to delivery tag %s: %s", op, msg.delivery_tag, e)
 
@@ -353,13 +375,14 @@ def _log_task_error(task: Any) -> None:
         log.error("ack/nack failed: %s", task.exception())
 
 
-def deadletter_headers(message: AbstractIncomingMessage, reason: str) -> list[tuple[str, bytes]]:
+def deadletter_headers(message: DeliveredMessage, reason: str) -> list[tuple[str, bytes]]:
     """The dead-letter record's headers for a device message that cannot be bridged (logged)."""
-    log.warning("dead-lettering a message on %s: %s", message.routing_key, reason)
+    routing_key = message.routing_key or ""
+    log.warning("dead-lettering a message on %s: %s", routing_key, reason)
     return [
         (c.KAFKA_DEADLETTER_REASON_HEADER, reason.encode()),
-        (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(message.routing_key or "").encode()),
-        (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.headers) or "").encode()),
+        (c.KAFKA_MQTT_TOPIC_HEADER, c.routing_key_to_mqtt_topic(routing_key).encode()),
+        (c.KAFKA_REGION_HEADER, (c.region_from_headers(message.header.properties.headers) or "").encode()),
     ]
 
 

@@ -50,6 +50,7 @@ from router.stores import (
     KafkaTable,
     PresenceStore,
 )
+from router.uplink_connection import CONNECTION_ERRORS
 
 log = logging.getLogger("router")
 
@@ -119,6 +120,10 @@ class Router(Lifecycle):
             lambda: {(("region", r),): float(n) for r, n in self.presence.per_region().items()},
         )
         self.metrics.gauge("fedgate_router_inflight", lambda: {(): float(self.bridge.inflight)})
+        self.metrics.gauge(
+            "fedgate_router_uplink_reconnects",
+            lambda: {(): float(self.bridge.connection.reconnects if self.bridge.connection else 0)},
+        )
 
     async def _start(self) -> None:
         s = self.settings
@@ -189,9 +194,10 @@ class Router(Lifecycle):
             # returns, router/sending.py, instead of having them confirmed and dropped)
             await self.leadership.start()
         if s.uplink:
-            channel = await self.connection.channel()
-            assert isinstance(channel, aio_pika.abc.AbstractRobustChannel)  # from connect_robust
-            await self.bridge.start(channel)
+            try:
+                await self.bridge.start()  # on a connection of its own (router/uplink_connection.py)
+            except CONNECTION_ERRORS as e:
+                raise StartupError(f"uplink shards on the backend: {e}") from e
         self.ready = True
         log.info(
             "router %s ready: %s%s; %d devices present",

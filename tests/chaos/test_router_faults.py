@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.parse
 
 import pytest
 
@@ -29,15 +30,16 @@ pytestmark = [
 
 def _bridged(federation, name: str) -> float:
     """Device messages the router `name` stored in Kafka since it started."""
+    return _metric(federation, name, "fedgate_router_bridged_total")
+
+
+def _metric(federation, name: str, metric: str) -> float:
+    """The sum of a metric's series on the router `name`."""
     import urllib.request
 
-    node = federation.node(name)
-    with urllib.request.urlopen(f"{node.metrics_url}/metrics", timeout=5) as r:
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in r.read().decode().splitlines()
-            if line.startswith("fedgate_router_bridged_total")
-        )
+    with urllib.request.urlopen(f"{federation.node(name).metrics_url}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(metric))
 
 
 def test_two_routers_share_the_uplink_and_keep_per_device_order(federation, endpoints, uid):
@@ -106,6 +108,37 @@ def test_a_router_killed_and_kept_down_its_shards_flow_through_the_other_at_once
     assert missing_while_down == 0, "router-1's shards waited for it"
     assert taken_back > 0, "router-1 took its shards back when it returned"
     check(fleet, got, max_duplicates=2000, spark_federation=federation, device_prefix=f"down-{uid}-")
+
+
+def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(federation, endpoints, uid):
+    """The backend closes all the routers' AMQP connections (the uplink's own, on aiormq with its
+    own reconnect loop, and the downlink's robust one) while devices publish: both routers
+    reconnect, take their shards again and every acknowledged reading reaches Kafka, in order."""
+    from backend import contract as c
+    from backend.rabbitmq_admin import RabbitAdmin
+
+    admin = RabbitAdmin(
+        f"http://{endpoints['host']}:{endpoints['backend']['management']}",
+        endpoints["admin"]["user"],
+        endpoints["admin"]["password"],
+    )
+    routers = ("router-0", "router-1")
+    reconnects = "fedgate_router_uplink_reconnects"
+    before = {n: _metric(federation, n, reconnects) for n in routers}
+    with Fleet.on_both_gateways(endpoints, f"closed-{uid}", per_region=4) as fleet:
+        time.sleep(1.5)
+        closed = [x["name"] for x in admin.connections() if x.get("user") == c.ROUTER_USER]
+        for name in closed:
+            admin.delete(f"connections/{urllib.parse.quote(name, safe='')}")
+        time.sleep(3.0)  # devices keep publishing while the routers reconnect
+        bridged_after = {n: _bridged(federation, n) for n in routers}
+        time.sleep(2.0)
+    assert len(closed) >= 4, f"the routers' connections were closed: {closed}"
+    got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
+    check(fleet, got, max_duplicates=2000)
+    for n in routers:
+        assert _metric(federation, n, reconnects) > before[n], f"{n}'s uplink reconnected"
+        assert _bridged(federation, n) > bridged_after[n], f"{n} bridged again after the reconnect"
 
 
 def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endpoints, uid):
