@@ -45,13 +45,14 @@ from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
 from gateways import mqtt_plugin
+from router.backend_connection import CONNECTION_ERRORS
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
 from router.settings import RouterSettings
 from router.shards import shard_priority
 from router.topics import TopicMapper
-from router.uplink_connection import CONNECTION_ERRORS, UplinkConnection
+from router.uplink_connection import UplinkConnection
 
 log = logging.getLogger(__name__)
 
@@ -333,8 +334,8 @@ class UplinkBridge(Lifecycle):
     async def _write_acks(self) -> None:
         while self._ack_ops:
             op, msg = self._ack_ops.popleft()
-            channel = msg.channel
-            if channel is not self._channel or channel.is_closed:
+            channel = msg.channel  # the current one: _track drops a lost channel's ops
+            if channel.is_closed:
                 continue  # gone with its connection: RabbitMQ redelivers what it had not acked
             try:
                 if op == "ack":

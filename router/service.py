@@ -28,7 +28,7 @@ import aio_pika
 import aio_pika.exceptions
 
 from backend.errors import FedgateError
-from router.backend_connection import QuietChannelRestore, connect_cluster
+from router.backend_connection import CONNECTION_ERRORS, QuietChannelRestore, connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
 from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
@@ -50,7 +50,6 @@ from router.stores import (
     KafkaTable,
     PresenceStore,
 )
-from router.uplink_connection import CONNECTION_ERRORS
 
 log = logging.getLogger("router")
 

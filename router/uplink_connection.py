@@ -31,14 +31,11 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import aiormq
 import aiormq.abc
-import aiormq.exceptions
 
-from router.backend_connection import RECONNECT_INTERVAL_S
+# aio-pika's AMQPError is aiormq's: the robust connection's errors are the uplink's too
+from router.backend_connection import CONNECTION_ERRORS, RECONNECT_INTERVAL_S
 
 log = logging.getLogger(__name__)
-
-#: What a node that is down, refuses the router or closes the channel raises.
-CONNECTION_ERRORS = (OSError, TimeoutError, aiormq.exceptions.AMQPError, ConnectionError)
 
 Setup = Callable[[aiormq.abc.AbstractChannel], Awaitable[None]]
 
@@ -67,10 +64,6 @@ class UplinkConnection:
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
-
-    @property
-    def channel(self) -> aiormq.abc.AbstractChannel | None:
-        return self._channel
 
     async def open(self) -> None:
         """Connect to the first node that answers (each tried once) and run `setup`; then keep
