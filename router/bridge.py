@@ -34,10 +34,8 @@ by rendezvous hashing instead (router/shards.py).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from typing import Any
 
 import aiormq.abc
 from aiormq.abc import DeliveredMessage
@@ -45,13 +43,13 @@ from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
 from gateways import mqtt_plugin
-from router.backend_connection import CONNECTION_ERRORS
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
 from router.metrics import Metrics
 from router.settings import RouterSettings
 from router.shards import shard_priority
 from router.topics import TopicMapper
+from router.uplink_acks import CoalescedAcks
 from router.uplink_connection import UplinkConnection
 
 log = logging.getLogger(__name__)
@@ -85,14 +83,8 @@ class UplinkBridge(Lifecycle):
         self.held = 0
         self._holding = False
         self.connection: UplinkConnection | None = None
-        # delivery tags in arrival order, and those whose Kafka record is settled, of one
-        # channel: a tag means nothing on another (see _track)
-        self._channel: object | None = None
-        self._outstanding: collections.deque[int] = collections.deque()
-        self._done: dict[int, tuple[DeliveredMessage, bool]] = {}
-        self._flush_scheduled = False
-        self._ack_ops: collections.deque[tuple[str, DeliveredMessage]] = collections.deque()
-        self._ack_writer: asyncio.Future[None] | None = None
+        #: acks coalesced per channel (router/uplink_acks.py)
+        self.acks = CoalescedAcks()
 
     def kafka_topics(self) -> list[str]:
         return self.settings.kafka_topics()
@@ -204,7 +196,7 @@ class UplinkBridge(Lifecycle):
         started = time.monotonic()
         self.inflight += 1
 
-        tag = self._track(channel, message.delivery_tag)
+        tag = self.acks.track(channel, message.delivery_tag)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.inflight -= 1
@@ -219,33 +211,9 @@ class UplinkBridge(Lifecycle):
             else:
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
                 self.metrics.inc(counter, topic=topic)
-            self._settled(channel, tag, message, ok=err is None)
+            self.acks.settled(channel, tag, message, ok=err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
-
-    def _track(self, channel: object, delivery_tag: int | None) -> int:
-        """The delivery's tag among those of `channel`, the one deliveries now come on.
-
-        After a connection loss the uplink's new channel (router/uplink_connection.py)
-        starts its tags again at 1, while records of the old channel may still be on their way to
-        Kafka.  Their reports must not settle the new channel's messages of the same
-        tag: a later multiple ack would then ack a message whose record Kafka had not
-        stored, and a shard handed to another router on that ack has two producers on
-        its partition.  So the old channel's reports are ignored: RabbitMQ redelivers
-        its unacked messages, and what the old records wrote are duplicates."""
-        if channel is not self._channel:
-            self._channel = channel
-            self._outstanding.clear()
-            self._done.clear()
-            # acks for the lost channel mean nothing now; a writer still waiting for that
-            # channel's connection to send one would wait for ever and hold back the new
-            # channel's acks, and with them its deliveries (the prefetch fills up)
-            self._ack_ops.clear()
-            if self._ack_writer is not None and not self._ack_writer.done():
-                self._ack_writer.cancel()
-        tag = delivery_tag or 0  # always set: the bridge consumes with acks
-        self._outstanding.append(tag)
-        return tag
 
     def _send_alone(
         self,
@@ -272,7 +240,7 @@ class UplinkBridge(Lifecycle):
                 return
             else:
                 log.error("Kafka refused a record sent alone for %s: %s", topic, err)
-            self._settled(channel, tag, message, ok=err is None)
+            self.acks.settled(channel, tag, message, ok=err is None)
 
         self.alone.produce(topic, message.body, key, headers, answered)
 
@@ -291,72 +259,13 @@ class UplinkBridge(Lifecycle):
             self.inflight -= 1
             if err is None:
                 self.metrics.inc(DEADLETTERED, topic=self.settings.deadletter_topic)
-            self._settled(channel, tag, message, ok=err is None)
+            self.acks.settled(channel, tag, message, ok=err is None)
 
         self.producer.produce(self.settings.deadletter_topic, message.body, None, headers, stored)
 
-    # --- acks -------------------------------------------------------------------
-    #
-    # One ack frame per message costs more than bridging the message.  Kafka
-    # reports arrive out of order across partitions, so acks are coalesced:
-    # once every delivery tag up to N is settled, a single
-    # basic.ack(N, multiple=True) covers them all; a message Kafka refused is
-    # nacked back to RabbitMQ first, in tag order.  A message is still acked
-    # only after its own record is in Kafka.  One writer sends the frames, in
-    # order.
-
-    def _settled(self, channel: object, tag: int, message: DeliveredMessage, *, ok: bool) -> None:
-        if channel is not self._channel:
-            return  # a closed channel's message: RabbitMQ has redelivered it (see _track)
-        self._done[tag] = (message, ok)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_acks)
-
-    def _flush_acks(self) -> None:
-        self._flush_scheduled = False
-        last_ok: DeliveredMessage | None = None
-        while self._outstanding and self._outstanding[0] in self._done:
-            msg, ok = self._done.pop(self._outstanding.popleft())
-            if ok:
-                last_ok = msg
-                continue
-            if last_ok is not None:
-                self._ack_ops.append(("ack", last_ok))
-                last_ok = None
-            self._ack_ops.append(("nack", msg))
-        if last_ok is not None:
-            self._ack_ops.append(("ack", last_ok))
-        if self._ack_ops and (self._ack_writer is None or self._ack_writer.done()):
-            self._ack_writer = asyncio.ensure_future(self._write_acks())
-            self._ack_writer.add_done_callback(_log_task_error)
-
-    async def _write_acks(self) -> None:
-        while self._ack_ops:
-            op, msg = self._ack_ops.popleft()
-            channel = msg.channel  # the current one: _track drops a lost channel's ops
-            if channel.is_closed:
-                continue  # gone with its connection: RabbitMQ redelivers what it had not acked
-            try:
-                if op == "ack":
-                    await channel.basic_ack(msg.delivery_tag or 0, multiple=True)
-                else:
-                    await channel.basic_nack(msg.delivery_tag or 0, requeue=True)
-            except (*CONNECTION_ERRORS, RuntimeError) as e:
-                # the channel is gone: RabbitMQ redelivers whatever was not acked
-                log.warning("could not %s up to delivery tag %s: %s", op, msg.delivery_tag, e)
-
     async def drain_acks(self) -> None:
         """Send the acks still queued (shutdown)."""
-        self._flush_acks()
-        if self._ack_writer is not None:
-            try:
-                # bounded: with the backend gone the acks cannot be sent (RabbitMQ redelivers)
-                await asyncio.wait_for(asyncio.shield(self._ack_writer), SHUTDOWN_ACK_TIMEOUT_S)
-            except TimeoutError:
-                log.warning(
-                    "acks not confirmed sent within %.0f s; RabbitMQ redelivers those", SHUTDOWN_ACK_TIMEOUT_S
-                )
+        await self.acks.drain(SHUTDOWN_ACK_TIMEOUT_S)
 
 
 def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
@@ -369,11 +278,6 @@ def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
     if p.correlation_data is not None:
         out.append((c.KAFKA_CORRELATION_DATA_HEADER, p.correlation_data))
     return out
-
-
-def _log_task_error(task: Any) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("ack/nack failed: %s", task.exception())
 
 
 def deadletter_headers(message: DeliveredMessage, reason: str) -> list[tuple[str, bytes]]:
