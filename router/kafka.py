@@ -62,6 +62,16 @@ def producer_config(client: KafkaClient, **extra: Any) -> dict[str, Any]:
     }
 
 
+def with_debug_log(config: dict[str, Any], contexts: str) -> dict[str, Any]:
+    """The same client, with librdkafka's debug lines for `contexts` in the router's log
+    (served by poll(), on the poll thread); unchanged when `contexts` is empty."""
+    if not contexts:
+        return config
+    logger = logging.getLogger("librdkafka")
+    logger.setLevel(logging.DEBUG)  # asked for: shown under the router's INFO level too
+    return {**config, "debug": contexts, "logger": logger}
+
+
 def one_record_per_batch(config: dict[str, Any]) -> dict[str, Any]:
     """The same producer, but each record in a batch of its own: Kafka's verdict on a batch
     (too large, invalid) is then a verdict on that record."""

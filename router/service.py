@@ -31,7 +31,14 @@ from backend.errors import FedgateError
 from router.backend_connection import CONNECTION_ERRORS, QuietChannelRestore, connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
-from router.kafka import AsyncProducer, KafkaUnavailable, ensure_topics, one_record_per_batch, producer_config
+from router.kafka import (
+    AsyncProducer,
+    KafkaUnavailable,
+    ensure_topics,
+    one_record_per_batch,
+    producer_config,
+    with_debug_log,
+)
 from router.leadership import Leadership
 from router.lifecycle import Lifecycle
 from router.link_keeper import LinkKeeper
@@ -64,10 +71,9 @@ class Router(Lifecycle):
         self.settings = settings
         self.metrics = Metrics()
         self.presence = PresenceTable()
-        self.producer = AsyncProducer(producer_config(settings.kafka_client), on_fatal=self._producer_failed)
-        self.producer_alone = AsyncProducer(
-            one_record_per_batch(producer_config(settings.kafka_client)), on_fatal=self._producer_failed
-        )
+        config = with_debug_log(producer_config(settings.kafka_client), settings.kafka_debug)
+        self.producer = AsyncProducer(config, on_fatal=self._producer_failed)
+        self.producer_alone = AsyncProducer(one_record_per_batch(config), on_fatal=self._producer_failed)
         #: why the router cannot go on (a fatal Kafka producer error): /health fails, run() exits 1
         self.failed: str | None = None
         self.failed_event = asyncio.Event()

@@ -148,6 +148,13 @@ class RouterSettings:
     max_inflight: int = field(
         default=2000, metadata={"doc": "Uplink messages on their way to Kafka at once (prefetch)."}
     )
+    kafka_debug: str = field(
+        default="",
+        metadata={
+            "doc": "librdkafka debug contexts of the router's producers (e.g. 'broker,topic,msg,eos'), "
+            "written to the router's log: for a producer that stalls; empty: off."
+        },
+    )
     kafka_partitions: int = field(default=6, metadata={"doc": "Partitions of the topics the router creates."})
     kafka_replication: int = field(
         default=1, metadata={"doc": "Replication factor of the topics the router creates."}
