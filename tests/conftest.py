@@ -70,8 +70,17 @@ def missing_postgres() -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from infra.dns.powerdns import missing as missing_powerdns
+
+    # `make test` runs two pytest-xdist workers (--dist loadgroup): one takes every test
+    # that starts brokers (one at a time, as they share the session federation and the
+    # machine's ports), the other the unit tests, most of whose time is Terraform waiting
+    # on moto's answers rather than CPU.
+    for item in items:
+        unit = item.path.is_relative_to(Path(__file__).parent / "unit")
+        item.add_marker(pytest.mark.xdist_group("unit" if unit else "federation"))
 
     for marker, reason in (
         ("integration", missing_runtime()),
@@ -136,10 +145,29 @@ def uid() -> str:
     return uuid.uuid4().hex[:8]
 
 
+#: (test, counts) of every fault scenario run in this session, from the tests' reports:
+#: under pytest-xdist the scenarios run in a worker, and only their reports reach here
+CHAOS_COUNTS: list[tuple[str, dict]] = []
+
+
+@pytest.fixture(autouse=True)
+def _counts_go_in_the_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    from tests import helpers
+
+    helpers.CURRENT_ITEM = request.node
+    yield
+    helpers.CURRENT_ITEM = None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":  # the last report of a test: every count recorded by then
+        CHAOS_COUNTS.extend(
+            (report.nodeid.split("@")[0], value) for name, value in report.user_properties if name == "chaos"
+        )
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The fault scenarios' counts (tests/chaos): what was sent, what arrived, what was lost."""
-    from tests.helpers import CHAOS_COUNTS
-
     if not CHAOS_COUNTS:
         return
     terminalreporter.section("chaos: sent, received, lost, duplicated")

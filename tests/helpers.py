@@ -123,16 +123,17 @@ def records_from(
     )
 
 
-#: (test, counts) of every fault scenario run in this session; the root conftest prints them at the end
-CHAOS_COUNTS: list[tuple[str, dict[str, Any]]] = []
+#: the test running now (set by the root conftest): record_counts writes into its report
+CURRENT_ITEM: Any = None
 
 
 def record_counts(**counts: Any) -> None:
-    """Keep what a fault scenario sent, received, lost and duplicated, for the run's summary."""
-    import os
-
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-    CHAOS_COUNTS.append((test, counts))
+    """Keep what a fault scenario sent, received, lost and duplicated, in the test's report; the
+    root conftest prints every test's counts at the end of the run."""
+    if CURRENT_ITEM is not None:
+        # plain values: under pytest-xdist the report crosses a process boundary
+        plain = {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in counts.items()}
+        CURRENT_ITEM.user_properties.append(("chaos", plain))
 
 
 def produce_bridge_records(
