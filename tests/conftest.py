@@ -13,6 +13,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,17 +71,25 @@ def missing_postgres() -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs two pytest-xdist workers: one takes every test that starts brokers, one
+    at a time (they share the session federation and the machine's ports), the other the unit
+    tests, most of whose time is Terraform waiting on moto's answers rather than CPU.
+
+    (xdist's own `--dist loadgroup` cannot say this under pytest 9: it marks a group in
+    `item._nodeid`, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitTestsBesideTheFederation(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "unit" if nodeid.startswith("tests/unit/") else "federation"
+
+    return UnitTestsBesideTheFederation(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from infra.dns.powerdns import missing as missing_powerdns
-
-    # `make test` runs two pytest-xdist workers (--dist loadgroup): one takes every test
-    # that starts brokers (one at a time, as they share the session federation and the
-    # machine's ports), the other the unit tests, most of whose time is Terraform waiting
-    # on moto's answers rather than CPU.
-    for item in items:
-        unit = item.path.is_relative_to(Path(__file__).parent / "unit")
-        item.add_marker(pytest.mark.xdist_group("unit" if unit else "federation"))
 
     for marker, reason in (
         ("integration", missing_runtime()),
@@ -162,7 +171,7 @@ def _counts_go_in_the_report(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "teardown":  # the last report of a test: every count recorded by then
         CHAOS_COUNTS.extend(
-            (report.nodeid.split("@")[0], value) for name, value in report.user_properties if name == "chaos"
+            (report.nodeid, value) for name, value in report.user_properties if name == "chaos"
         )
 
 
