@@ -247,16 +247,32 @@ def stop_router(proc: subprocess.Popen[bytes]) -> None:
     processes.stop_child(proc, grace=60)
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy so far (/proc/stat: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def router_bridge(
     fed: LocalFederation, workdir: Path, n: int, port: int, profile: Path | None = None
-) -> float:
-    """Bridged messages/s of one router process draining n preloaded messages."""
+) -> dict[str, float]:
+    """Bridged messages/s of one router process draining n preloaded messages, and the CPU µs
+    a message each part spent meanwhile: the router process (its librdkafka threads
+    included), the backend's RabbitMQ, Kafka, and the whole machine -- whether the router
+    is held back by its own CPU or by the cores the brokers beside it take."""
     config = workdir / "router-uplink.toml"
     write_router_config(fed, config, port, downlink=False)
     asyncio.run(preload(fed.endpoints()["backend"]["url"], n))
     proc = start_router(config, workdir / "router.log", profile)
+    parts = {
+        "rabbitmq": processes.marked_pids(processes.marker(fed.state_dir, "backend")),
+        "kafka": processes.marked_pids(fed.kafka().marker),
+    }
     try:
         wait_ready(port, proc)
+        parts["router"] = [proc.pid]
+        cpu0 = {name: cpu_seconds(pids) for name, pids in parts.items()}
+        busy0 = machine_busy_seconds()
         t0 = time.perf_counter()
         base = 0.0
         while True:
@@ -266,7 +282,12 @@ def router_bridge(
             if time.perf_counter() - t0 > 600:
                 raise TimeoutError(f"router bridged only {done}/{n} in 600 s")
             time.sleep(0.02)
-        return n / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        out = {"per_s": round(n / elapsed)}
+        for name, pids in parts.items():
+            out[f"{name}_us_per_msg"] = round((cpu_seconds(pids) - cpu0[name]) / n * 1e6, 1)
+        out["machine_cores_busy"] = round((machine_busy_seconds() - busy0) / elapsed, 2)
+        return out
     finally:
         stop_router(proc)
 
@@ -396,7 +417,9 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         "aiormq": consume_with_cpu(fed, aiormq_consume, n),
     }
     progress(f"fedgate router: bridging {n} messages with one process")
-    results["router_bridged_per_s"] = round(router_bridge(fed, workdir, n, router_port))
+    bridged = router_bridge(fed, workdir, n, router_port)
+    results["router_bridged_per_s"] = bridged["per_s"]
+    results["router_bridge_cpu"] = bridged
     ref = min(results["kafka_produce_raw_per_s"], results["amqp_consume_raw_per_s"])
     results["router_vs_slowest_reference"] = round(results["router_bridged_per_s"] / ref, 3)
     results["router_vs_kafka_produce"] = round(
@@ -452,6 +475,17 @@ def to_markdown(r: dict[str, Any]) -> str:
     ]
     for name, x in cpu.items():
         lines.append(f"| {name} | {x['python_us_per_msg']} | {x['rabbitmq_us_per_msg']} |")
+    b = r.get("router_bridge_cpu")
+    if b:
+        lines += [
+            "",
+            f"CPU per message while the router bridged ({b['machine_cores_busy']} of the machine's "
+            f"{r['machine']['cpus']} cores busy):",
+            "",
+            "| router process | RabbitMQ | Kafka |",
+            "|---:|---:|---:|",
+            f"| {b['router_us_per_msg']} µs | {b['rabbitmq_us_per_msg']} µs | {b['kafka_us_per_msg']} µs |",
+        ]
     lines += [
         "",
         "Where the router's time goes (cProfile, self time):",
