@@ -35,10 +35,6 @@ ROUTER_TABLE = {
     "park_ttl_s": PARK_TTL_S,
     # the gateways' connection lists checked often, so that a test sees it within seconds
     "presence_reconcile_s": 3.0,
-    # librdkafka's own lines on connections, leaders and the idempotent producer's state: a
-    # producer that stalls after Kafka is back (seen once in the Kafka-down chaos test) then
-    # leaves its story in the router's log, which that test prints when it fails
-    "kafka_debug": "broker,topic,eos",
     "rules": [ENERGY_RULE, *({"pattern": r.pattern, "topic": r.topic, "key": r.key} for r in DEFAULT_RULES)],
 }
 
