@@ -1,0 +1,34 @@
+"""kafka_debug: an operator chasing a stalled producer turns on librdkafka's own log
+(docs/operations.md, Troubleshooting) and reads its lines in the router's log."""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import Producer
+
+from router.kafka import producer_config, with_debug_log
+from router.settings import load_router_settings
+
+
+def test_the_setting_comes_from_the_environment_and_is_off_by_default(tmp_path):
+    p = tmp_path / "router.toml"
+    p.write_text('amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:1"\n')
+    assert load_router_settings(p, env={}).kafka_debug == ""
+    on = load_router_settings(p, env={"FEDGATE_ROUTER_KAFKA_DEBUG": "broker,eos"})
+    assert on.kafka_debug == "broker,eos"
+    config = producer_config("127.0.0.1:1")
+    assert with_debug_log(config, "") == config  # off: the producer's settings untouched
+
+
+def test_librdkafkas_lines_reach_the_routers_log_at_its_info_level(caplog, monkeypatch):
+    # a router's root logger is at INFO (router/service.py main); the debug lines asked for
+    # must show all the same
+    monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
+    producer = Producer(with_debug_log(producer_config("127.0.0.1:1"), "broker"))
+    for _ in range(10):
+        producer.poll(0.1)  # the lines are served by poll(), as the router's poll thread does
+    # librdkafka's errors (the refused connection) show without the setting; its debug lines not
+    debug = [r.getMessage() for r in caplog.records if r.name == "librdkafka" and r.levelno == logging.DEBUG]
+    assert any("127.0.0.1:1" in line for line in debug), debug[:5]
+    producer.purge()
