@@ -108,10 +108,18 @@ def wait_present(endpoints: dict[str, Any], dev_id: str, region: str, timeout: f
 
 
 def kafka_records(
-    endpoints: dict[str, Any], topic: str, match: Match, expect: int, timeout: float = 20.0
+    endpoints: dict[str, Any],
+    topic: str,
+    match: Match,
+    expect: int,
+    timeout: float = 20.0,
+    settle_s: float = 0.0,
 ) -> list[tuple[Message, dict[str, str]]]:
-    """Records of `topic` (from the start) that `match`, until `expect` of them or `timeout`."""
-    return read_records(endpoints["kafka"]["bootstrap"], topic, match, expect, timeout)
+    """Records of `topic` (from the start) that `match`, until `expect` of them or `timeout`.
+
+    The read stops at the `expect`-th record: a test that counts copies gives `settle_s`, for
+    the read to go on until that long passed without another (a copy would come then)."""
+    return read_records(endpoints["kafka"]["bootstrap"], topic, match, expect, timeout, settle_s=settle_s)
 
 
 def records_from(

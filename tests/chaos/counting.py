@@ -135,6 +135,23 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
         return read()
 
 
+def resend_bound(fleet: Fleet, *, links: int = 0, routers: int = 0) -> int:
+    """The most copies a fault may add to Kafka: what was on its way and unconfirmed when it
+    struck, and nothing more.  A federation link that moves to another node resends at most its
+    unconfirmed window (`prefetch-count`), a router that dies or loses its connection at most
+    its prefetch (`max_inflight`), and each device at most the one QoS 1 publish it was waiting
+    on (paho sends it again after a reconnect)."""
+    from dataclasses import fields
+
+    from backend.wiring import LINK_SETTINGS
+    from router.settings import RouterSettings
+
+    router_prefetch = next(f.default for f in fields(RouterSettings) if f.name == "max_inflight")
+    link_prefetch = LINK_SETTINGS["prefetch-count"]
+    assert isinstance(link_prefetch, int) and isinstance(router_prefetch, int)
+    return len(fleet.devices) + links * link_prefetch + routers * router_prefetch
+
+
 def check(
     fleet: Fleet,
     got: dict[str, list[int]],
@@ -197,11 +214,35 @@ def backend_queue_depths(federation: Any) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class DeliveredCommands:
-    """The count of a CommandSender's commands at their devices."""
+    """The count of a CommandSender's commands at their devices; `missing` names each lost
+    one as (device, its number)."""
 
     received: int
     lost: int
     twice: int
+    missing: tuple[tuple[str, int], ...] = ()
+
+    def story(self, bootstrap: str, sent_at: dict[tuple[str, int], float] | None = None) -> str:
+        """What the router did with each lost command, step by step, as `fedgate command <id>`
+        shows it: the line a failure prints, for a loss seen once in CI to be explained."""
+        from backend.command_outcomes import read_outcomes
+
+        lines = []
+        for dev, n in self.missing[:5]:
+            cid = c.message_id(c.device_command_topic(dev, "set"), command_payload(n))
+            when = (sent_at or {}).get((dev, n))
+            sent = time.strftime(" sent %H:%M:%S", time.localtime(when)) + f".{int(when * 1000) % 1000:03d}"
+            steps = read_outcomes(bootstrap, cid, wait_s=2.0)
+            lines.append(
+                f"{dev} command {n} (id {cid}{sent if when else ''}): "
+                + ("; ".join(s.line() for s in steps) or "no step on record")
+            )
+        return "\n".join(lines)
+
+
+def command_payload(n: int) -> bytes:
+    """The payload of a CommandSender's command number `n` (its id is a hash of it)."""
+    return json.dumps({"n": n}).encode()
 
 
 def _command_numbers(d: SimDevice) -> list[int]:
@@ -215,6 +256,8 @@ class CommandSender(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.devices, self.every = url, devices, every
         self.sent: dict[str, list[int]] = {d: [] for d in devices}
+        #: (device, number) -> when the backend confirmed it (epoch s)
+        self.sent_at: dict[tuple[str, int], float] = {}
         #: sends the backend refused (never promised)
         self.refused = 0
         self.stop = threading.Event()
@@ -227,11 +270,12 @@ class CommandSender(threading.Thread):
                 # (its node died, a queue's leader moves: nack) it was never promised: the
                 # sender tries the next number, as a service would retry.
                 try:
-                    send_command(self.url, d, c.device_command_topic(d, "set"), json.dumps({"n": n}).encode())
+                    send_command(self.url, d, c.device_command_topic(d, "set"), command_payload(n))
                 except (pika.exceptions.AMQPError, OSError):
                     self.refused += 1
                     continue
                 self.sent[d].append(n)
+                self.sent_at[(d, n)] = time.time()
             n += 1
             time.sleep(self.every)
 
@@ -246,11 +290,17 @@ class CommandSender(threading.Thread):
             time.sleep(0.5)
         time.sleep(1.0)  # a duplicate would arrive now
         got = {d.device_id: _command_numbers(d) for d in devices}
+        missing = tuple((d, n) for d, v in got.items() for n in sorted(set(self.sent[d]) - set(v)))
         return DeliveredCommands(
             received=sum(len(v) for v in got.values()),
-            lost=sum(len(set(self.sent[d]) - set(v)) for d, v in got.items()),
+            lost=len(missing),
             twice=sum(len(v) - len(set(v)) for v in got.values()),
+            missing=missing,
         )
+
+    def lost_story(self, delivered: DeliveredCommands, bootstrap: str) -> str:
+        """`delivered.story`, with when each lost command was confirmed by the backend."""
+        return delivered.story(bootstrap, self.sent_at)
 
     def __enter__(self) -> CommandSender:
         self.start()

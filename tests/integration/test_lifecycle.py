@@ -189,10 +189,13 @@ def test_sigterm_during_up_leaves_nothing_running(tmp_path):
     )
     fed = make_federation(state, base, regions="local-eu")
     deadline = time.monotonic() + 30
-    while len(fed.leftover_pids()) < 3 and time.monotonic() < deadline:
+    while (booting := len(fed.leftover_pids())) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)  # wait until the nodes are booting
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
+    # checked once `up` is stopped: a signal before any node started leaves nothing behind
+    # whatever `up` does with it
+    assert booting >= 3, f"{booting} processes of the federation when the signal came: nothing to stop"
     assert proc.returncode == 130, err
     assert "interrupted; stopping what this run started" in err
     assert fed.leftover_pids() == []

@@ -53,6 +53,7 @@ def test_a_rule_added_to_the_settings_reaches_its_kafka_topic_and_the_tables(
             f"energy.{kind}",
             lambda msg, h: h.get(c.KAFKA_DEVICE_HEADER) == dev_id,
             expect=1,
+            settle_s=3.0,  # without it the read stops at the first: a copy could not be seen
         )
         assert len(records) == 1, f"the reading on devices/{dev_id}/energy/{kind} is in energy.{kind} once"
         msg, headers = records[0]

@@ -72,6 +72,8 @@ def test_a_region_registered_in_the_backend_reaches_running_routers_and_a_malfor
 def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(federation, endpoints, uid):
     region = "local-ap"
     others = {n.name: n.pid() for n in federation.nodes()}
+    before = {r.name: r.regions() for r in routers(federation)}
+    assert before and all(h is not None for h in before.values()), f"every router answers: {before}"
     federation.add_region(region)
     try:
         assert {n.name: n.pid() for n in federation.nodes() if n.name in others} == others, (
@@ -79,7 +81,8 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
         )
         # the routers learnt it from the backend's registry, where the wiring put it
         assert region in region_registry.registered(federation.backend().admin())
-        assert all(region in (r.regions() or []) for r in routers(federation))
+        have = {r.name: r.regions() for r in routers(federation)}
+        assert have and all(h is not None and region in h for h in have.values()), have
         ep = {**endpoints, **federation.endpoints()}  # now with the new region's gateway
         dev_id = f"ap-{uid}"
         with Tap(ep["backend"]["url"], c.TELEMETRY_EXCHANGE, [f"devices.{dev_id}.#"]) as tap:
@@ -107,7 +110,11 @@ def test_a_third_region_joins_carries_traffic_both_ways_and_leaves_no_trace(fede
     assert f"gw-{region}" not in {n.name for n in federation.nodes()}
     backend = federation.backend().admin()
     assert region not in region_registry.registered(backend), "the backend's registry forgot it"
-    assert all(region not in (r.regions() or []) for r in routers(federation)), "so did the routers"
+    # every router answers and no longer routes there (one that does not answer proves nothing)
+    have = wait_routers_regions(federation, set(next(iter(before.values())) or ()))
+    assert have.keys() == before.keys() and all(h is not None and region not in h for h in have.values()), (
+        f"so did the routers: {have}"
+    )
     assert c.gateway_upstream_name(region) not in {
         p["name"] for p in backend.get("parameters/federation-upstream")
     }

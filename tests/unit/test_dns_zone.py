@@ -57,7 +57,8 @@ def test_a_federation_without_a_region_has_no_record_to_answer():
     [
         ({"domain": "fedgate test"}, "domain"),
         ({"regions": {"local-eu": ["127.0.1.1'); os.exit() --"]}}, "not an IP address"),
-        ({"regions": {"Local EU": ["127.0.1.1"]}}, "region"),
+        # not just "region": the client networks' check names their (now unknown) regions too
+        ({"regions": {"Local EU": ["127.0.1.1"]}}, "invalid region name 'Local EU'"),
         ({"client_networks": [("127.10.1.0/33", ["local-eu"])]}, "client network"),
         ({"client_networks": [(EU_NET, ["local-ap"])]}, "unknown: ['local-ap']"),
         ({"mqtt_port": 70000}, "mqtt_port"),
