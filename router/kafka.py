@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +25,11 @@ from router.lifecycle import Lifecycle
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+#: How often the poll thread looks for a stall (AsyncProducer `stall_after_s`).
+STALL_CHECK_EVERY_S = 1.0
+#: How long the stall check waits for Kafka's metadata: no answer means Kafka is away.
+METADATA_TIMEOUT_S = 5.0
 
 
 class KafkaUnavailable(FedgateError):
@@ -79,11 +85,34 @@ def one_record_per_batch(config: dict[str, Any]) -> dict[str, Any]:
 
 
 class AsyncProducer(Lifecycle):
-    def __init__(self, config: dict[str, Any], on_fatal: Callable[[KafkaError], None] | None = None):
+    """The producer, its poll thread and, with `stall_after_s`, a guard against a stall.
+
+    A stall: records in flight, no delivery report (delivered or failed) for `stall_after_s`,
+    and yet Kafka answers a metadata request.  Kafka away is not one -- the producer rides
+    that out, and the clock starts again once Kafka answers.  A stalled producer stores
+    nothing however long it waits (seen once after a Kafka restart: 2.5 min, until the test
+    gave up), so `on_stall(why)` is called, once: the router then fails /health and exits,
+    its shards go to the other routers, and its supervisor starts a fresh one.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        on_fatal: Callable[[KafkaError], None] | None = None,
+        *,
+        stall_after_s: float = 0.0,
+        on_stall: Callable[[str], None] | None = None,
+    ):
         super().__init__()
         #: a fatal error (the idempotent producer lost its guarantees): every later record fails
         self.fatal_error: KafkaError | None = None
         self._on_fatal = on_fatal
+        self._stall_after_s = stall_after_s
+        self._on_stall = on_stall
+        #: why the producer is taken as stalled (set once, on the poll thread)
+        self.stalled: str | None = None
+        #: when a report last came, nothing was in flight, or Kafka was last found away
+        self._progress_at = time.monotonic()
         self._producer = Producer({**config, "error_cb": self._on_error})
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
@@ -112,12 +141,46 @@ class AsyncProducer(Lifecycle):
     def _poll_loop(self) -> None:
         loop = self._loop
         assert loop is not None
+        next_check = time.monotonic() + STALL_CHECK_EVERY_S
         while not self._stop_polling.is_set():
             self._producer.poll(0.05)
             if self._reports:
                 with self._reports_lock:
                     batch, self._reports = self._reports, []
                 loop.call_soon_threadsafe(_dispatch, batch)
+                self._progress_at = time.monotonic()
+            if self._stall_after_s and time.monotonic() >= next_check:
+                next_check = time.monotonic() + STALL_CHECK_EVERY_S
+                self.check_stall()
+
+    def check_stall(self) -> str | None:
+        """Why the producer is stalled, or None (on the poll thread: the metadata request
+        waits there, and a producer that stalls has nothing else to poll for)."""
+        now = time.monotonic()
+        if self.stalled is not None:
+            return self.stalled
+        in_flight = len(self._producer)
+        if not in_flight:
+            self._progress_at = now
+            return None
+        quiet = now - self._progress_at
+        if quiet < self._stall_after_s:
+            return None
+        try:
+            brokers = self._producer.list_topics(timeout=METADATA_TIMEOUT_S).brokers
+        except KafkaException:
+            brokers = {}
+        if not brokers:  # Kafka away: waited out, and the clock starts when it is back
+            self._progress_at = time.monotonic()
+            return None
+        self.stalled = (
+            f"stalled: {in_flight} records in flight and no delivery report for {quiet:.0f} s "
+            f"while Kafka answers ({len(brokers)} brokers)"
+        )
+        log.critical("Kafka producer %s", self.stalled)
+        if self._on_stall is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_stall, self.stalled)
+        return self.stalled
 
     def produce(
         self,

@@ -92,6 +92,9 @@ class PresenceFeed:
         self._found = found
         #: (node, connection) -> when a close event for it was applied (time.time())
         self._closed_at: dict[tuple[str, str], float] = {}
+        #: region -> when its last connection list that answered was asked (time.time()): a
+        #: session that list showed and a later one lacks ended between the two
+        self._listed_at: dict[str, float] = {}
 
     # --- at start -----------------------------------------------------------------------
 
@@ -213,13 +216,21 @@ class PresenceFeed:
         subscribed: dict[str, dict[str, int]] | None,
     ) -> None:
         old = (asked_at - LISTING_LAG_S) * 1000
+        listed_before = self._listed_at.get(region, 0.0)
+        self._listed_at[region] = asked_at
         for s in self.presence.sessions():
             if s.region != region or s.connected_at > old or (s.node, s.connection) in alive:
                 continue
             log.warning(
                 "presence reconcile: %s's session at %s is gone; no event said so", s.client_id, region
             )
-            self._forget(s)
+            # A session that ends unseen (its node died: no close event) may have taken
+            # commands with it, and when it ended is known only this well: after the last list
+            # that showed it.  (Its device's new session, if listed, does not say when it began:
+            # 4.0's tracked lists give no connect time.)  What was sent to it since goes to the
+            # device's next session, at least once.
+            ended_at = max(listed_before, s.connected_at / 1000)
+            await self._end_unseen(s, ended_at)
             if self.store is not None:
                 await confirmed_later(self.store.offline_soon(s.client_id))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="ended")
@@ -255,10 +266,17 @@ class PresenceFeed:
                     self.gateways.in_background(self.store.offline(s.client_id))
 
     async def end(self, s: Session) -> None:
-        """A session that ended unseen (its gateway died): forgotten, and saved before returning."""
-        self._forget(s)
+        """A session that ended unseen (its gateway died): forgotten, what was sent to it since
+        its gateway last listed it sent to its next session, and saved before returning.  The
+        caller holds the lock."""
+        await self._end_unseen(s, max(self._listed_at.get(s.region, 0.0), s.connected_at / 1000))
         if self.store is not None:
             await self.store.offline(s.client_id)
+
+    async def _end_unseen(self, s: Session, ended_at: float) -> None:
+        self._forget(s)
+        if self._ended is not None:
+            await self._ended(s, ended_at)
 
     def _forget(self, s: Session) -> None:
         self.presence.closed(s.node, s.connection)

@@ -72,9 +72,18 @@ class Router(Lifecycle):
         self.metrics = Metrics()
         self.presence = PresenceTable()
         config = with_debug_log(producer_config(settings.kafka_client), settings.kafka_debug)
-        self.producer = AsyncProducer(config, on_fatal=self._producer_failed)
-        self.producer_alone = AsyncProducer(one_record_per_batch(config), on_fatal=self._producer_failed)
-        #: why the router cannot go on (a fatal Kafka producer error): /health fails, run() exits 1
+
+        def producer(config: dict[str, object]) -> AsyncProducer:
+            return AsyncProducer(
+                config,
+                on_fatal=self._producer_failed,
+                stall_after_s=settings.kafka_stall_s,
+                on_stall=self._producer_failed,
+            )
+
+        self.producer = producer(config)
+        self.producer_alone = producer(one_record_per_batch(config))
+        #: why the router cannot go on (a fatal or stalled Kafka producer): /health fails, run() exits 1
         self.failed: str | None = None
         self.failed_event = asyncio.Event()
         self.bridge = UplinkBridge(settings, self.producer, self.metrics, self.producer_alone)
@@ -276,9 +285,11 @@ class Router(Lifecycle):
         return 503, "text/plain", "starting\n"
 
     def _producer_failed(self, err: object) -> None:
-        """A fatal producer error: nothing more reaches Kafka, so the router says so on /health
-        and exits for its supervisor to start it again (what it had not acked, RabbitMQ
-        redelivers to the next one)."""
+        """A fatal producer error or a stall (router/kafka.py): nothing more reaches Kafka, so
+        the router says so on /health and exits for its supervisor to start it again (what it
+        had not acked, RabbitMQ redelivers to the next one)."""
+        if self.failed:
+            return
         self.failed = f"Kafka producer: {err}"
         self.ready = False
         self.metrics.inc("fedgate_router_fatal_errors_total")

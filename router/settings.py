@@ -148,6 +148,14 @@ class RouterSettings:
     max_inflight: int = field(
         default=2000, metadata={"doc": "Uplink messages on their way to Kafka at once (prefetch)."}
     )
+    kafka_stall_s: float = field(
+        default=120.0,
+        metadata={
+            "doc": "A producer with records in flight and no delivery report for this long while Kafka "
+            "answers is stalled: /health fails and the router exits 1 for its supervisor to start a "
+            "fresh one (its shards go to the other routers meanwhile).  0: off."
+        },
+    )
     kafka_debug: str = field(
         default="",
         metadata={
@@ -277,20 +285,11 @@ class RouterSettings:
         ):
             if getattr(self, name) <= 0:
                 raise RouterSettingsError(f"{name}: must be positive, got {getattr(self, name)}")
-        if self.link_repair_after_s < 0:
-            raise RouterSettingsError(
-                f"link_repair_after_s: must be 0 (off) or positive, got {self.link_repair_after_s}"
-            )
-        if self.presence_reconcile_s < 0:
-            raise RouterSettingsError(
-                f"presence_reconcile_s: must be 0 (off) or positive, got {self.presence_reconcile_s}"
-            )
+        for name in ("link_repair_after_s", "presence_reconcile_s", "regions_poll_s", "kafka_stall_s"):
+            if getattr(self, name) < 0:
+                raise RouterSettingsError(f"{name}: must be 0 (off) or positive, got {getattr(self, name)}")
         if not 0 <= self.metrics_port <= 65535:
             raise RouterSettingsError(f"metrics_port: {self.metrics_port} is not a TCP port")
-        if self.regions_poll_s < 0:
-            raise RouterSettingsError(
-                f"regions_poll_s: must be 0 (off) or positive, got {self.regions_poll_s}"
-            )
         return self
 
 

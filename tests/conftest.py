@@ -35,6 +35,9 @@ ROUTER_TABLE = {
     "park_ttl_s": PARK_TTL_S,
     # the gateways' connection lists checked often, so that a test sees it within seconds
     "presence_reconcile_s": 3.0,
+    # a stalled producer found within the chaos tests' 45 s fault (a frozen partition leader),
+    # while a Kafka away for 30 s must not be taken for one (tests/chaos)
+    "kafka_stall_s": 20.0,
     "rules": [ENERGY_RULE, *({"pattern": r.pattern, "topic": r.topic, "key": r.key} for r in DEFAULT_RULES)],
 }
 

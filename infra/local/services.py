@@ -266,7 +266,9 @@ class RouterNode(Node):
         env = self.base_env()
         env["PYTHONPATH"] = str(PROJECT_ROOT)
         env["PYTHONUNBUFFERED"] = "1"
-        return [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")], env, 65536
+        router = [sys.executable, "-m", "router", "--config", str(self.dir / "router.toml")]
+        # started again when it exits failed (a stalled Kafka producer), as systemd does in the cloud
+        return [sys.executable, "-m", "infra.local.supervisor", "--", *router], env, 65536
 
     def regions(self) -> list[str] | None:
         """The regions the router routes to (its /regions); None while it does not answer."""
