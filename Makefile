@@ -24,7 +24,7 @@ status: ## nodes, ports, state, connections and queue depths (JSON=1 for --json)
 	@$(FEDGATE) status $(if $(JSON),--json,)
 
 command: ## what the router did with a command, step by step: make command ID=<id printed by send> [WAIT=30]
-	@$(FEDGATE) command "$(ID)" $(if $(WAIT),--wait $(WAIT),)
+	@$(FEDGATE) command "$(ID)" $(if $(WAIT),--wait --timeout $(WAIT),)
 
 presence: ## where devices are connected (DEVICE=<id> for one)
 	@$(FEDGATE) presence $(DEVICE)

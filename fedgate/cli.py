@@ -5,9 +5,9 @@
     fedgate status [--json]    one line per node: role, region, ports, state, load
     fedgate demo               up, then a scripted scene with MQTT devices
     fedgate send DEV TOPIC MSG [--retain]   a message to a device, through the router; prints its id
-                               [--wait [S] [--answer]]: follows it until delivered, acknowledged,
-                               answered or dead-lettered
-    fedgate command ID [--wait [S]]   what the router did with that command, step by step
+                               [--wait [--timeout S] [--answer]]: follows it until delivered,
+                               acknowledged, answered or dead-lettered
+    fedgate command ID [--wait [--timeout S]]   what the router did with that command, step by step
     fedgate presence [DEV]     where devices are connected
     fedgate gateway add|remove REGION [--auto-approve]
                                a region joins or leaves: local-NAME runs here,
@@ -30,29 +30,49 @@ Settings come from the environment (FEDGATE_*) and fedgate.toml; see
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import functools
+import importlib.metadata
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from backend.devices import DeviceRegistryError
 from backend.errors import FedgateError
+from fedgate.failures import (
+    DEBUG_ENV,
+    Exit,
+    Refused,
+    TimedOut,
+    Usage,
+    exit_codes_help,
+    explain,
+    reaching,
+    require_listening,
+)
 from infra.device_registry import DeviceRegistry
 from infra.local.dns_node import DnsNode
 from infra.local.driver import LocalFederation, NodeStatus
 from infra.local.processes import sigterm_as_interrupt
-from infra.local.settings import LocalSettings, SettingsError, describe_settings, load_settings
+from infra.local.settings import LocalSettings, describe_settings, load_settings
 from infra.local.status import format_clusters
 from infra.regions import RegionDriver, RegionRow, all_drivers, driver_for, format_status
 
 log = logging.getLogger("fedgate.cli")
 
-__all__ = ["Context", "build_parser", "format_status", "main"]
+__all__ = ["Context", "build_parser", "format_status", "main", "parse_args"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+#: How long --wait follows a command when no --timeout is given.
+DEFAULT_WAIT_S = 30.0
 
 
 def _progress(msg: str) -> None:
@@ -67,6 +87,67 @@ def _positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a positive number of seconds")
     return value
+
+
+def _region_at_seconds(text: str) -> tuple[str, float]:
+    region, _, at = text.partition("@")
+    try:
+        seconds = float(at) if at else 10.0
+    except ValueError:
+        seconds = -1.0
+    if not region or not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: REGION@SECONDS, e.g. local-eu@10 (seconds into the run)")
+    return region, seconds
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a date like 2026-11-22") from None
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("fedgate")
+    except importlib.metadata.PackageNotFoundError:
+        # a checkout never installed: the version its next build carries
+        with (PROJECT_ROOT / "pyproject.toml").open("rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+
+
+def _wait_seconds(args: argparse.Namespace) -> float | None:
+    """How long --wait follows a command; None: not at all. --timeout and --answer imply it."""
+    if args.wait or args.timeout is not None or getattr(args, "answer", False):
+        return float(args.timeout or DEFAULT_WAIT_S)
+    return None
+
+
+#: `--wait 30` as it was written before --timeout: seconds right after --wait.
+_SECONDS = re.compile(r"-?(\d+\.?\d*|\.\d+)")
+
+
+def _wait_seconds_as_timeout(argv: Sequence[str]) -> list[str]:
+    """`--wait S` and `--wait=S`, the older form, as `--wait --timeout S`.
+
+    --wait took an optional value and so swallowed the device id of `send --wait DEV TOPIC MSG`;
+    it is a flag now, and only a number right after it is still read as its seconds."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        if arg.startswith("--wait="):
+            out += ["--wait", "--timeout", arg.removeprefix("--wait=")]
+        elif arg == "--wait" and i + 1 < len(args) and _SECONDS.fullmatch(args[i + 1]):
+            out += ["--wait", "--timeout", args[i + 1]]
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
 
 
 def _confirm(prompt: str) -> bool:
@@ -151,7 +232,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         for node in ctx.fed.nodes():
             if isinstance(node, DnsNode):
                 print(node.status_line())
-    return 0 if all(r.state == "running" for r in rows) else 3
+    return Exit.OK if all(r.state == "running" for r in rows) else Exit.NOT_RUNNING
 
 
 def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
@@ -162,82 +243,90 @@ def cmd_demo(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_send(ctx: Context, args: argparse.Namespace) -> int:
     from backend import contract as c
-    from backend.amqp import send_command
+    from backend.amqp import check_command_size, send_command
     from backend.command_outcomes import follow
 
     if args.device not in ctx.fed.device_registry.devices():
         # the router would dead-letter it: no device of that id can ever take it
-        raise DeviceRegistryError(
-            f"send: device {args.device!r} is not registered (fedgate devices add {args.device}); "
-            "the router would dead-letter the command"
+        raise Refused(
+            f"device {args.device!r} is not registered (fedgate devices add {args.device})",
+            "the router would dead-letter a command to it",
+        )
+    try:
+        check_command_size(args.payload)
+    except FedgateError as e:
+        raise Refused(str(e)) from e
+    wait_s = _wait_seconds(args)
+    if wait_s is not None and args.retain:
+        raise Usage(
+            "--wait follows one command to one device, and desired state (--retain) is kept, not followed",
+            "leave out one of them",
         )
     ep = ctx.fed.endpoints()
     url = ep["backend"]["url"]
-    if args.answer and args.wait is None:
-        args.wait = 30.0
-    if args.wait is None:
-        send_command(
-            url, args.device, args.topic, args.payload, retain=args.retain, expires_in_s=args.expires_in
-        )
+    if wait_s is None:
+        with reaching("the backend", url):
+            send_command(
+                url, args.device, args.topic, args.payload, retain=args.retain, expires_in_s=args.expires_in
+            )
         command_id = c.message_id(args.topic, args.payload.encode())
         print(
             f"command {command_id} handed to the router: {args.device} {args.topic}"
             + (" (desired state)" if args.retain else "")
         )
         print(f"follow it: fedgate command {command_id}")
-        return 0
-    if args.retain:
-        raise SettingsError(
-            "send: --wait follows one command to one device; desired state (--retain) is kept"
-        )
+        return Exit.OK
+    require_listening("Kafka", ep["kafka"]["bootstrap"])
     wanted = "its answer" if args.answer else "its outcome"
-    print(f"handed to the router: {args.device} {args.topic}; following {wanted} for up to {args.wait:g} s")
-    end = follow(
-        url,
-        ep["kafka"]["bootstrap"],
-        args.device,
-        args.topic,
-        args.payload,
-        timeout_s=args.wait,
-        expires_in_s=args.expires_in,
-        want_answer=args.answer,
-        on_step=lambda s: print(f"  {s.line()}", flush=True),
-    )
+    print(f"handed to the router: {args.device} {args.topic}; following {wanted} for up to {wait_s:g} s")
+    with reaching("the backend", url):
+        end = follow(
+            url,
+            ep["kafka"]["bootstrap"],
+            args.device,
+            args.topic,
+            args.payload,
+            timeout_s=wait_s,
+            expires_in_s=args.expires_in,
+            want_answer=args.answer,
+            on_step=lambda s: print(f"  {s.line()}", flush=True),
+        )
     cid = end.command_id
     if end.reply is not None:
         r = end.reply
         print(f"command {cid}: answered by {args.device} via {r.region} after {r.after_s:.2f} s:")
         print(r.payload.decode("utf-8", "replace"))
-        return 0
+        return Exit.OK
     last = end.steps[-1] if end.steps else None
     if end.ended == "delivered" and last is not None:
         print(
             f"command {cid}: delivered to {args.device}'s session at {last.region} "
             "(a QoS 1 subscription: MQTT delivers it at least once)"
         )
-        return 0
+        return Exit.OK
     if end.ended == "acknowledged":
         print(f"command {cid}: acknowledged by {args.device}")
-        return 0
+        return Exit.OK
     if end.ended == "deadlettered" and last is not None:
         print(f"fedgate: command {cid} was dead-lettered: {last.reason}", file=sys.stderr)
-        return 1
-    where = f" Its last step: {last.line()}." if last else " Nothing on record for it yet."
-    print(
-        f"fedgate: command {cid}: no {'answer' if args.answer else 'outcome'} within {args.wait:g} s.{where} "
-        "The router still holds it: it is delivered when the device connects and subscribes"
+        return Exit.FAILED
+    where = f"its last step: {last.line()}" if last else "nothing on record for it yet"
+    raise TimedOut(
+        f"command {cid}: no {'answer' if args.answer else 'outcome'} within {wait_s:g} s ({where})",
+        "the router still holds it and delivers it when the device connects and subscribes"
         + (f", until it expires ({args.expires_in:g} s after sending)" if args.expires_in else "")
         + f"; follow it: fedgate command {cid} --wait",
-        file=sys.stderr,
     )
-    return 1
 
 
 def cmd_command(ctx: Context, args: argparse.Namespace) -> int:
     """What the router did with one command, step by step (router/outcomes.py)."""
     from backend.command_outcomes import final_outcome, read_outcomes
 
-    steps = read_outcomes(ctx.fed.endpoints()["kafka"]["bootstrap"], args.command_id, wait_s=args.wait or 0.0)
+    bootstrap = ctx.fed.endpoints()["kafka"]["bootstrap"]
+    require_listening("Kafka", bootstrap)
+    wait_s = _wait_seconds(args)
+    steps = read_outcomes(bootstrap, args.command_id, wait_s=wait_s or 0.0)
     if args.json:
         print(json.dumps([vars(s) for s in steps], indent=2))
     else:
@@ -245,44 +334,43 @@ def cmd_command(ctx: Context, args: argparse.Namespace) -> int:
             print(s.line())
     if not steps:
         print(f"fedgate: nothing on record for command {args.command_id}", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     ended = final_outcome(steps, int(time.time() * 1000))
     if ended is not None and not args.json:
         print(f"{args.command_id}: {ended}")
-    elif args.wait and ended is None:
-        print(f"fedgate: command {args.command_id}: no final outcome within {args.wait:g} s", file=sys.stderr)
-    return 0
+    elif wait_s is not None and ended is None:
+        raise TimedOut(
+            f"command {args.command_id}: no final outcome within {wait_s:g} s",
+            "the router still holds it; follow it longer: "
+            f"fedgate command {args.command_id} --wait --timeout S",
+        )
+    return Exit.OK
 
 
 def cmd_presence(ctx: Context, args: argparse.Namespace) -> int:
-    import urllib.error
     import urllib.parse
     import urllib.request
 
     url = ctx.fed.endpoints()["router"]["metrics"]
     if url is None:
         print("fedgate: no router in this federation", file=sys.stderr)
-        return 1
+        return Exit.FAILED
     query = f"?device={urllib.parse.quote(args.device)}" if args.device else ""
-    try:
-        with urllib.request.urlopen(f"{url}/presence{query}", timeout=5) as r:
-            data = json.load(r)
-    except (urllib.error.URLError, OSError) as e:
-        print(f"fedgate: router at {url} unreachable: {e}", file=sys.stderr)
-        return 1
+    with reaching("the router", url), urllib.request.urlopen(f"{url}/presence{query}", timeout=5) as r:
+        data = json.load(r)
     if args.json:
         print(json.dumps(data, indent=2))
-        return 0
+        return Exit.OK
     if args.device and not data["devices"]:
         print(f"{args.device}: not connected")
-        return 1
+        return Exit.FAILED
     for d in data["devices"]:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["connected_at"]))
         print(f"{d['device']:30} {d['region']:12} since {since}")
     if not args.device:
         counts = ", ".join(f"{r}: {n}" for r, n in sorted(data["per_region"].items())) or "none"
         print(f"{data['total']} devices connected ({counts})")
-    return 0
+    return Exit.OK
 
 
 def cmd_gateway(ctx: Context, args: argparse.Namespace) -> int:
@@ -395,10 +483,6 @@ def cmd_devices(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_army(ctx: Context, args: argparse.Namespace) -> int:
     from fedgate import army
 
-    kill = None
-    if args.kill_gateway:
-        region, _, at = args.kill_gateway.partition("@")
-        kill = (region, float(at or 10))
     plan = army.ArmyPlan(
         devices=args.devices,
         rate=args.rate,
@@ -415,7 +499,7 @@ def cmd_army(ctx: Context, args: argparse.Namespace) -> int:
         storm_at_s=args.storm_at,
         roam_at_s=args.roam_at,
         roam_share=args.roam_share,
-        kill_gateway=kill,
+        kill_gateway=args.kill_gateway,
     )
     tty = sys.stderr.isatty()
 
@@ -427,11 +511,11 @@ def cmd_army(ctx: Context, args: argparse.Namespace) -> int:
         report = army.run_army(ctx.fed, plan, progress=_progress, line=line)
     except ValueError as e:
         print(f"fedgate: army: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     if tty:
         print(file=sys.stderr)
     print(json.dumps(report, indent=2) if args.json else army.to_text(report))
-    return 0 if army.ok(report) else 1
+    return Exit.OK if army.ok(report) else Exit.FAILED
 
 
 def cmd_backend_tls(ctx: Context, args: argparse.Namespace) -> int:
@@ -515,18 +599,11 @@ def cmd_query(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_recompute(ctx: Context, args: argparse.Namespace) -> int:
-    import datetime as dt
-
     from spark import query
 
-    try:
-        since, until = dt.date.fromisoformat(args.since), dt.date.fromisoformat(args.until)
-    except ValueError as e:
-        print(f"fedgate: recompute: {e} (dates look like 2026-11-22)", file=sys.stderr)
-        return 2
+    since, until = args.since, args.until
     if until < since:
-        print("fedgate: recompute: --until is before --since", file=sys.stderr)
-        return 2
+        raise Usage("--until is before --since", "give the first date, then the last")
     settings = ctx.spark_settings()
     _progress(f"recomputing the aggregates of {since}..{until} from telemetry_raw")
     with query.session(settings, remote=False) as spark:  # heavy: not in the job's driver
@@ -538,9 +615,19 @@ def cmd_recompute(ctx: Context, args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="fedgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="fedgate",
+        description=__doc__,
+        epilog=exit_codes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        "--debug",
+        action="store_true",
+        help=f"debug logging, and a failure's traceback ({DEBUG_ENV}=1 does the same)",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="start the local federation (idempotent)").set_defaults(fn=cmd_up)
     down = sub.add_parser("down", help="stop the local federation, leaving no process behind")
@@ -566,31 +653,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     send.add_argument(
         "--wait",
-        type=_positive_seconds,
-        nargs="?",
-        const=30.0,
-        metavar="S",
-        help="follow the command up to S seconds (default 30), printing each step, until it ends: "
-        "delivered to a QoS 1 session, acknowledged by the device, answered (an MQTT 5 device, "
-        "through the response topic devices/<device>/replies it is given) or dead-lettered",
+        action="store_true",
+        help="follow the command, printing each step, until it ends: delivered to a QoS 1 session, "
+        "acknowledged by the device, answered (an MQTT 5 device, through the response topic "
+        "devices/<device>/replies it is given) or dead-lettered",
     )
+    _timeout_option(send)
     send.add_argument(
         "--answer",
         action="store_true",
-        help="with --wait: end only at the device's MQTT 5 answer (or the command's dead-lettering)",
+        help="--wait, and end only at the device's MQTT 5 answer (or the command's dead-lettering)",
     )
     send.set_defaults(fn=cmd_send)
     cmd = sub.add_parser("command", help="what the router did with a command, step by step (its id)")
     cmd.add_argument("command_id", help="the id `fedgate send` printed (the device acknowledges it)")
     cmd.add_argument(
         "--wait",
-        type=_positive_seconds,
-        nargs="?",
-        const=30.0,
-        metavar="S",
-        help="follow it up to S seconds (default 30) until delivered to a QoS 1 session, "
-        "acknowledged or dead-lettered",
+        action="store_true",
+        help="follow it until delivered to a QoS 1 session, acknowledged or dead-lettered",
     )
+    _timeout_option(cmd)
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(fn=cmd_command)
     pres = sub.add_parser("presence", help="where devices are connected, since when; counts per region")
@@ -682,7 +764,10 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--roam-at", type=float, help="seconds in: --roam-share of the devices move region")
     ar.add_argument("--roam-share", type=float, default=0.2)
     ar.add_argument(
-        "--kill-gateway", metavar="REGION@SECONDS", help="SIGKILL that region's gateway; started again after"
+        "--kill-gateway",
+        type=_region_at_seconds,
+        metavar="REGION@SECONDS",
+        help="SIGKILL that region's gateway SECONDS into the run (default 10); started again after",
     )
     ar.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     ar.set_defaults(fn=cmd_army)
@@ -693,34 +778,49 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100)")
     q.set_defaults(fn=cmd_query)
     rc = sub.add_parser("recompute", help="rebuild device_minute/region_minute from telemetry_raw for dates")
-    rc.add_argument("--since", required=True, help="first date, YYYY-MM-DD")
-    rc.add_argument("--until", required=True, help="last date, YYYY-MM-DD")
+    rc.add_argument("--since", required=True, type=_date, help="first date, YYYY-MM-DD")
+    rc.add_argument("--until", required=True, type=_date, help="last date, YYYY-MM-DD")
     rc.set_defaults(fn=cmd_recompute)
     return p
 
 
+def _timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="S",
+        help=f"--wait, for at most S seconds (default {DEFAULT_WAIT_S:g}); then exit 6 (timed out)",
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, read as main reads it: `--wait 30` still means `--wait --timeout 30`."""
+    return build_parser().parse_args(_wait_seconds_as_timeout(sys.argv[1:] if argv is None else argv))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     # SIGTERM gets the same clean-up as Ctrl-C: a half-done `up` stops what it started.
     signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    debug = args.verbose or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    # pika logs each failed connection attempt at ERROR, traceback and all: the one line below says it
+    logging.getLogger("pika").setLevel(logging.NOTSET if debug else logging.CRITICAL)
     try:
         ctx = Context(load_settings())
         return int(args.fn(ctx, args))
-    except SettingsError as e:
-        log.debug("settings error", exc_info=True)
-        print(f"fedgate: settings: {e}", file=sys.stderr)
-        return 2
-    except FedgateError as e:
-        # expected: one line for the operator; the traceback only with -v
-        log.debug("%s failed", args.command, exc_info=True)
-        print(f"fedgate: error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("fedgate: interrupted", file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
+    except Exception as e:
+        # every failure, expected or not, is one line a person can act on; the traceback only
+        # when debugging
+        code, line = explain(e, args.command)
+        log.debug("%s failed", args.command, exc_info=True)
+        print(f"fedgate: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

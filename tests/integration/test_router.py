@@ -600,7 +600,7 @@ def test_a_command_for_an_id_that_is_not_registered_is_refused_and_dead_lettered
     monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
     monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
     capsys.readouterr()
-    assert cli.main(["send", ghost, c.device_command_topic(ghost, "x"), "{}"]) == 1
+    assert cli.main(["send", ghost, c.device_command_topic(ghost, "x"), "{}"]) == 5  # refused
     err = capsys.readouterr().err
     assert f"device {ghost!r} is not registered (fedgate devices add {ghost})" in err, err
     spies = [operator_client(endpoints, r, f"spy-{r}-{uid}") for r in ("local-eu", "local-us")]

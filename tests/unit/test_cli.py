@@ -219,17 +219,18 @@ def test_a_closed_management_port_is_named_on_revoke(state, monkeypatch, capsys)
 
 
 def test_send_takes_a_deadline_and_a_wait_with_a_default_and_refuses_nonsense(capsys):
-    p = build_parser()
-    a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--expires-in", "30", "--wait"])
-    assert (a.expires_in, a.wait) == (30.0, 30.0)
-    a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--wait", "5"])
-    assert (a.expires_in, a.wait) == (None, 5.0)
-    assert p.parse_args(["send", "d1", "devices/d1/commands/x", "{}"]).wait is None
-    a = p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", "--wait", "5", "--answer"])
-    assert (a.wait, a.answer) == (5.0, True)
-    for bad in (["--expires-in", "0"], ["--expires-in", "-3"], ["--wait", "soon"]):
+    topic = "devices/d1/commands/x"
+    a = cli.parse_args(["send", "d1", topic, "{}", "--expires-in", "30", "--wait"])
+    assert (a.expires_in, cli._wait_seconds(a)) == (30.0, 30.0)
+    a = cli.parse_args(["send", "d1", topic, "{}", "--wait", "--timeout", "5"])
+    assert (a.expires_in, cli._wait_seconds(a)) == (None, 5.0)
+    assert cli._wait_seconds(cli.parse_args(["send", "d1", topic, "{}"])) is None
+    a = cli.parse_args(["send", "d1", topic, "{}", "--timeout", "5", "--answer"])
+    assert (cli._wait_seconds(a), a.answer) == (5.0, True)
+    assert cli._wait_seconds(cli.parse_args(["send", "d1", topic, "{}", "--answer"])) == 30.0
+    for bad in (["--expires-in", "0"], ["--expires-in", "-3"], ["--timeout", "soon"], ["--wait", "-3"]):
         with pytest.raises(SystemExit):
-            p.parse_args(["send", "d1", "devices/d1/commands/x", "{}", *bad])
+            cli.parse_args(["send", "d1", topic, "{}", *bad])
     assert "a positive number of seconds" in capsys.readouterr().err
 
 
