@@ -92,8 +92,7 @@ class PresenceFeed:
         self._found = found
         #: (node, connection) -> when a close event for it was applied (time.time())
         self._closed_at: dict[tuple[str, str], float] = {}
-        #: region -> when its last connection list that answered was asked (time.time()): a
-        #: session that list showed and a later one lacks ended between the two
+        #: region -> when its last list that answered was asked: a session ends unseen after it
         self._listed_at: dict[str, float] = {}
 
     # --- at start -----------------------------------------------------------------------
@@ -224,13 +223,9 @@ class PresenceFeed:
             log.warning(
                 "presence reconcile: %s's session at %s is gone; no event said so", s.client_id, region
             )
-            # A session that ends unseen (its node died: no close event) may have taken
-            # commands with it, and when it ended is known only this well: after the last list
-            # that showed it.  (Its device's new session, if listed, does not say when it began:
-            # 4.0's tracked lists give no connect time.)  What was sent to it since goes to the
-            # device's next session, at least once.
-            ended_at = max(listed_before, s.connected_at / 1000)
-            await self._end_unseen(s, ended_at)
+            # Ended unseen (its node died), maybe with commands: when is known only as "after
+            # the last list that showed it" (4.0's lists give a new session no connect time)
+            await self._end_unseen(s, max(listed_before, s.connected_at / 1000))
             if self.store is not None:
                 await confirmed_later(self.store.offline_soon(s.client_id))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="ended")
