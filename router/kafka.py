@@ -87,12 +87,14 @@ def one_record_per_batch(config: dict[str, Any]) -> dict[str, Any]:
 class AsyncProducer(Lifecycle):
     """The producer, its poll thread and, with `stall_after_s`, a guard against a stall.
 
-    A stall: records in flight, no delivery report (delivered or failed) for `stall_after_s`,
-    and yet Kafka answers a metadata request.  Kafka away is not one -- the producer rides
-    that out, and the clock starts again once Kafka answers.  A stalled producer stores
-    nothing however long it waits (seen once after a Kafka restart: 2.5 min, until the test
-    gave up), so `on_stall(why)` is called, once: the router then fails /health and exits,
-    its shards go to the other routers, and its supervisor starts a fresh one.
+    A stall: a record has waited `stall_after_s` for its delivery report (delivered or
+    failed), and yet Kafka answers a metadata request.  Kafka away is not one -- the
+    producer rides that out, and a record's wait counts from when Kafka last was away.  A
+    stalled producer stores nothing however long it waits (seen once after a Kafka restart:
+    2.5 min, until the test gave up), or nothing for the partitions of one frozen broker
+    while the others' records flow -- so it is the oldest record's wait that counts, not
+    the time since the last report.  Then `on_stall(why)` is called, once: the router fails
+    /health and exits, its shards go to the other routers, its supervisor starts a new one.
     """
 
     def __init__(
@@ -109,10 +111,15 @@ class AsyncProducer(Lifecycle):
         self._on_fatal = on_fatal
         self._stall_after_s = stall_after_s
         self._on_stall = on_stall
-        #: why the producer is taken as stalled (set once, on the poll thread)
+        #: why the producer is taken as stalled (set once)
         self.stalled: str | None = None
-        #: when a report last came, nothing was in flight, or Kafka was last found away
-        self._progress_at = time.monotonic()
+        #: produce number -> when it was produced (monotonic) of the records not reported yet,
+        #: kept with a guard only; the first is the oldest (a dict keeps insertion order)
+        self._waiting: dict[int, float] = {}
+        self._produced = 0
+        #: when Kafka last left its metadata unanswered (monotonic)
+        self._away_at = 0.0
+        self._guard: asyncio.Task[None] | None = None
         self._producer = Producer({**config, "error_cb": self._on_error})
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
@@ -120,12 +127,14 @@ class AsyncProducer(Lifecycle):
         # Reports collected during one poll() and handed to the loop in one
         # call: waking the event loop once per record would cost more than
         # the record itself.
-        self._reports: list[tuple[DeliveryCallback, KafkaError | None, Message]] = []
+        self._reports: list[tuple[DeliveryCallback, KafkaError | None, Message, int]] = []
         self._reports_lock = threading.Lock()
 
     async def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread.start()
+        if self._stall_after_s:
+            self._guard = asyncio.create_task(self._watch_for_stall(), name="kafka-stall-guard")
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback (on the poll thread).  Most errors are Kafka being away,
@@ -141,46 +150,58 @@ class AsyncProducer(Lifecycle):
     def _poll_loop(self) -> None:
         loop = self._loop
         assert loop is not None
-        next_check = time.monotonic() + STALL_CHECK_EVERY_S
         while not self._stop_polling.is_set():
             self._producer.poll(0.05)
             if self._reports:
                 with self._reports_lock:
                     batch, self._reports = self._reports, []
-                loop.call_soon_threadsafe(_dispatch, batch)
-                self._progress_at = time.monotonic()
-            if self._stall_after_s and time.monotonic() >= next_check:
-                next_check = time.monotonic() + STALL_CHECK_EVERY_S
-                self.check_stall()
+                loop.call_soon_threadsafe(self._dispatch, batch)
 
-    def check_stall(self) -> str | None:
-        """Why the producer is stalled, or None (on the poll thread: the metadata request
-        waits there, and a producer that stalls has nothing else to poll for)."""
-        now = time.monotonic()
+    def _dispatch(self, batch: list[tuple[DeliveryCallback, KafkaError | None, Message, int]]) -> None:
+        waiting = self._waiting
+        for callback, err, msg, number in batch:
+            waiting.pop(number, None)
+            try:
+                callback(err, msg)
+            except Exception:  # one bad callback must not drop the others' reports
+                log.exception("delivery callback failed")
+
+    async def _watch_for_stall(self) -> None:
+        while self.stalled is None:
+            await asyncio.sleep(STALL_CHECK_EVERY_S)
+            await self.check_stall()
+
+    def oldest_wait(self) -> float:
+        """Seconds the oldest record not reported yet has waited since Kafka last was away."""
+        if not self._waiting:
+            return 0.0
+        return time.monotonic() - max(next(iter(self._waiting.values())), self._away_at)
+
+    async def check_stall(self) -> str | None:
+        """Why the producer is stalled, or None."""
         if self.stalled is not None:
             return self.stalled
-        in_flight = len(self._producer)
-        if not in_flight:
-            self._progress_at = now
+        waited = self.oldest_wait()
+        if waited < self._stall_after_s:
             return None
-        quiet = now - self._progress_at
-        if quiet < self._stall_after_s:
-            return None
-        try:
-            brokers = self._producer.list_topics(timeout=METADATA_TIMEOUT_S).brokers
-        except KafkaException:
-            brokers = {}
-        if not brokers:  # Kafka away: waited out, and the clock starts when it is back
-            self._progress_at = time.monotonic()
+        brokers = await asyncio.get_running_loop().run_in_executor(None, self._brokers_answering)
+        if not brokers:  # Kafka away: waited out, and the wait counts from when it is back
+            self._away_at = time.monotonic()
             return None
         self.stalled = (
-            f"stalled: {in_flight} records in flight and no delivery report for {quiet:.0f} s "
-            f"while Kafka answers ({len(brokers)} brokers)"
+            f"stalled: a record has waited {waited:.0f} s for its delivery report ({len(self._waiting)} "
+            f"in flight) while Kafka answers ({brokers} brokers)"
         )
         log.critical("Kafka producer %s", self.stalled)
-        if self._on_stall is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._on_stall, self.stalled)
+        if self._on_stall is not None:
+            self._on_stall(self.stalled)
         return self.stalled
+
+    def _brokers_answering(self) -> int:
+        try:
+            return len(self._producer.list_topics(timeout=METADATA_TIMEOUT_S).brokers)
+        except KafkaException:
+            return 0
 
     def produce(
         self,
@@ -192,11 +213,15 @@ class AsyncProducer(Lifecycle):
     ) -> None:
         """Queue a record; `on_delivery(err, msg)` runs on the event loop when Kafka answered."""
         assert self._loop is not None, "start() first"
+        number = -1
+        if self._stall_after_s:
+            number = self._produced = self._produced + 1
+            self._waiting[number] = time.monotonic()
 
         def report(err: KafkaError | None, msg: Message) -> None:
             # runs inside poll() on the poll thread, or inside flush() on another
             with self._reports_lock:
-                self._reports.append((on_delivery, err, msg))
+                self._reports.append((on_delivery, err, msg, number))
 
         while True:
             try:
@@ -247,17 +272,11 @@ class AsyncProducer(Lifecycle):
     async def _stop(self) -> None:
         """Stop polling; flush first (see Router.stop) -- what is still queued then is lost
         to this process, and its inputs, never acked, are redelivered."""
+        if self._guard is not None:
+            self._guard.cancel()
         self._stop_polling.set()
         if self._thread.is_alive():
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
-
-
-def _dispatch(batch: list[tuple[DeliveryCallback, KafkaError | None, Message]]) -> None:
-    for callback, err, msg in batch:
-        try:
-            callback(err, msg)
-        except Exception:  # one bad callback must not drop the others' reports
-            log.exception("delivery callback failed")
 
 
 def ensure_topics(

@@ -151,7 +151,7 @@ class RouterSettings:
     kafka_stall_s: float = field(
         default=120.0,
         metadata={
-            "doc": "A producer with records in flight and no delivery report for this long while Kafka "
+            "doc": "A producer whose oldest record waited this long for its delivery report while Kafka "
             "answers is stalled: /health fails and the router exits 1 for its supervisor to start a "
             "fresh one (its shards go to the other routers meanwhile).  0: off."
         },

@@ -188,8 +188,8 @@ def test_a_frozen_partition_leader_stalls_the_producers_and_the_stall_guard_rest
     """SIGSTOP the broker leading most telemetry partitions -- frozen, not dead: its sockets stay
     open and the routers' requests to it get no answer -- while devices publish QoS 1; keep it
     frozen 45 s; resume it.  The other brokers answer, and take its partitions over once the
-    controller fences it, but the producers wait on their unanswered requests: records in
-    flight, no delivery report, Kafka answering -- a stall (router/kafka.py).  Past
+    controller fences it, but the producers wait on their unanswered requests: records of its
+    partitions wait for their reports while Kafka answers -- a stall (router/kafka.py).  Past
     `kafka_stall_s` (ROUTER_TABLE) a stalled router fails /health and exits, its supervisor
     starts it again, and the fresh producer writes to the new leaders.  Nothing is lost."""
     fed, ep = ha_federation, ha_endpoints

@@ -1,6 +1,6 @@
-"""The producer's stall guard (router/kafka.py): records in flight, no delivery report for
-`kafka_stall_s`, and Kafka answering -- the router fails /health and exits 1 for its supervisor.
-Kafka away is no stall: it is ridden out, and the clock starts again when Kafka answers."""
+"""The producer's stall guard (router/kafka.py): a record that waited `kafka_stall_s` for its
+delivery report while Kafka answers -- the router fails /health and exits 1 for its supervisor.
+Kafka away is no stall: it is ridden out, and a record's wait counts from when Kafka is back."""
 
 from __future__ import annotations
 
@@ -16,68 +16,102 @@ from router.settings import load_router_settings
 
 
 class _Client:
-    """librdkafka's producer as the guard asks it: records in flight, and Kafka's metadata."""
+    """librdkafka's producer as the guard asks it: Kafka's metadata, answered or not."""
 
-    def __init__(self, in_flight: int, answers: bool):
-        self.in_flight, self.answers, self.asked = in_flight, answers, 0
+    def __init__(self, answers: bool):
+        self.answers, self.asked = answers, 0
 
     def __len__(self) -> int:
-        return self.in_flight
+        return 0
 
     def list_topics(self, timeout: float) -> SimpleNamespace:
         self.asked += 1
         if not self.answers:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
-        return SimpleNamespace(brokers={1: "127.0.0.1:9092"})
+        return SimpleNamespace(brokers={1: "b1", 2: "b2"})
 
 
-def _guarded(client: _Client, stall_after_s: float = 10.0) -> tuple[AsyncProducer, list[str]]:
+def _guarded(answers: bool, stall_after_s: float = 10.0) -> tuple[AsyncProducer, list[str]]:
     said: list[str] = []
     p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=stall_after_s, on_stall=said.append)
-    p._producer = client  # type: ignore[assignment]
+    p._producer = _Client(answers)  # type: ignore[assignment]
     return p, said
 
 
-def test_records_in_flight_with_no_report_while_kafka_answers_is_a_stall_said_once():
+def _waiting_since(p: AsyncProducer, *ages: float) -> None:
+    """Records produced `ages` seconds ago, oldest first, none reported yet."""
+    now = time.monotonic()
+    p._waiting = {n: now - age for n, age in enumerate(ages, 1)}
+
+
+def test_a_record_waiting_past_kafka_stall_s_while_kafka_answers_is_a_stall_said_once():
     async def scenario():
-        p, said = _guarded(_Client(in_flight=3, answers=True))
-        p._loop = asyncio.get_running_loop()
-        assert p.check_stall() is None, "quiet for less than kafka_stall_s"
+        p, said = _guarded(answers=True)
+        _waiting_since(p, 9, 1)
+        assert await p.check_stall() is None, "waited less than kafka_stall_s"
         assert p._producer.asked == 0, "Kafka is not asked before then"  # type: ignore[attr-defined]
-        p._progress_at = time.monotonic() - 11
-        why = p.check_stall()
-        assert why is not None and "3 records in flight" in why and "1 brokers" in why
-        await asyncio.sleep(0.01)
+        _waiting_since(p, 11, 1, 0)
+        why = await p.check_stall()
+        assert why is not None and "waited 11 s" in why and "3 in flight" in why and "2 brokers" in why
         assert said == [why]
-        assert p.check_stall() == why and said == [why], "said once"
+        assert await p.check_stall() == why and said == [why], "said once"
 
     asyncio.run(scenario())
 
 
-def test_kafka_away_is_no_stall_and_the_clock_starts_again_when_it_answers():
-    p, said = _guarded(_Client(in_flight=3, answers=False))
-    p._progress_at = time.monotonic() - 11
-    assert p.check_stall() is None and said == []
-    assert time.monotonic() - p._progress_at < 1, "the clock starts again"
-    p._producer.answers = True  # type: ignore[attr-defined]
-    assert p.check_stall() is None, "back for less than kafka_stall_s: not yet"
+def test_one_stuck_record_is_a_stall_however_many_others_are_reported():
+    """A frozen broker's partitions: their records wait while the other brokers' records are
+    reported.  The time since the last report would never grow; the oldest record's wait does."""
+
+    async def scenario():
+        p, said = _guarded(answers=True)
+        _waiting_since(p, 25)
+        stuck = next(iter(p._waiting))
+        for n in range(100, 110):  # records of the other partitions, produced and reported
+            p._waiting[n] = time.monotonic()
+            p._dispatch([(lambda err, msg: None, None, None, n)])  # type: ignore[list-item]
+        assert list(p._waiting) == [stuck]
+        assert await p.check_stall() is not None and said
+
+    asyncio.run(scenario())
+
+
+def test_kafka_away_is_no_stall_and_the_wait_counts_from_when_it_answers_again():
+    async def scenario():
+        p, said = _guarded(answers=False)
+        _waiting_since(p, 30)
+        assert await p.check_stall() is None and said == []
+        assert p.oldest_wait() < 1, "the wait counts from Kafka's return"
+        p._producer.answers = True  # type: ignore[attr-defined]
+        assert await p.check_stall() is None, "back for less than kafka_stall_s: not yet"
+
+    asyncio.run(scenario())
 
 
 def test_nothing_in_flight_is_no_stall():
-    p, said = _guarded(_Client(in_flight=0, answers=True))
-    p._progress_at = time.monotonic() - 600
-    assert p.check_stall() is None and said == []
+    async def scenario():
+        p, said = _guarded(answers=True)
+        assert p.oldest_wait() == 0.0 and await p.check_stall() is None and said == []
+
+    asyncio.run(scenario())
 
 
 def test_a_real_producer_whose_kafka_is_away_is_not_taken_as_stalled():
-    """librdkafka's own client, a record queued for a Kafka nothing listens at."""
-    p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=0.5)
-    p._producer.produce("t", b"x")
-    time.sleep(0.6)
-    assert len(p._producer) >= 1, "the record waits for Kafka"
-    assert p.check_stall() is None and p.stalled is None
-    p._producer.purge()  # the record is the test's: dropped, not left for librdkafka to warn of
-    p._producer.flush(0)
+    """librdkafka's own client, a record produced for a Kafka nothing listens at."""
+
+    async def scenario():
+        p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=0.5)
+        await p.start()
+        try:
+            p.produce("t", b"x", None, None, lambda err, msg: None)
+            await asyncio.sleep(0.6)
+            assert p.oldest_wait() >= 0.5, "the record waits for Kafka"
+            assert await p.check_stall() is None and p.stalled is None
+        finally:
+            p._producer.purge()  # the record is the test's: dropped, not left for librdkafka to warn of
+            await p.stop()
+
+    asyncio.run(scenario())
 
 
 def test_a_stalled_producer_fails_health_with_the_reason_and_ends_the_router(tmp_path):
@@ -86,13 +120,12 @@ def test_a_stalled_producer_fails_health_with_the_reason_and_ends_the_router(tmp
         cfg.write_text('amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:1"\n')
         router = Router(load_router_settings(cfg, env={"FEDGATE_ROUTER_KAFKA_STALL_S": "10"}))
         router.ready = True
-        router.producer._loop = asyncio.get_running_loop()  # as start() sets it
-        router.producer._producer = _Client(in_flight=5, answers=True)  # type: ignore[assignment]
-        router.producer._progress_at = time.monotonic() - 11
-        router.producer.check_stall()
+        router.producer._producer = _Client(answers=True)  # type: ignore[assignment]
+        _waiting_since(router.producer, 11)
+        await router.producer.check_stall()
         await asyncio.wait_for(router.failed_event.wait(), 2)
         status, _, body = router.health()
-        assert status == 503 and body.startswith("failed: Kafka producer: stalled: 5 records in flight")
+        assert status == 503 and body.startswith("failed: Kafka producer: stalled: a record has waited 11 s")
         assert router.metrics.total("fedgate_router_fatal_errors_total") == 1
 
     asyncio.run(scenario())
