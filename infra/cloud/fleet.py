@@ -306,12 +306,15 @@ class CloudFleet:
                 set_identifier=rec.region,
                 aws_region=o["aws_region"],
                 target=o["lb_dns_name"],
+                regional=lambda service: boto3.client(
+                    service, region_name=o["aws_region"], endpoint_url=self.settings.aws_endpoint_url or None
+                ),
             )
         except route53.Route53VerificationError as e:
             raise CloudError(f"{rec.region}: {e}") from e
         r, hc = found
         self.progress(
             f"{rec.region}: latency record {r.name} [{r.set_identifier}] -> {r.targets[0]}, "
-            f"health check {hc.id} ({hc.type} {hc.fqdn}:{hc.port})"
+            f"health check {hc.id} ({hc.type}: alarm {hc.alarm_name} on the load balancer's healthy nodes)"
         )
         return found

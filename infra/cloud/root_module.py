@@ -32,7 +32,7 @@ NODE_FILES = "node-files.auto.tfvars.json"
 RABBITMQ_VERSION = "4.0.5"
 
 #: AWS APIs the gateway-region module calls; all go to aws_endpoint_url when it is set.
-AWS_SERVICES = ("ec2", "elbv2", "autoscaling", "iam", "route53", "sts")
+AWS_SERVICES = ("ec2", "elbv2", "autoscaling", "iam", "route53", "cloudwatch", "sts")
 
 #: The root module's variables that carry the node files, with their Terraform types.
 NODE_FILE_TYPES = {

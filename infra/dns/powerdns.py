@@ -1,7 +1,8 @@
 """A PowerDNS Authoritative server that serves one zone (infra/dns/zone.py) from a folder of
 its own: its configuration, the zone file and its control socket.  Debian's `pdns-server`
 and `pdns-backend-bind` (`make setup` installs them); the zone is read by the bind backend, so
-a change is a rewritten file and a `bind-reload-now`, with no database."""
+a change is a rewritten file and a `bind-reload-now`, with no database.  What the zone answers
+follows the MQTT health checks of infra/dns/health.py; infra/dns/serve.py runs both."""
 
 from __future__ import annotations
 
@@ -42,8 +43,6 @@ class PowerDNS:
     spec: ZoneSpec
     address: str = "127.0.0.1"
     port: int = 5353
-    #: seconds between two TCP checks of each gateway address (the cloud's health_check_interval)
-    health_check_interval: int = 2
 
     @property
     def zone_path(self) -> Path:
@@ -55,7 +54,7 @@ class PowerDNS:
         (self.folder / "named.conf").write_text(
             f'zone "{self.spec.domain}" {{ type master; file "{self.zone_path}"; }};\n'
         )
-        self.zone_path.write_text(zone_file(self.spec, serial))
+        self._write_zone(self.spec, serial)
         (self.folder / "pdns.conf").write_text(
             "\n".join(
                 [
@@ -64,8 +63,7 @@ class PowerDNS:
                     f"local-address={self.address}",
                     f"local-port={self.port}",
                     "enable-lua-records=yes",
-                    f"lua-health-checks-interval={self.health_check_interval}",
-                    # the answer must follow health within TTL + interval: no packet cache
+                    # the answer must follow a health change at once: no packet cache
                     "cache-ttl=0",
                     "negquery-cache-ttl=0",
                     "query-cache-ttl=0",
@@ -85,11 +83,17 @@ class PowerDNS:
     def argv(self) -> list[str]:
         return [str(PDNS_SERVER), f"--config-dir={self.folder}"]
 
+    def _write_zone(self, spec: ZoneSpec, serial: int) -> None:
+        # whole or not at all: the server may read the file while it is being written
+        tmp = self.zone_path.with_name(self.zone_path.name + ".new")
+        tmp.write_text(zone_file(spec, serial))
+        tmp.replace(self.zone_path)
+
     def reload(self, spec: ZoneSpec, serial: int) -> None:
-        """Serve `spec` from now on (a region added or removed): the zone rewritten, then read
-        again by the running server."""
+        """Serve `spec` from now on (a region added or removed, a gateway's health changed):
+        the zone rewritten, then read again by the running server."""
         self.spec = spec
-        self.zone_path.write_text(zone_file(spec, serial))
+        self._write_zone(spec, serial)
         control = shutil.which("pdns_control") or str(PDNS_CONTROL)
         done = subprocess.run(
             [control, f"--config-dir={self.folder}", "bind-reload-now", spec.domain],

@@ -2,21 +2,21 @@
 checks answer it in the cloud, by PowerDNS Authoritative (4.7, Debian 12's) -- for the local
 federation and for anyone who runs regions outside AWS.
 
-What a device gets: the gateway addresses of the region nearest to its client network whose
-gateway is healthy; the next nearest region's when none of them is; the nearest again once it
-is back; the nearest region's when no region is healthy (as Route53 answers when every record
-is unhealthy).  "Nearest" is an order of regions per client network, given here: the local
-federation puts each region's own client network first (infra/local), an operator lists them
-as their networks reach their sites.
+What a device gets: the healthy gateway addresses of the region nearest to its client network
+that has one; the next nearest region's when none of them is healthy; the nearest again once
+one is back; the nearest region's whole list when no region has a healthy gateway (as Route53
+answers when every record is unhealthy: devices keep trying where they belong).  "Nearest" is
+an order of regions per client network, given here: the local federation puts each region's
+own client network first (infra/local), an operator lists them as their networks reach their
+sites.
 
-How: one LUA record.  PowerDNS runs its Lua per query, with `bestwho` the client's address (or
-its EDNS client subnet), and `ifportup(port, addresses, options)` checks each address's TCP port
-in the background every `lua-health-checks-interval` seconds.  PowerDNS 4.7 has no selector
-that picks in order ("first healthy"), and ifportup returns *something* even when every
-address is down (its backup selector), so a region's health is read with a sentinel: an
-address nothing listens on is checked beside the region's gateways, with selector and backup
-selector `all`.  The sentinel is in the answer only when every address is down -- then the
-region is skipped.  Checked on PowerDNS 4.7.3 (tests/integration/test_dns.py).
+How: one LUA record.  PowerDNS runs its Lua per query with `bestwho` the client's address (or
+its EDNS client subnet); the record holds, for each client network, the answer already
+decided, so the Lua only finds the network.  Health is an input here (`ZoneSpec.healthy`):
+the MQTT checks of infra/dns/health.py decide it, and the zone is written again when it
+changes.  PowerDNS's own `ifportup` is not used: it only opens a TCP connection, which the
+kernel of a hung broker still completes.  Checked on PowerDNS 4.7.3
+(tests/integration/test_dns.py).
 
 The alternative the issue names -- a GeoIP database of the federation's own networks for
 `pickclosest` -- needs the geoip backend and a MaxMind file written for each change; this
@@ -31,9 +31,6 @@ from dataclasses import dataclass
 
 from backend import contract as c
 
-#: Nothing listens here (a loopback address no local node uses): checked beside a region's
-#: gateways, it is answered only when all of them are down.
-SENTINEL = "127.255.255.254"
 #: The name devices resolve, under the zone's domain.
 MQTT_LABEL = "mqtt"
 
@@ -45,7 +42,8 @@ class ZoneError(ValueError):
 @dataclass(frozen=True)
 class ZoneSpec:
     """What the zone answers: for each client network (CIDR) its regions nearest first; for
-    each region its gateways' addresses; the MQTT port the health check connects to."""
+    each region its gateways' addresses; the MQTT port the health checks connect to; and
+    which of the addresses are healthy now."""
 
     domain: str
     regions: Mapping[str, Sequence[str]]
@@ -55,6 +53,9 @@ class ZoneSpec:
     ttl: int = 5
     #: the zone's own name server's address (its NS record)
     nameserver: str = "127.0.0.1"
+    #: each region's addresses that answered their last checks (a region left out has none);
+    #: None: every address counts as healthy (a zone written before any check)
+    healthy: Mapping[str, Sequence[str]] | None = None
 
     def check(self) -> ZoneSpec:
         labels = self.domain.split(".")
@@ -74,6 +75,10 @@ class ZoneSpec:
             unknown = [r for r in order if r not in self.regions]
             if not order or unknown:
                 raise ZoneError(f"client network {cidr}: regions {list(order)} (unknown: {unknown})")
+        for region, up in (self.healthy or {}).items():
+            stray = [a for a in up if region not in self.regions or a not in self.regions[region]]
+            if stray:
+                raise ZoneError(f"healthy: {region}: {stray} is no gateway address of the region")
         if not 0 < self.mqtt_port < 65536:
             raise ZoneError(f"mqtt_port: {self.mqtt_port} is not a TCP port")
         if self.ttl < 0:
@@ -93,6 +98,25 @@ class ZoneSpec:
                 return list(order)
         return self.default_order()
 
+    def healthy_addresses(self, region: str) -> list[str]:
+        """The region's healthy addresses, in the region's own order (answers stay the same
+        whatever order the checks came back in)."""
+        if self.healthy is None:
+            return list(self.regions[region])
+        up = set(self.healthy.get(region, ()))
+        return [a for a in self.regions[region] if a in up]
+
+    def answer(self, order: Sequence[str]) -> list[str]:
+        """What a client with regions `order` (nearest first) is told: the first region's with a
+        healthy address, its healthy ones; with none healthy, all of the nearest's."""
+        for region in order:
+            if up := self.healthy_addresses(region):
+                return up
+        return list(self.regions[order[0]]) if order else []
+
+    def answer_for(self, client: str) -> list[str]:
+        return self.answer(self.order_for(client))
+
 
 def _address(a: str, who: str) -> str:
     try:
@@ -107,28 +131,17 @@ def _lua_list(items: Sequence[str]) -> str:
 
 
 def lua_answer(spec: ZoneSpec) -> str:
-    """The Lua of the record (see the module docstring)."""
+    """The Lua of the record: each client network's answer, decided here (see the module
+    docstring); a client in no listed network gets the default order's."""
     spec.check()
-    regions = ", ".join(f"['{r}'] = {_lua_list(a)}" for r, a in spec.regions.items())
-    nets = ", ".join(f"{{'{cidr}', {_lua_list(order)}}}" for cidr, order in spec.client_networks)
+    nets = ", ".join(f"{{'{cidr}', {_lua_list(spec.answer(order))}}}" for cidr, order in spec.client_networks)
     return (
-        f"local port = {spec.mqtt_port} "
-        f"local sentinel = '{SENTINEL}' "
-        f"local regions = {{{regions}}} "
         f"local nets = {{{nets}}} "
-        f"local order = {_lua_list(spec.default_order())} "
         "local client = bestwho:toString() "
         "for _, n in ipairs(nets) do "
-        "if newNetmask(n[1]):match(client) then order = n[2] break end "
+        "if newNetmask(n[1]):match(client) then return n[2] end "
         "end "
-        "for _, r in ipairs(order) do "
-        "local candidates = {} "
-        "for _, a in ipairs(regions[r]) do table.insert(candidates, a) end "
-        "table.insert(candidates, sentinel) "
-        "local up = ifportup(port, candidates, {selector = 'all', backupSelector = 'all'}) "
-        "if #up < #candidates then return up end "
-        "end "
-        "return regions[order[1]]"
+        f"return {_lua_list(spec.answer(spec.default_order()))}"
     )
 
 

@@ -1,22 +1,29 @@
 """The local federation's DNS server: PowerDNS answering `mqtt.<dns_domain>` for its devices
-(infra/dns), as Route53 does in the cloud.
+(infra/dns), as Route53 does in the cloud, with the MQTT health checks that decide its answers;
+one process, `python -m infra.dns.serve` (infra/dns/serve.py), PowerDNS its child.
 
 Its zone follows the federation's record: each region's gateway addresses (each gateway node
 takes MQTT on a loopback address of its own, infra/local/layout.py), and each region's client
 network -- the addresses that region's devices ask from -- with that region first and the
-others after it in the federation's order.  A region added or removed rewrites the zone and
-the running server reads it again.
+others after it in the federation's order.  A region added or removed rewrites the node's
+config file and the running server reads it again (SIGHUP).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import signal
+import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from infra.dns.powerdns import PowerDNS, missing
+from infra.dns.health import HealthChecks
+from infra.dns.powerdns import missing
 from infra.dns.query import DnsQueryError, DnsServer, ask_server
+from infra.dns.serve import ServeConfig
 from infra.dns.zone import MQTT_LABEL, ZoneSpec
 from infra.local.layout import (
     NodeSpec,
@@ -25,7 +32,7 @@ from infra.local.layout import (
     gateway_clusters,
 )
 from infra.local.nodes import Node, NodeError
-from infra.local.settings import LocalSettings
+from infra.local.settings import PROJECT_ROOT, LocalSettings
 
 
 def zone_spec(settings: LocalSettings, specs: Iterable[NodeSpec]) -> ZoneSpec:
@@ -49,22 +56,37 @@ def zone_spec(settings: LocalSettings, specs: Iterable[NodeSpec]) -> ZoneSpec:
     ).check()
 
 
+def health_checks(settings: LocalSettings) -> HealthChecks:
+    """How the DNS server checks the gateways: every `health_check_interval`, the timeout and
+    failure threshold of infra/dns/health.py."""
+    return HealthChecks(interval_s=float(settings.health_check_interval))
+
+
 def dns_endpoint(settings: LocalSettings, node: NodeSpec, specs: Iterable[NodeSpec]) -> dict[str, Any]:
     """What a device needs to resolve its gateway: the server, the name, each region's network."""
     zone = zone_spec(settings, specs)
+    checks = health_checks(settings)
     return {
         "host": settings.host,
         "port": node.ports["dns"],
         "name": f"{MQTT_LABEL}.{settings.dns_domain}",
         "ttl": settings.dns_ttl,
         "health_check_interval": settings.health_check_interval,
+        "health_check_timeout": checks.timeout_s,
+        "health_check_failure_threshold": checks.failure_threshold,
+        # the longest a hung gateway is still answered, before a device's TTL
+        "health_check_worst_case_s": checks.worst_case_down_s(),
         # each network's regions start with its own (zone_spec)
         "client_networks": {order[0]: cidr for cidr, order in zone.client_networks},
     }
 
 
 class DnsNode(Node):
-    """PowerDNS in the foreground, its files in the node's folder."""
+    """The DNS server and its health checks in the foreground, their files in the node's folder."""
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "serve.json"
 
     def _ask_each_network(self) -> tuple[ZoneSpec, dict[str, list[str]]]:
         """The zone, and what the server answers each region's network now (DnsQueryError if
@@ -78,14 +100,14 @@ class DnsNode(Node):
         }
         return zone, answers
 
-    def server(self) -> PowerDNS:
+    def config(self) -> ServeConfig:
         specs = StateFiles(self.settings.state_dir).recorded().values()
-        return PowerDNS(
-            self.dir / "pdns",
-            zone_spec(self.settings, specs),
+        return ServeConfig(
+            folder=self.dir / "pdns",
             address=self.host,
             port=self.spec.ports["dns"],
-            health_check_interval=self.settings.health_check_interval,
+            zone=zone_spec(self.settings, specs),
+            checks=health_checks(self.settings),
         )
 
     def preflight(self) -> None:
@@ -94,15 +116,18 @@ class DnsNode(Node):
         super().preflight()
 
     def prepare(self) -> None:
-        self.server().write()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config().write(self.config_path)
 
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        return self.server().argv(), self.base_env(), None
+        env = self.base_env()
+        env["PYTHONPATH"] = str(PROJECT_ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        return [sys.executable, "-m", "infra.dns.serve", "--config", str(self.config_path)], env, None
 
     def ready(self) -> bool:
-        """It answers the name: from each region's client network once, which also starts the
-        health checks of that network's gateways (PowerDNS starts a check at its first question
-        and counts the address down until the check ran)."""
+        """It answers the name, from each region's client network (the server checked every
+        gateway before it started answering)."""
         try:
             self._ask_each_network()
         except DnsQueryError:
@@ -125,23 +150,26 @@ class DnsNode(Node):
         ep = dns_endpoint(self.settings, self.spec, specs)
         answers = self.answers()
         return (
-            f"dns: {ep['name']} at {self.host}:{ep['port']} (TTL {ep['ttl']} s, checks every "
+            f"dns: {ep['name']} at {self.host}:{ep['port']} (TTL {ep['ttl']} s, MQTT checks every "
             f"{ep['health_check_interval']} s); "
             + "; ".join(f"{r} ({ep['client_networks'][r]}) -> {a}" for r, a in answers.items())
         )
 
-    def reload(self, serial: int) -> None:
-        """The zone rewritten from the federation's record and read again (a region added or removed)."""
-        server = self.server()
-        server.reload(server.spec, serial)
+    def reload(self) -> None:
+        """The zone rewritten from the federation's record and read again (a region added or
+        removed): the server reads its config file again on SIGHUP and checks new gateways at once."""
+        self.prepare()
+        if (pid := self.pid()) is not None and self.is_running():
+            os.kill(pid, signal.SIGHUP)
         self.settle()
 
     def settle(self) -> bool:
-        """Wait until each region's network is answered its own region's gateways: PowerDNS
-        starts checking an address at the first question that needs it and counts it down
-        until then, so a region just added (or a server just started) would send its devices
-        to the next region for one check interval.  False if that did not happen in time."""
-        deadline = time.monotonic() + 2 * self.settings.health_check_interval + 3
+        """Wait until each region's network is answered its own region's gateways: a gateway
+        (re)started counts up at its first check that passes, an interval at most after its
+        listener opened; a region just added is checked as the server reads its config.  False
+        if that did not happen in time."""
+        checks = health_checks(self.settings)
+        deadline = time.monotonic() + 2 * checks.interval_s + checks.timeout_s + 3
         while True:
             try:
                 zone, answers = self._ask_each_network()

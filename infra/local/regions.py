@@ -122,7 +122,7 @@ class RegionChanges:
         """The DNS server's zone rewritten from federation.json and read again."""
         for n in nodes:
             if isinstance(n, DnsNode) and n.is_running():
-                n.reload(serial=int(time.time()))
+                n.reload()
                 self.fed.progress(f"{n.name} answers for {', '.join(self.fed.settings.regions)}")
 
     #: How long the routers have to read a change of the registry (their regions_poll_s is

@@ -122,7 +122,7 @@ class LocalSettings:
     health_check_interval: int = field(
         default=2,
         metadata={
-            "doc": "Seconds between the DNS server's checks of each gateway's MQTT port (as the cloud's)."
+            "doc": "Seconds between the DNS server's MQTT checks of each gateway (a CONNACK within 2 s)."
         },
     )
     rabbitmq_memory_mb: int = field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.dns.zone import SENTINEL, ZoneError, ZoneSpec, lua_answer, zone_file
+from infra.dns.zone import ZoneError, ZoneSpec, lua_answer, zone_file
 
 EU_NET, US_NET = "127.10.1.0/24", "127.10.2.0/24"
 
@@ -26,13 +26,46 @@ def test_each_client_network_gets_its_regions_nearest_first_and_others_the_liste
     assert s.order_for("192.0.2.1") == ["local-eu", "local-us"]
 
 
-def test_the_record_checks_every_gateway_beside_the_sentinel_and_names_each_network():
-    lua = lua_answer(spec())
-    assert f"local sentinel = '{SENTINEL}'" in lua
-    assert "['local-us'] = {'127.0.2.1', '127.0.2.2'}" in lua
-    assert f"{{'{EU_NET}', {{'local-eu', 'local-us'}}}}" in lua
-    assert "ifportup(port, candidates, {selector = 'all', backupSelector = 'all'})" in lua
-    assert "local port = 1883" in lua
+def test_with_every_gateway_healthy_each_network_is_answered_its_nearest_region():
+    s = spec()
+    assert s.answer_for("127.10.1.7") == ["127.0.1.1"]
+    assert s.answer_for("127.10.2.7") == ["127.0.2.1", "127.0.2.2"]
+    assert s.answer_for("192.0.2.1") == ["127.0.1.1"], "no listed network: the listed order"
+
+
+def test_a_region_without_a_healthy_gateway_is_skipped_for_the_next_nearest():
+    s = spec(healthy={"local-eu": [], "local-us": ["127.0.2.2"]})
+    assert s.answer_for("127.10.1.7") == ["127.0.2.2"], "eu down: its network gets us's healthy one"
+    assert s.answer_for("127.10.2.7") == ["127.0.2.2"], "only the healthy node of a cluster"
+    # a region left out of the health has no healthy gateway either
+    assert spec(healthy={"local-us": ["127.0.2.1"]}).answer_for("127.10.1.7") == ["127.0.2.1"]
+
+
+def test_healthy_addresses_keep_the_regions_order_whatever_order_the_checks_gave():
+    s = spec(healthy={"local-us": ["127.0.2.2", "127.0.2.1"]})
+    assert s.answer_for("127.10.2.7") == ["127.0.2.1", "127.0.2.2"]
+
+
+def test_no_region_healthy_each_network_gets_its_nearest_regions_whole_list_as_route53_answers():
+    s = spec(healthy={"local-eu": [], "local-us": []})
+    assert s.answer_for("127.10.1.7") == ["127.0.1.1"]
+    assert s.answer_for("127.10.2.7") == ["127.0.2.1", "127.0.2.2"]
+
+
+def test_the_record_holds_each_networks_answer_and_checks_nothing_itself():
+    lua = lua_answer(spec(healthy={"local-eu": [], "local-us": ["127.0.2.1"]}))
+    assert f"{{'{EU_NET}', {{'127.0.2.1'}}}}" in lua, "eu's network: us's healthy gateway"
+    assert f"{{'{US_NET}', {{'127.0.2.1'}}}}" in lua
+    assert lua.endswith("return {'127.0.2.1'}"), "a client in no network: the listed order's answer"
+    assert "newNetmask(n[1]):match(client)" in lua and "bestwho" in lua
+    # PowerDNS's own checks (a TCP connect) and any address but a gateway's are gone
+    assert "ifportup" not in lua and "127.255.255.254" not in lua
+    assert {p for p in lua.split("'") if p.startswith("127.0.")} <= {"127.0.1.1", "127.0.2.1", "127.0.2.2"}
+
+
+def test_health_naming_an_address_that_is_no_gateway_of_the_region_is_refused():
+    with pytest.raises(ZoneError, match=r"healthy: local-eu: \['127.0.2.1'\]"):
+        zone_file(spec(healthy={"local-eu": ["127.0.2.1"]}))
 
 
 def test_the_zone_has_its_soa_ns_and_one_lua_record_with_the_ttl():

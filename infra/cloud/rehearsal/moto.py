@@ -2,11 +2,15 @@
 
 moto stores what Terraform creates and boots nothing; its EC2 offers the images of
 `images` (MOTO_AMIS_PATH) instead of its own list, so that the modules' Debian 13 lookup
-finds one.
+finds one.  Its Route53 keeps what a CLOUDWATCH_METRIC health check is made of, which
+moto 5.2 drops (keep_route53_alarm_health_checks).
+
+    python -m infra.cloud.rehearsal.moto -H 127.0.0.1 -p 5000   # moto_server, so patched
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -21,6 +25,7 @@ from typing import Any
 from backend.errors import FedgateError
 from infra.cloud.root_module import AWS_SERVICES
 from infra.local.ports import free_port
+from infra.local.settings import PROJECT_ROOT
 
 #: Debian's official AMI account, the rabbitmq-nodes module's default owner.
 DEBIAN_OWNER = "136693071363"
@@ -63,15 +68,16 @@ class MotoServer:
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     def start(self, timeout: float = 30) -> None:
-        server = Path(sys.executable).with_name("moto_server")
-        if not server.exists():
-            raise MotoError(f"{server} missing: run `make setup` (moto[server] is a dev dependency)")
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise MotoError(
+                f"moto's server is missing from {sys.executable}: run `make setup` (moto[server])"
+            )
         self._dir = tempfile.TemporaryDirectory(prefix="fedgate-moto-")
         amis = Path(self._dir.name) / "amis.json"
         amis.write_text(json.dumps(self.images))
         self._proc = subprocess.Popen(
-            [str(server), "-H", self.host, "-p", str(self.port)],
-            env={**os.environ, "MOTO_AMIS_PATH": str(amis)},
+            [sys.executable, "-m", "infra.cloud.rehearsal.moto", "-H", self.host, "-p", str(self.port)],
+            env={**os.environ, "MOTO_AMIS_PATH": str(amis), "PYTHONPATH": str(PROJECT_ROOT)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -135,3 +141,53 @@ provider "aws" {{
   }}
 }}
 """
+
+
+def keep_route53_alarm_health_checks() -> None:
+    """moto 5.2's Route53 stores a CLOUDWATCH_METRIC health check without its alarm and its
+    status without data, and answers it with an endpoint check's port and interval: Terraform
+    would plan a change after every apply, and nothing could read which alarm a region's health
+    follows.  Patched to keep what AWS keeps (idempotent)."""
+    from moto.route53.models import HealthCheck
+    from moto.route53.responses import Route53
+
+    if getattr(Route53.create_health_check, "_fedgate", False):
+        return
+    create, config = Route53.create_health_check, HealthCheck.health_check_config
+
+    def create_health_check(self: Route53) -> Any:
+        request = self._get_param("HealthCheckConfig") or {}
+        result = create(self)
+        reference = self._get_param("CallerReference")
+        for hc in self.backend.health_checks.values():
+            if hc.caller_reference == reference:
+                kept = {
+                    k: request[k] for k in ("AlarmIdentifier", "InsufficientDataHealthStatus") if k in request
+                }
+                setattr(hc, "fedgate_alarm", kept)  # noqa: B010 -- an attribute moto's model lacks
+        return result
+
+    def health_check_config(self: HealthCheck) -> dict[str, Any]:
+        cfg = dict(config.fget(self))  # type: ignore[attr-defined]
+        if self.type_ == "CLOUDWATCH_METRIC":
+            for endpoint_only in (
+                "IPAddress",
+                "Port",
+                "RequestInterval",
+                "FailureThreshold",
+                "MeasureLatency",
+            ):
+                cfg.pop(endpoint_only, None)
+            cfg.update(getattr(self, "fedgate_alarm", {}))
+        return cfg
+
+    create_health_check._fedgate = True  # type: ignore[attr-defined]
+    Route53.create_health_check = create_health_check  # type: ignore[method-assign]
+    HealthCheck.health_check_config = property(health_check_config)  # type: ignore[assignment,method-assign]
+
+
+if __name__ == "__main__":
+    from moto.server import main
+
+    keep_route53_alarm_health_checks()
+    main(sys.argv[1:])

@@ -12,7 +12,13 @@ from typing import Any
 import boto3
 import pytest
 
-from infra.cloud.rehearsal.moto import MotoError, MotoServer, debian_image, provider_override
+from infra.cloud.rehearsal.moto import (
+    MotoError,
+    MotoServer,
+    debian_image,
+    keep_route53_alarm_health_checks,
+    provider_override,
+)
 from infra.cloud.toolchain import Toolchain, ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
 
@@ -40,6 +46,13 @@ MOTO_AMIS = [
         owner="123456789012",
     ),
 ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def moto_keeps_alarm_health_checks() -> None:
+    """moto in this process (mock_aws) keeps a CLOUDWATCH_METRIC health check's alarm, as
+    MotoServer's does (infra/cloud/rehearsal/moto.py)."""
+    keep_route53_alarm_health_checks()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Stand-ins at the process and HTTP boundaries: a fake terraform binary and a fake management API."""
+"""Stand-ins at the process and HTTP boundaries: a fake terraform binary and a fake management API;
+and, in moto, the latency record and health check the gateway-region module creates."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import boto3
 
 # A terraform that keeps its "infrastructure" in fake.state next to the root
 # module: plan shows changes until an apply happened, apply of a destroy plan
@@ -109,3 +112,85 @@ def fake_management_api() -> Iterator[FakeManagementApi]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def region_dns(
+    zone_name: str = "fleet.example.com",
+    *,
+    region: str = "eu-west-1",
+    record_region: str | None = None,
+    hostname: str = "mqtt.fleet.example.com",
+    check: str = "CLOUDWATCH_METRIC",
+    alarm_port: int = 1883,
+    target_check: str = "HTTP",
+    no_data: str = "Unhealthy",
+) -> tuple[str, str]:
+    """(zone id, load balancer DNS name): what the gateway-region module creates, in moto (inside
+    mock_aws) -- a network load balancer with the MQTT target group (its nodes checked over
+    `target_check`) and a management one, an alarm over the target group on `alarm_port`'s
+    healthy nodes, a health check of type `check` (CLOUDWATCH_METRIC on the alarm; else an
+    endpoint check of the load balancer's 1883) and the region's latency record."""
+    ec2, elbv2 = boto3.client("ec2", region_name=region), boto3.client("elbv2", region_name=region)
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.0.0/24")["Subnet"]["SubnetId"]
+    lb = elbv2.create_load_balancer(Name=f"fedgate-{region}-gw", Subnets=[subnet], Type="network")
+    lb_arn, lb_dns = lb["LoadBalancers"][0]["LoadBalancerArn"], lb["LoadBalancers"][0]["DNSName"]
+    groups = {}
+    for name, port, protocol in (("mqtt", 1883, target_check), ("mgmt", 15671, "TCP")):
+        tg = elbv2.create_target_group(
+            Name=f"fedgate-{region}-{name}",
+            Protocol="TCP",
+            Port=port,
+            VpcId=vpc,
+            HealthCheckProtocol=protocol,
+            HealthCheckPort="15692" if protocol != "TCP" else str(port),
+            **({"HealthCheckPath": "/metrics"} if protocol != "TCP" else {}),
+        )["TargetGroups"][0]["TargetGroupArn"]
+        elbv2.create_listener(
+            LoadBalancerArn=lb_arn,
+            Protocol="TCP",
+            Port=port,
+            DefaultActions=[{"Type": "forward", "TargetGroupArn": tg}],
+        )
+        groups[port] = tg
+    alarm = f"fedgate-{region}-mqtt-healthy-nodes"
+    boto3.client("cloudwatch", region_name=region).put_metric_alarm(
+        AlarmName=alarm,
+        Namespace="AWS/NetworkELB",
+        MetricName="HealthyHostCount",
+        Dimensions=[
+            {"Name": "LoadBalancer", "Value": lb_arn.split(":loadbalancer/")[1]},
+            {"Name": "TargetGroup", "Value": groups[alarm_port].split(":", 5)[5]},
+        ],
+        Statistic="Maximum",
+        Period=60,
+        EvaluationPeriods=1,
+        Threshold=1,
+        ComparisonOperator="LessThanThreshold",
+        TreatMissingData="missing",
+    )
+    r53 = boto3.client("route53", region_name="us-east-1")
+    zone = r53.create_hosted_zone(Name=zone_name, CallerReference="z")["HostedZone"]["Id"].split("/")[-1]
+    config: dict[str, Any] = (
+        {
+            "Type": check,
+            "AlarmIdentifier": {"Region": region, "Name": alarm},
+            "InsufficientDataHealthStatus": no_data,
+        }
+        if check == "CLOUDWATCH_METRIC"
+        else {"Type": check, "FullyQualifiedDomainName": lb_dns, "Port": 1883, "RequestInterval": 30}
+    )
+    hc = r53.create_health_check(CallerReference="hc", HealthCheckConfig=config)["HealthCheck"]["Id"]
+    record = {
+        "Name": hostname,
+        "Type": "CNAME",
+        "TTL": 60,
+        "SetIdentifier": region,
+        "Region": record_region or region,
+        "HealthCheckId": hc,
+        "ResourceRecords": [{"Value": lb_dns}],
+    }
+    r53.change_resource_record_sets(
+        HostedZoneId=zone, ChangeBatch={"Changes": [{"Action": "CREATE", "ResourceRecordSet": record}]}
+    )
+    return zone, lb_dns

@@ -17,46 +17,20 @@ from moto import mock_aws
 from infra.cloud.driver import CloudDriver, CloudError
 from infra.local.settings import load_settings
 
-from .fakes import fake_management_api, terraform_calls, write_fake_terraform
+from .fakes import fake_management_api, region_dns, terraform_calls, write_fake_terraform
 
 REGION = "eu-west-1"
-LB = "fedgate-eu-west-1-gw-0123.elb.eu-west-1.amazonaws.com"
+#: the load balancer fakes.region_dns creates, named as moto names it
+LB = "fedgate-eu-west-1-gw-1.eu-west-1.elb.amazonaws.com"
 HOSTNAME = "mqtt.fleet.example.com"
 GW_NAME = f"gw-{REGION}.fleet.example.com"
 
 
-def _dns(zone_name: str = "fleet.example.com", *, region: str = REGION, port: int = 1883) -> str:
-    """What the gateway-region module would have created: a latency record with a health check."""
-    r53 = boto3.client("route53")
-    zone = r53.create_hosted_zone(Name=zone_name, CallerReference="t")["HostedZone"]["Id"].split("/")[-1]
-    hc = r53.create_health_check(
-        CallerReference="hc",
-        HealthCheckConfig={
-            "Type": "TCP",
-            "FullyQualifiedDomainName": LB,
-            "Port": port,
-            "RequestInterval": 30,
-        },
-    )["HealthCheck"]["Id"]
-    r53.change_resource_record_sets(
-        HostedZoneId=zone,
-        ChangeBatch={
-            "Changes": [
-                {
-                    "Action": "CREATE",
-                    "ResourceRecordSet": {
-                        "Name": HOSTNAME,
-                        "Type": "CNAME",
-                        "TTL": 60,
-                        "SetIdentifier": REGION,
-                        "Region": region,
-                        "HealthCheckId": hc,
-                        "ResourceRecords": [{"Value": LB}],
-                    },
-                }
-            ]
-        },
-    )
+def _dns(zone_name: str = "fleet.example.com", *, region: str = REGION) -> str:
+    """What the gateway-region module would have created: a latency record with a health check
+    that follows the load balancer's healthy nodes (LB, as moto names it)."""
+    zone, lb = region_dns(zone_name, region=REGION, record_region=region, hostname=HOSTNAME)
+    assert lb == LB
     return zone
 
 

@@ -89,6 +89,10 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
     assert [ip["CidrIp"] for ip in by_port[(15671, 15671)]["IpRanges"]] == [ADMIN_CIDR]
     assert (15672, 15672) not in by_port
     assert [ip["CidrIp"] for ip in by_port[(5671, 5672)]["IpRanges"]] == [BACKEND_CIDR]
+    lb_group_id = groups[f"fedgate-{REGION}-lb"]["GroupId"]
+    # the load balancer's health checks reach RabbitMQ's Prometheus endpoint, nobody else does
+    assert [g["GroupId"] for g in by_port[(15692, 15692)]["UserIdGroupPairs"]] == [lb_group_id]
+    assert by_port[(15692, 15692)]["IpRanges"] == []
     amqp_egress = [r for r in gw["IpPermissionsEgress"] if r.get("FromPort") == 5671]
     assert [ip["CidrIp"] for r in amqp_egress for ip in r["IpRanges"]] == [BACKEND_CIDR]
     lb_sg = groups[f"fedgate-{REGION}-lb"]
@@ -184,7 +188,16 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
         (15671, "TCP"),
     }
 
-    # the latency record and its health check, read back the way the driver verifies them
+    # MQTT's nodes checked over HTTP on /metrics, which a hung node's VM does not answer
+    groups_of_lb = elb.describe_target_groups(LoadBalancerArn=lb["LoadBalancerArn"])["TargetGroups"]  # type: ignore[attr-defined]
+    checks = {
+        g["Port"]: (g["HealthCheckProtocol"], g["HealthCheckPort"], g.get("HealthCheckPath"))
+        for g in groups_of_lb
+    }
+    assert checks[1883] == checks[8883] == ("HTTP", "15692", "/metrics")
+
+    # the latency record and its health check, read back the way the driver verifies them: a
+    # CLOUDWATCH_METRIC check on the alarm over the MQTT target group's healthy nodes
     rec, hc = route53.verify_region_record(
         moto_client("route53", moto_url, REGION),
         zone_id=outputs["zone_id"],
@@ -192,8 +205,10 @@ def test_gateway_region_example_applies_against_moto_and_replans_clean(
         set_identifier=REGION,
         aws_region=REGION,
         target=outputs["lb_dns_name"],
+        regional=lambda service: moto_client(service, moto_url, REGION),
     )
     assert hc.id == outputs["route53_health_check_id"]
+    assert (hc.type, hc.insufficient_data_status) == ("CLOUDWATCH_METRIC", "Unhealthy")
 
     # idempotent: a second plan shows no changes (exit code 0 of -detailed-exitcode)
     plan = run_tf(toolchain, example, "plan", "-detailed-exitcode", "-input=false", "-no-color", *tf_vars)

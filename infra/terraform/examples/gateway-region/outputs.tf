@@ -28,6 +28,11 @@ output "route53_health_check_id" {
   value       = module.gateway_region.route53_health_check_id
 }
 
+output "health_alarm_name" {
+  description = "CloudWatch alarm the health check follows: in ALARM while no gateway node passes the load balancer's check."
+  value       = module.gateway_region.health_alarm_name
+}
+
 output "amqp_endpoint" {
   description = "Where the backend's federation link for this region connects."
   value       = module.gateway_region.amqp_endpoint

@@ -2,6 +2,13 @@
 # cluster in an autoscaling group, a network load balancer for MQTT (and the
 # backend's AMQP federation link), and a Route53 latency record with a health
 # check under the fleet's one MQTT hostname.
+#
+# "Healthy" means a node whose RabbitMQ answers, not a kernel that completes a
+# TCP handshake: a hung node (a stopped or wedged Erlang VM) keeps its listener
+# and its kernel keeps accepting on 1883. So the load balancer checks each node
+# over HTTP on RabbitMQ's Prometheus endpoint (15692, /metrics), which the VM
+# itself serves, and Route53 follows the load balancer's count of healthy nodes
+# through a CloudWatch alarm.
 
 data "aws_region" "current" {}
 
@@ -21,6 +28,8 @@ locals {
   amqps_port      = 5671
   management_port = 15672
   prometheus_port = 15692
+  # RabbitMQ's aggregated metrics: unauthenticated, and answered by the node's own VM
+  health_check_path = "/metrics"
   # the routers and operators reach the management API through the load balancer: over
   # HTTPS with node TLS (the plain listener is then for the node itself only)
   management_tls_port = 15671
@@ -145,9 +154,17 @@ resource "aws_security_group" "gateway" {
   tags        = merge(local.tags, { Name = "${local.name}-gateway" })
 
   ingress {
-    description     = "MQTT through the load balancer (and its health checks)"
+    description     = "MQTT through the load balancer"
     from_port       = local.mqtt_port
     to_port         = local.mqtt_port
+    protocol        = "tcp"
+    security_groups = [aws_security_group.lb.id]
+  }
+
+  ingress {
+    description     = "health checks from the load balancer: RabbitMQ Prometheus endpoint (answered by the node VM itself)"
+    from_port       = local.prometheus_port
+    to_port         = local.prometheus_port
     protocol        = "tcp"
     security_groups = [aws_security_group.lb.id]
   }
@@ -320,9 +337,16 @@ resource "aws_lb_target_group" "mqtt" {
   # Long-lived device connections: give them time to move on a scale-in.
   deregistration_delay = 60
 
+  # Not a TCP check of 1883: a hung node's kernel completes that handshake.
   health_check {
-    protocol = "TCP"
-    port     = tostring(local.mqtt_port)
+    protocol            = "HTTP"
+    port                = tostring(local.prometheus_port)
+    path                = local.health_check_path
+    matcher             = "200"
+    interval            = var.health_check_interval
+    timeout             = var.health_check_timeout
+    healthy_threshold   = var.health_check_healthy_threshold
+    unhealthy_threshold = var.health_check_failure_threshold
   }
 }
 
@@ -375,9 +399,16 @@ resource "aws_lb_target_group" "mqtts" {
   deregistration_delay = 60
   tags                 = local.tags
 
+  # the same nodes as MQTT's: the same check (devices over TLS reach a hung node just the same)
   health_check {
-    protocol = "TCP"
-    port     = tostring(local.mqtts_port)
+    protocol            = "HTTP"
+    port                = tostring(local.prometheus_port)
+    path                = local.health_check_path
+    matcher             = "200"
+    interval            = var.health_check_interval
+    timeout             = var.health_check_timeout
+    healthy_threshold   = var.health_check_healthy_threshold
+    unhealthy_threshold = var.health_check_failure_threshold
   }
 }
 
@@ -474,16 +505,53 @@ resource "aws_lb_listener" "management" {
 # --- latency DNS ----------------------------------------------------------------------
 
 # Route53 answers the fleet's MQTT hostname with the lowest-latency region
-# whose health check passes: devices find their nearest healthy gateway.
+# whose health check passes: devices find their nearest healthy gateway. Its
+# own checkers could only reach the load balancer's public listeners, whose TCP
+# handshake a hung node completes; so the region's health is the load
+# balancer's count of nodes that pass their HTTP check, read by this alarm.
+resource "aws_cloudwatch_metric_alarm" "mqtt_healthy_nodes" {
+  count = var.create_dns_record ? 1 : 0
+
+  alarm_name        = "${local.name}-mqtt-healthy-nodes"
+  alarm_description = "No gateway node of ${var.region} passes the load balancer's health check: Route53 stops answering the region's latency record."
+  namespace         = "AWS/NetworkELB"
+  metric_name       = "HealthyHostCount"
+  dimensions = {
+    LoadBalancer = aws_lb.this.arn_suffix
+    TargetGroup  = aws_lb_target_group.mqtt.arn_suffix
+  }
+  # Maximum: alarm only when no report of the minute saw a healthy node (each
+  # availability zone's load balancer node reports its own count).
+  statistic           = "Maximum"
+  period              = 60
+  evaluation_periods  = var.health_check_alarm_minutes
+  comparison_operator = "LessThanThreshold"
+  threshold           = 1
+  # A late datapoint neither fails nor passes the region; data that stopped
+  # altogether makes the alarm INSUFFICIENT_DATA, which the health check reads.
+  treat_missing_data = "missing"
+  tags               = local.tags
+}
+
 resource "aws_route53_health_check" "this" {
   count = var.create_dns_record ? 1 : 0
 
-  fqdn              = aws_lb.this.dns_name
-  port              = local.mqtt_port
-  type              = "TCP"
-  request_interval  = var.health_check_interval
-  failure_threshold = var.health_check_failure_threshold
-  tags              = merge(local.tags, { Name = "${local.name}-mqtt" })
+  type                    = "CLOUDWATCH_METRIC"
+  cloudwatch_alarm_name   = aws_cloudwatch_metric_alarm.mqtt_healthy_nodes[0].alarm_name
+  cloudwatch_alarm_region = data.aws_region.current.name
+  # Unhealthy, not LastKnownStatus: a region just applied has no datapoint yet
+  # (its nodes still boot), and a new check without a last status counts as
+  # healthy; a region whose load balancer reports nothing is not answered.
+  # When every region is unhealthy Route53 answers them all anyway, so this
+  # can never leave a device without an answer.
+  insufficient_data_health_status = "Unhealthy"
+  tags                            = merge(local.tags, { Name = "${local.name}-mqtt" })
+
+  # a new check (one replacing the TCP check of earlier versions) is in place
+  # before the old one goes: Route53 refuses to delete a check a record uses
+  lifecycle {
+    create_before_destroy = true
+  }
 }
 
 resource "aws_route53_record" "mqtt" {

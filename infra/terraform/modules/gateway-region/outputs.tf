@@ -64,8 +64,13 @@ output "route53_record_set_identifier" {
 }
 
 output "route53_health_check_id" {
-  description = "ID of the health check guarding this region's latency record."
+  description = "ID of the health check guarding this region's latency record (CLOUDWATCH_METRIC: it follows health_alarm_name)."
   value       = var.create_dns_record ? aws_route53_health_check.this[0].id : null
+}
+
+output "health_alarm_name" {
+  description = "CloudWatch alarm that is in ALARM while the load balancer sees no healthy gateway node (HealthyHostCount of the MQTT target group < 1): the region's health in Route53."
+  value       = var.create_dns_record ? aws_cloudwatch_metric_alarm.mqtt_healthy_nodes[0].alarm_name : null
 }
 
 output "management_url" {

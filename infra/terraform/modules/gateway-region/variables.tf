@@ -231,18 +231,56 @@ variable "dns_ttl" {
 }
 
 variable "health_check_interval" {
-  description = "Route53 health check request interval (10 or 30 seconds; 10 costs more)."
+  description = "Seconds between the load balancer's checks of each gateway node: an HTTP GET of RabbitMQ's /metrics on 15692, which a hung node does not answer (5 to 300)."
   type        = number
-  default     = 30
+  default     = 10
 
   validation {
-    condition     = contains([10, 30], var.health_check_interval)
-    error_message = "health_check_interval: 10 or 30."
+    condition     = var.health_check_interval >= 5 && var.health_check_interval <= 300
+    error_message = "health_check_interval: 5 to 300 seconds."
+  }
+}
+
+variable "health_check_timeout" {
+  description = "Seconds a node has to answer one check (2 to 120, less than health_check_interval)."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = var.health_check_timeout >= 2 && var.health_check_timeout < var.health_check_interval
+    error_message = "health_check_timeout: at least 2 seconds and less than health_check_interval."
   }
 }
 
 variable "health_check_failure_threshold" {
-  description = "Consecutive failed checks before Route53 stops answering with this region."
+  description = "Checks in a row a node fails before the load balancer stops sending it devices (2 to 10)."
   type        = number
-  default     = 3
+  default     = 2
+
+  validation {
+    condition     = var.health_check_failure_threshold >= 2 && var.health_check_failure_threshold <= 10
+    error_message = "health_check_failure_threshold: 2 to 10."
+  }
+}
+
+variable "health_check_healthy_threshold" {
+  description = "Checks in a row a node passes before the load balancer sends it devices again (2 to 10)."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.health_check_healthy_threshold >= 2 && var.health_check_healthy_threshold <= 10
+    error_message = "health_check_healthy_threshold: 2 to 10."
+  }
+}
+
+variable "health_check_alarm_minutes" {
+  description = "Minutes in a row in which the load balancer saw no healthy gateway node before Route53 stops answering the region (its CloudWatch alarm over HealthyHostCount)."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.health_check_alarm_minutes >= 1
+    error_message = "health_check_alarm_minutes: at least 1."
+  }
 }
