@@ -445,6 +445,9 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
         spark_federation=fed,
         max_duplicates=resend_bound(fleet, links=1),  # the region's uplink link moves to another node
         device_prefix=f"hag-{uid}-",
+        # what the link had taken from the dead node's queue replica comes after what was sent
+        # since (docs/reliability.md, Limits): seen once in 6 runs
+        in_order=False,
         killed=victim.name,
         acked_while_down=acked_while_down,
         longest_kafka_stall_s=stall,
@@ -577,6 +580,7 @@ def test_one_node_of_every_engine_killed_at_once_loses_nothing(ha_federation, ha
         # connections moving resend what was unconfirmed
         max_duplicates=resend_bound(fleet, links=3, routers=2),
         device_prefix=f"haall-{uid}-",
+        in_order=False,  # a gateway node died too (docs/reliability.md, Limits)
         killed="+".join(v.name for v in victims),
         acked_while_down=acked_while_down,
         longest_kafka_stall_s=stall,
