@@ -74,56 +74,25 @@ def missing_postgres() -> str | None:
     return None
 
 
-#: `make test`'s lanes, one pytest-xdist worker each, in the order they start.  A lane's tests
-#: run one at a time, in collection order; the lanes run side by side:
-#: - "federation": every test of the session federation (tests/conftest.py's ports);
-#: - "unit": no brokers -- most of its time is Terraform's AWS provider waiting on moto;
-#: - "own": tests that start engines of their own on ports and addresses of their own, and
-#:   never touch the session federation: the HA profile's federation (module-scoped, one at
-#:   a time: "keep the HA tests on one shared HA federation"), the cloud rehearsal's network
-#:   namespaces, the benchmarks' federations, the DNS tests' PowerDNS.
-LANES = ("federation", "unit", "own")
-OWN_ENGINES = (
-    "tests/chaos/test_ha_node_loss.py",
-    "tests/integration/test_cloud_rehearsal.py",
-    "tests/integration/test_dns.py",
-    "tests/integration/test_bench_stop.py",
-    "tests/integration/test_bench.py",
-)
-
-
-def lane_of(nodeid: str) -> str:
-    if nodeid.startswith("tests/unit/"):
-        return "unit"
-    if nodeid.split("::", 1)[0] in OWN_ENGINES:
-        return "own"
-    return "federation"
-
-
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs one pytest-xdist worker per lane (LANES).  Most of a lane's time is
-    waiting -- for a killed node's 15 s, for moto, for a boot -- so three lanes on two cores
-    finish sooner than two, while each lane keeps its engines to itself.
+    """`make test` runs two pytest-xdist workers: one takes every test that starts brokers, one
+    at a time (they share the session federation and the machine's ports), the other the unit
+    tests, most of whose time is Terraform waiting on moto's answers rather than CPU.
 
     (xdist's own `--dist loadgroup` cannot say this under pytest 9: it marks a group in
     `item._nodeid`, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class Lanes(LoadScopeScheduling):
+    class UnitTestsBesideTheFederation(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return lane_of(nodeid)
+            return "unit" if nodeid.startswith("tests/unit/") else "federation"
 
-    return Lanes(config, log)
+    return UnitTestsBesideTheFederation(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from infra.dns.powerdns import missing as missing_powerdns
-
-    # the lanes start in LANES' order (xdist hands out scopes in collection order); within a
-    # lane, OWN_ENGINES' order and collection order hold (a stable sort)
-    order = {path: n for n, path in enumerate(OWN_ENGINES)}
-    items.sort(key=lambda it: (LANES.index(lane_of(it.nodeid)), order.get(it.nodeid.split("::", 1)[0], 0)))
 
     for marker, reason in (
         ("integration", missing_runtime()),
