@@ -182,16 +182,14 @@ def test_a_kafka_broker_killed_while_devices_publish_loses_nothing(ha_federation
     assert stall < 15, f"records stopped reaching Kafka for {stall} s: the other brokers did not take over"
 
 
-def test_a_frozen_partition_leader_stalls_the_producers_and_the_stall_guard_restarts_them(
-    ha_federation, ha_endpoints, uid
-):
+def test_a_frozen_partition_leader_is_ridden_out_and_not_taken_for_a_stall(ha_federation, ha_endpoints, uid):
     """SIGSTOP the broker leading most telemetry partitions -- frozen, not dead: its sockets stay
     open and the routers' requests to it get no answer -- while devices publish QoS 1; keep it
-    frozen 45 s; resume it.  The other brokers answer, and take its partitions over once the
-    controller fences it, but the producers wait on their unanswered requests: records of its
-    partitions wait for their reports while Kafka answers -- a stall (router/kafka.py).  Past
-    `kafka_stall_s` (ROUTER_TABLE) a stalled router fails /health and exits, its supervisor
-    starts it again, and the fresh producer writes to the new leaders.  Nothing is lost."""
+    frozen 45 s; resume it.  The controller fences it and its partitions move to the other
+    brokers; the producers follow within seconds (7.3 s the longest wait when this test was
+    written, 2026-11-29), under the routers' kafka_stall_s (ROUTER_TABLE), so no router takes
+    it for a stalled producer and restarts (router/kafka.py; the stall itself is unit-tested,
+    tests/unit/router/test_stall_guard.py).  Nothing is lost."""
     fed, ep = ha_federation, ha_endpoints
     leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
     victim_id = max(set(leaders.values()), key=list(leaders.values()).count)
@@ -213,39 +211,26 @@ def test_a_frozen_partition_leader_stalls_the_producers_and_the_stall_guard_rest
             acked_while_frozen = fleet.total_acked - acked_at_freeze
         finally:
             processes.signal_pids(frozen, signal.SIGCONT)
-        for r in routers:  # started again by their supervisors
-            assert _wait_ready(r, 90), f"{r.name} routes again"
         time.sleep(3.0)
     stall = writes.longest_stall_after(frozen_at)
     said = {r.name: r.log_file.read_bytes()[logged[r.name] :].decode(errors="replace") for r in routers}
-    stalled = sorted(n for n, text in said.items() if "Kafka producer stalled" in text)
-    restarted = sorted(n for n, text in said.items() if "starting it again" in text)
+    restarted = sorted(n for n, text in said.items() if "stalled" in text or "starting it again" in text)
     assert acked_while_frozen > 0, "devices kept publishing while the broker was frozen"
     got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
     check(
         fleet,
         got,
         spark_federation=fed,
-        max_duplicates=resend_bound(fleet, routers=2),  # each restarted router's unacked window
+        max_duplicates=resend_bound(fleet),
         device_prefix=f"haf-{uid}-",
         frozen=victim.name,
         led_partitions=sum(v == victim_id for v in leaders.values()),
         acked_while_frozen=acked_while_frozen,
-        routers_stalled=len(stalled),
-        routers_restarted=len(restarted),
         longest_kafka_stall_s=stall,
     )
-    assert stalled, f"a router's producer was found stalled: {[t[-2000:] for t in said.values()]}"
-    assert set(stalled) <= set(restarted), f"each stalled router was started again: {restarted}"
-
-
-def _wait_ready(router, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if router.ready():
-            return True
-        time.sleep(0.5)
-    return False
+    assert stall < ROUTER_TABLE["kafka_stall_s"], f"records stopped reaching Kafka for {stall} s"
+    assert not restarted, f"taken for a stall: {[said[n][-2000:] for n in restarted]}"
+    assert all(r.ready() for r in routers)
 
 
 def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_on_each(ha_federation):
