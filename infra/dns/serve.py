@@ -6,7 +6,7 @@ and the MQTT health checks that decide its answers (infra/dns/health.py).
 At start every gateway address is checked once, then the zone is written and PowerDNS started:
 its first answer is already a true one.  From then on each address is checked every interval;
 a change of health rewrites the zone and PowerDNS reads it again (`bind-reload-now`); then it
-is one line in the log ("local-us 127.170.2.1: down (no CONNACK within 2 s, 2 checks)"), so a
+is one line in the log ("local-us 127.170.2.1: down (no CONNACK within 5 s, 2 checks)"), so a
 line says what devices are told from then on.  The config
 file changed (the local driver sends SIGHUP after a region was added or removed): it is read
 again and new addresses are checked at once.  SIGTERM or SIGINT stop PowerDNS and exit 0;
