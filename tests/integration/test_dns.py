@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -345,11 +346,23 @@ def test_powerdns_dies_with_the_server_even_when_it_is_killed(tmp_path):
             srv.proc.wait()
 
 
+def request_cleanup(folder: Path) -> None:
+    """`folder` removed at the interpreter's exit (a test's own short temporary folder)."""
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, folder, True)
+
+
 def test_the_federations_dns_node_answers_after_checking_settles_reloads_and_stops_leaving_nothing(tmp_path):
     """The local `dns` node as `make up` and `make gateway` drive it, its gateways listeners."""
+    # PowerDNS's control socket lives in the state dir, and a UNIX socket's path has 107 bytes at
+    # most: pytest-xdist's tmp_path under this test's long name is longer (PowerDNS exits 1)
+    short = Path(tempfile.mkdtemp(prefix="fgdns-"))
+    request_cleanup(short)
     settings = load_settings(
         env={},
-        state_dir=tmp_path / "state",
+        state_dir=short / "state",
         port_base=TEST_PORT_BASE + 2800,
         regions=("local-eu", "local-us"),
         health_check_interval=1,
