@@ -14,9 +14,10 @@ from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import LISTING_LAG_S, PresenceFeed
 from router.routing import Command
-from router.stores import DesiredState, KafkaTable
+from router.stores import DesiredState
 from router.subscriptions import Subscriptions
 from router.waiting import Waiting
+from tests.unit.router.test_waiting import _table
 
 NODE = "fedgate-gw-local-us@localhost"
 
@@ -220,19 +221,6 @@ def _waiting_feed(listing: list[dict[str, str]]) -> tuple[PresenceFeed, Presence
         ended=waiting.session_ended,
     )
     return feed, presence, waiting
-
-
-class _StoredAtOnce:
-    """A producer whose every write Kafka has confirmed."""
-
-    def send_soon(self, topic, value, key):
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-
-def _table(name: str) -> KafkaTable:
-    return KafkaTable("127.0.0.1:1", name, _StoredAtOnce(), "unit")  # type: ignore[arg-type]  # never started
 
 
 def test_commands_sent_to_a_session_whose_node_died_unseen_go_to_the_devices_next_session():
