@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import dataclasses
 import json
 import signal
@@ -36,8 +35,8 @@ from typing import Any
 from infra.dns.health import Change, HealthChecks, Prober
 from infra.dns.powerdns import PowerDNS, PowerDNSError
 from infra.dns.zone import ZoneSpec
+from infra.local.processes import die_with_parent
 
-_PR_SET_PDEATHSIG = 1
 #: How often the loop looks at PowerDNS and the config file between signals.
 TICK_S = 0.5
 
@@ -99,11 +98,6 @@ class ServeConfig:
 
     def addresses(self) -> list[str]:
         return [a for addresses in self.zone.regions.values() for a in addresses]
-
-
-def _die_with_parent() -> None:
-    """In PowerDNS's process before exec: SIGKILL when this one dies, however it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _say(line: str) -> None:
@@ -207,7 +201,7 @@ class Service:
         self._say_served(lines)
         if stop.is_set():
             return 0
-        pdns = subprocess.Popen(self.server.argv(), preexec_fn=_die_with_parent)
+        pdns = subprocess.Popen(self.server.argv(), preexec_fn=die_with_parent)
         self.prober.watch(c.addresses())
         writer = loop.create_task(self._write_zone_on_change())
         try:

@@ -11,6 +11,7 @@ exited early.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import signal
@@ -81,6 +82,15 @@ def set_descriptor_limit(want: int) -> int:
         got = want if hard == resource.RLIM_INFINITY else min(want, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (got, hard))
         return got
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGKILL when the process that started it dies, however it
+    dies (a SIGKILL of a supervisor or a runner must not leave its service behind)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def sigterm_as_interrupt(signum: int, frame: object) -> None:

@@ -21,7 +21,6 @@ as it would a service run without one.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import signal
 import subprocess
 import sys
@@ -29,17 +28,13 @@ import threading
 import time
 from collections.abc import Sequence
 
+from infra.local.processes import die_with_parent
+
 #: The first restart's delay, doubled on each quick failure up to MAX_DELAY_S.
 FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 30.0
 #: A service up this long before it failed is restarted after FIRST_DELAY_S again.
 STEADY_AFTER_S = 60.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the supervisor dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def supervise(command: Sequence[str], first_start_grace: float, say=print) -> int:
@@ -57,7 +52,7 @@ def supervise(command: Sequence[str], first_start_grace: float, say=print) -> in
     delay, first = FIRST_DELAY_S, True
     while True:
         started = time.monotonic()
-        child = subprocess.Popen(list(command), preexec_fn=_die_with_parent)
+        child = subprocess.Popen(list(command), preexec_fn=die_with_parent)
         if stopping.is_set():  # a stop that came while it was being started
             child.send_signal(signal.SIGTERM)
         code = child.wait()

@@ -33,6 +33,7 @@ from backend.amqp import send_command
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.layout import kafka_broker_id
+from infra.local.nodes import Node
 from router.presence_feed import LISTING_LAG_S
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
 from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval
@@ -73,6 +74,14 @@ def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFed
 @pytest.fixture
 def ha_endpoints(ha_federation: LocalFederation) -> dict:
     return {**ha_federation.endpoints(), "credentials": DeviceCredentials(ha_federation)}
+
+
+def _leading_broker(fed: LocalFederation, ep: dict) -> tuple[dict[int, int], int, Node]:
+    """The telemetry topic's leaders, the id of the broker leading most partitions, its node."""
+    leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
+    broker_id = max(set(leaders.values()), key=list(leaders.values()).count)
+    node = next(n for n in fed.nodes() if n.spec.role == "kafka" and kafka_broker_id(n.name) == broker_id)
+    return leaders, broker_id, node
 
 
 def _leaders(bootstrap: str, topic: str) -> dict[int, int]:
@@ -148,9 +157,7 @@ def test_the_kafka_cluster_has_three_brokers_and_every_topic_three_in_sync_repli
 def test_a_kafka_broker_killed_while_devices_publish_loses_nothing(ha_federation, ha_endpoints, uid):
     """SIGKILL the broker leading most telemetry partitions; keep it down 15 s; start it again."""
     fed, ep = ha_federation, ha_endpoints
-    leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
-    victim_id = max(set(leaders.values()), key=list(leaders.values()).count)
-    victim = next(n for n in fed.nodes() if n.spec.role == "kafka" and kafka_broker_id(n.name) == victim_id)
+    leaders, victim_id, victim = _leading_broker(fed, ep)
     with (
         KafkaWrites(ep) as writes,
         Fleet.on_both_gateways(ep, f"hak-{uid}", per_region=2, interval=HA_PUBLISH_INTERVAL) as fleet,
@@ -194,9 +201,7 @@ def test_a_frozen_partition_leader_loses_nothing_and_a_stalled_router_is_started
     failed it, its supervisor started it again a second later, and the other router carried its
     shards meanwhile.  Either way nothing is lost, and every router routes at the end."""
     fed, ep = ha_federation, ha_endpoints
-    leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
-    victim_id = max(set(leaders.values()), key=list(leaders.values()).count)
-    victim = next(n for n in fed.nodes() if n.spec.role == "kafka" and kafka_broker_id(n.name) == victim_id)
+    leaders, victim_id, victim = _leading_broker(fed, ep)
     routers = [fed.node(name) for name in ep["routers"]]
     logged = {r.name: r.log_file.stat().st_size for r in routers}
     frozen = processes.marked_pids(victim.marker)
@@ -518,11 +523,10 @@ def test_one_node_of_every_engine_killed_at_once_loses_nothing(ha_federation, ha
     devices on every gateway node publish QoS 1 and four devices (one per local-eu node, one in
     local-us) get a command every 0.25 s; keep them down 15 s; start them again."""
     fed, ep = ha_federation, ha_endpoints
-    leaders = _leaders(ep["kafka"]["bootstrap"], c.KAFKA_TELEMETRY_TOPIC)
-    broker_id = max(set(leaders.values()), key=list(leaders.values()).count)
+    _, _, leading_broker = _leading_broker(fed, ep)
     leading_router = leader_url(ep)
     victims = [
-        next(n for n in fed.nodes() if n.spec.role == "kafka" and kafka_broker_id(n.name) == broker_id),
+        leading_broker,
         fed.backend(),
         next(g for g in fed.gateways() if g.name == "gw-local-eu"),
         fed.node(next(name for name, url in ep["routers"].items() if url == leading_router)),
