@@ -224,9 +224,21 @@ def test_a_frozen_partition_leader_loses_nothing_and_a_stalled_router_is_started
             time.sleep(0.5)
         time.sleep(3.0)
     stall = writes.longest_stall_after(frozen_at)
-    said = {r.name: r.log_file.read_bytes()[logged[r.name] :].decode(errors="replace") for r in routers}
-    stalled = sorted(n for n, text in said.items() if "Kafka producer stalled" in text)
-    restarted = sorted(n for n, text in said.items() if "starting it again" in text)
+
+    def said() -> dict[str, str]:
+        return {r.name: r.log_file.read_bytes()[logged[r.name] :].decode(errors="replace") for r in routers}
+
+    # a router may find its stall as late as kafka_stall_s after the broker's resume: its restart
+    # is then under way while the devices stop, and is waited for here
+    deadline = time.monotonic() + 60
+    while True:
+        text = said()
+        stalled = sorted(n for n, t in text.items() if "Kafka producer stalled" in t)
+        restarted = sorted(n for n, t in text.items() if "starting it again" in t)
+        settled = stalled == restarted and all(r.ready() for r in routers)
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert acked_while_frozen > 0, "devices kept publishing while the broker was frozen"
     got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
     check(
