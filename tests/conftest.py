@@ -74,25 +74,68 @@ def missing_postgres() -> str | None:
     return None
 
 
+#: `make test`'s lanes, one pytest-xdist worker each.  A lane's tests run one at a time, in
+#: collection order; the lanes run side by side.  Most of a lane's time is waiting, not CPU
+#: (a full run used ~36 of the 90 CPU-minutes two cores had), but two federations under
+#: fault at once overload two cores: the session federation's tests and the HA profile's
+#: share one lane, and only what mostly waits or starts little runs beside them.
+#: - "federation": every test of the session federation, and the HA profile's module (its
+#:   own federation, never beside the session federation's fault scenarios);
+#: - "unit": no brokers (Spark's local session among them), and what starts engines of its
+#:   own whose checks count rather than time: the benchmarks' quick run, the cloud
+#:   rehearsal's network namespaces, PowerDNS's tests;
+#: - "terraform": Terraform's AWS provider against moto (a provider's waiters sleep 10-60 s
+#:   between polls: the lane waits, it hardly computes).
+LANES = ("federation", "unit", "terraform")
+BESIDE_THE_FEDERATION = {
+    "tests/integration/test_dns.py": "unit",
+    "tests/integration/test_bench_stop.py": "unit",
+    "tests/integration/test_cloud_rehearsal.py": "unit",
+    "tests/integration/test_bench.py": "unit",
+}
+#: Where a file runs within its lane (0: in collection order).  The HA profile's module first,
+#: while the unit lane computes without engines; the unit lane's own engines last (in this
+#: order), once the HA federation is down: the benchmarks boot an HA federation of their own.
+PLACE_IN_LANE = {
+    "tests/chaos/test_ha_node_loss.py": -1,
+    **{path: n + 1 for n, path in enumerate(BESIDE_THE_FEDERATION)},
+}
+
+
+def lane_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/unit/cloud/"):
+        return "terraform"
+    if path.startswith("tests/unit/"):
+        return "unit"
+    return BESIDE_THE_FEDERATION.get(path, "federation")
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs two pytest-xdist workers: one takes every test that starts brokers, one
-    at a time (they share the session federation and the machine's ports), the other the unit
-    tests, most of whose time is Terraform waiting on moto's answers rather than CPU.
+    """`make test` runs one pytest-xdist worker per lane (LANES).
 
     (xdist's own `--dist loadgroup` cannot say this under pytest 9: it marks a group in
     `item._nodeid`, which pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class UnitTestsBesideTheFederation(LoadScopeScheduling):
+    class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "unit" if nodeid.startswith("tests/unit/") else "federation"
+            return lane_of(nodeid)
 
-    return UnitTestsBesideTheFederation(config, log)
+    return Lanes(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from infra.dns.powerdns import missing as missing_powerdns
+
+    # xdist hands the lanes out in the order their first test was collected: the longest
+    # lane (the federation's) first, so that it has a worker of its own from the start; the
+    # sort is stable, so collection order holds within a lane but for PLACE_IN_LANE
+    def place(item: pytest.Item) -> tuple[int, int]:
+        return LANES.index(lane_of(item.nodeid)), PLACE_IN_LANE.get(item.nodeid.split("::", 1)[0], 0)
+
+    items.sort(key=place)
 
     for marker, reason in (
         ("integration", missing_runtime()),
