@@ -15,6 +15,7 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from backend.kafka_security import KafkaSecurity
+from backend.polling import wait_until
 
 Match = Callable[[Message, dict[str, str]], bool]
 
@@ -43,15 +44,14 @@ def partitions(consumer: Consumer, topic: str, timeout: float = 15.0) -> list[in
     A topic created a moment ago may be missing from the broker's metadata for a while (KRaft
     applies the creation to the broker's cache after the controller committed it): seen as
     "not found" once in a full `make test`, right after ensure_topics returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        md = consumer.list_topics(topic, timeout=timeout)
-        meta = md.topics.get(topic)
-        if meta is not None and meta.error is None and meta.partitions:
-            return sorted(meta.partitions)
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
-        time.sleep(0.2)
+
+    def found() -> list[int]:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        return sorted(meta.partitions) if meta is not None and meta.error is None and meta.partitions else []
+
+    if not (parts := wait_until(found, timeout, 0.2)):
+        raise RuntimeError(f"Kafka topic {topic} not found: is the federation up?")
+    return parts
 
 
 def end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:

@@ -36,6 +36,7 @@ from backend import contract as c
 from backend.amqp import Tap, send_and_wait, send_command
 from backend.command_outcomes import Outcome, read_outcomes
 from backend.kafka_read import read_records
+from backend.polling import wait_until
 from fedgate.devices import SimDevice, publish_properties
 from fedgate.dns_resolver import resolver_for
 from infra.local.driver import LocalFederation
@@ -83,16 +84,16 @@ def _firmware(stop: threading.Event, devices: list[SimDevice]) -> None:
 def wait_for_presence(ep: dict[str, Any], device: str, region: str, timeout: float = 15.0) -> None:
     """Wait until the router has seen the device connect (presence events take milliseconds)."""
     url = f"{ep['router']['metrics']}/presence?device={device}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def seen() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 found = json.load(r)["devices"]
-            if found and found[0]["region"] == region:
-                return
         except OSError:
-            pass
-        time.sleep(0.1)
+            return False
+        return bool(found) and found[0]["region"] == region
+
+    wait_until(seen, timeout, 0.1)
 
 
 def read_kafka(

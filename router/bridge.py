@@ -33,7 +33,6 @@ by rendezvous hashing instead (router/shards.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -42,6 +41,7 @@ from aiormq.abc import DeliveredMessage
 from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
+from backend.polling import await_until
 from gateways import mqtt_plugin
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
@@ -131,9 +131,7 @@ class UplinkBridge(Lifecycle):
     async def _stop(self) -> None:
         """Stop intake, let what is in flight reach Kafka (bounded), send the last acks."""
         await self.stop_intake()
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while self.inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await await_until(lambda: not self.inflight, DRAIN_TIMEOUT_S, 0.05)
         if self.inflight:
             log.warning("%d messages still on their way to Kafka; RabbitMQ redelivers them", self.inflight)
         await self.drain_acks()

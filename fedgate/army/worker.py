@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from backend.polling import await_until
 from fedgate.army.device import ArmyDevice
 from fedgate.army.plan import ArmyPlan, DeviceSpec
 from fedgate.army.resolving import DnsConfig, SiteResolvers
@@ -86,9 +87,7 @@ class Worker:
         events = asyncio.create_task(self._events())
         await self._publish(plan.rate * share)
         # stop publishing; wait for the gateway's PUBACKs, keep receiving commands until told to finish
-        deadline = time.monotonic() + plan.drain_timeout_s
-        while any(d.inflight for d in self.devices) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await await_until(lambda: not any(d.inflight for d in self.devices), plan.drain_timeout_s, 0.1)
         while not self.finish.is_set():
             await asyncio.sleep(0.1)
         self.finishing = True
@@ -128,9 +127,7 @@ class Worker:
             d.connect()
             if interval:
                 await asyncio.sleep(interval)
-        deadline = time.monotonic() + 60
-        while sum(d.connected for d in self.devices) < len(self.devices) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await await_until(lambda: all(d.connected for d in self.devices), 60, 0.05)
 
     async def _publish(self, per_s: float) -> None:
         """Publish at `per_s` over the connected devices, round robin, until told to stop."""

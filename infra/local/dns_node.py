@@ -15,11 +15,11 @@ import ipaddress
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from backend.polling import wait_until
 from infra.dns.health import HealthChecks
 from infra.dns.powerdns import missing
 from infra.dns.query import DnsQueryError, DnsServer, ask_server
@@ -169,15 +169,12 @@ class DnsNode(Node):
         listener opened; a region just added is checked as the server reads its config.  False
         if that did not happen in time."""
         checks = health_checks(self.settings)
-        deadline = time.monotonic() + 2 * checks.interval_s + checks.timeout_s + 3
-        while True:
+
+        def right() -> bool:
             try:
                 zone, answers = self._ask_each_network()
-                wrong = [r for r, got in answers.items() if not set(got) <= set(zone.regions[r])]
             except DnsQueryError:
-                wrong = ["?"]
-            if not wrong:
-                return True
-            if time.monotonic() > deadline:
                 return False
-            time.sleep(0.2)
+            return all(set(got) <= set(zone.regions[r]) for r, got in answers.items())
+
+        return wait_until(right, 2 * checks.interval_s + checks.timeout_s + 3, 0.2)

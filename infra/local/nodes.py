@@ -33,6 +33,7 @@ from typing import Any
 from backend.contract import ADMIN_USER
 from backend.errors import FedgateError
 from backend.node import BackendNodeConfig
+from backend.polling import wait_until
 from backend.rabbitmq_admin import RabbitAdmin
 from gateways.node import GatewayNodeConfig, listener_open
 from infra.local import processes
@@ -207,9 +208,7 @@ class Node:
         processes.kill_marked(self.marker)
         if (pid := self.pid()) is not None:
             processes.forget(pid)
-        deadline = time.monotonic() + 30
-        while self.taken_port() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: not self.taken_port(), 30, 0.1)
 
     def stop(self, grace: float = 30.0) -> list[int]:
         """SIGTERM, then SIGKILL after `grace`; returns the pids that had to be killed."""

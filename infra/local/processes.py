@@ -16,9 +16,10 @@ import os
 import resource
 import signal
 import subprocess
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
+from backend.polling import wait_until
 
 MARKER_VAR = "FEDGATE_NODE_ID"
 
@@ -180,18 +181,11 @@ def stop_marked(prefix: str, *, primary: Sequence[int] = (), grace: float = 30.0
     """
     targets = list(primary) or marked_pids(prefix)
     signal_pids(targets, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        _reap_children()
-        if not marked_pids(prefix):
-            return []
-        time.sleep(0.1)
+    if wait_until(lambda: _gone(prefix), grace, 0.1):
+        return []
     stragglers = marked_pids(prefix)
     signal_pids(stragglers, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while marked_pids(prefix) and time.monotonic() < deadline:
-        _reap_children()
-        time.sleep(0.05)
+    wait_until(lambda: _gone(prefix), 5, 0.05)
     return stragglers
 
 
@@ -200,10 +194,13 @@ def kill_marked(prefix: str, wait: float = 10.0) -> None:
     with a large heap takes a moment to exit, and holds its ports until it has), or after
     `wait` seconds."""
     signal_pids(marked_pids(prefix), signal.SIGKILL)
-    deadline = time.monotonic() + wait
-    while marked_pids(prefix) and time.monotonic() < deadline:
-        _reap_children()
-        time.sleep(0.05)
+    wait_until(lambda: _gone(prefix), wait, 0.05)
+
+
+def _gone(prefix: str) -> bool:
+    """No process carries `prefix` any more (exit statuses collected first)."""
+    _reap_children()
+    return not marked_pids(prefix)
 
 
 def _reap_children() -> None:
