@@ -54,6 +54,7 @@ from router.sending import RegionMissing, RegionSender, RegionUnreachable
 from router.settings import RouterSettings
 from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
+from router.tasks import watch
 from router.waiting import Waiting
 
 log = logging.getLogger(__name__)
@@ -159,8 +160,8 @@ class Downlink(Lifecycle):
         await self.feed.rebuild()
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
         if self.settings.presence_reconcile_s > 0:
-            self._reconciler = asyncio.create_task(
-                self.feed.reconcile_every(self.settings.presence_reconcile_s)
+            self._reconciler = self.spawn(
+                self.feed.reconcile_every(self.settings.presence_reconcile_s), "presence-reconcile"
             )
 
     async def _found(self, session: Session) -> None:
@@ -197,7 +198,7 @@ class Downlink(Lifecycle):
         for name, handler in ((c.COMMANDS_QUEUE, self.on_command), (c.ACKS_QUEUE, self.on_ack)):
             queue = await channel.get_queue(name, ensure=True)
             self._consumers.append((queue, await queue.consume(handler)))
-        self._sweeper = asyncio.create_task(self.waiting.run_sweeper(self._lock, first_after=0.0))
+        self._sweeper = self.spawn(self.waiting.run_sweeper(self._lock, first_after=0.0), "sweeper")
 
     async def stand_by(self) -> None:
         """The lease is lost (its connection with it): stop what only the leader does."""
@@ -384,10 +385,5 @@ class Downlink(Lifecycle):
         task = asyncio.create_task(ask())
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
-        task.add_done_callback(_log_check_error)
+        watch(task, "checking a session's subscriptions failed: %r", logger=log)
         return True
-
-
-def _log_check_error(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("checking a session's subscriptions failed: %r", task.exception())

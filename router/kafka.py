@@ -134,7 +134,7 @@ class AsyncProducer(Lifecycle):
         self._loop = asyncio.get_running_loop()
         self._thread.start()
         if self._stall_after_s:
-            self._guard = asyncio.create_task(self._watch_for_stall(), name="kafka-stall-guard")
+            self._guard = self.spawn(self._watch_for_stall(), "kafka-stall-guard")
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback (on the poll thread).  Most errors are Kafka being away,

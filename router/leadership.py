@@ -73,7 +73,7 @@ class Leadership(Lifecycle):
         metrics.gauge("fedgate_router_leading", lambda: {(): 1.0 if self.leading else 0.0})
 
     async def _start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="leadership")
+        self._task = self.spawn(self._run(), "leadership")
 
     async def _stop(self) -> None:
         """Give up the lead: closing the connection hands the token to the next router."""

@@ -11,7 +11,10 @@ the HTTP endpoint) has `async start()` and `async stop()`, and works as
   with stale state.
 
 Subclasses implement `_start` and `_stop`; `_stop` must tolerate a
-half-done `_start`.
+half-done `_start`.  A part's background tasks start with `self.spawn(coro, name)`:
+a task that dies of an exception is logged once (router/tasks.py) and kept in
+`task_failures`, so the part can see that it died; `_stop` cancels them with
+`cancel_task`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Self
+
+from router import tasks
 
 
 class State(enum.Enum):
@@ -38,6 +44,8 @@ class LifecycleError(RuntimeError):
 class Lifecycle:
     def __init__(self) -> None:
         self.state = State.NEW
+        #: background task name -> the exception it died of (router/tasks.py logged it)
+        self.task_failures: dict[str, BaseException] = {}
 
     @property
     def running(self) -> bool:
@@ -69,6 +77,14 @@ class Lifecycle:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `coro` as this part's background task `name`, its failure logged once."""
+
+        def died(e: BaseException) -> None:
+            self.task_failures.setdefault(name, e)
+
+        return tasks.spawn(coro, name, f"{type(self).__name__}: {name} failed: %r", on_failure=died)
 
     async def _start(self, *args: Any) -> None:
         raise NotImplementedError

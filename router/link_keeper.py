@@ -40,6 +40,7 @@ from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from gateways.wiring import DOWNLINK_UPSTREAM
 from router.lifecycle import cancel_task
 from router.metrics import Metrics
+from router.tasks import every, spawn
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class LinkKeeper:
 
     def lead(self) -> None:
         if self.repair_after_s > 0 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="link-keeper")
+            self._task = spawn(self._run(), "link-keeper", "link-keeper failed: %r", logger=log)
 
     async def stand_by(self) -> None:
         task, self._task = self._task, None
@@ -128,12 +129,15 @@ class LinkKeeper:
         self._absent_since.clear()
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.check_every_s)
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.check)
-            except Exception:  # a bug here must not end the watch
-                log.exception("federation link check failed")
+        loop = asyncio.get_running_loop()
+        # a bug here must not end the watch
+        await every(
+            self.check_every_s,
+            lambda: loop.run_in_executor(None, self.check),
+            "federation link check failed",
+            logger=log,
+            traceback=True,
+        )
 
     def check(self, now: float | None = None) -> list[tuple[str, str]]:
         """One round (blocking: the management calls).  Returns the (cluster, policy) pairs

@@ -39,7 +39,6 @@ themselves are redelivered, so their steps are recorded again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -49,6 +48,7 @@ from router.kafka import AsyncProducer
 from router.metrics import Metrics
 from router.settings import RouterSettings
 from router.stores import confirmed_later
+from router.tasks import watch
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +125,14 @@ class CommandOutcomes:
             "router": self.router_id,
         }
         written = self.producer.send_soon(self.topic, json.dumps(value).encode(), command_id)
-        written.add_done_callback(self._written)
+        watch(
+            written, "a command outcome record was refused by Kafka: %r", logger=log, on_failure=self._failed
+        )
         self.metrics.inc("fedgate_router_outcomes_total", outcome=outcome)
 
     def of(self, device: str, topic: str, payload: bytes, outcome: str, **kw: str) -> None:
         """Record a step of the command `payload` on `topic` (its id computed here)."""
         self.record(c.message_id(topic, payload), device, topic, outcome, **kw)
 
-    def _written(self, fut: asyncio.Future[object]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self.metrics.inc("fedgate_router_outcomes_failed_total")
-            log.error("a command outcome record was refused by Kafka: %r", fut.exception())
+    def _failed(self, e: BaseException) -> None:
+        self.metrics.inc("fedgate_router_outcomes_failed_total")

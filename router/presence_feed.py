@@ -41,6 +41,7 @@ from router.metrics import Metrics
 from router.presence import Change, PresenceTable, Session, sessions_from_management
 from router.stores import PresenceStore, all_confirmed, confirm_later, confirmed_later
 from router.subscriptions import Subscriptions
+from router.tasks import every, watch
 
 log = logging.getLogger(__name__)
 
@@ -163,15 +164,15 @@ class PresenceFeed:
         """Every `seconds`; every SUSPECT_RECHECK_S while a region is suspect (its gateway
         went silent), so that a healed partition gets what waited at once."""
         last = time.monotonic()
-        while True:
-            await asyncio.sleep(min(seconds, SUSPECT_RECHECK_S))
+
+        async def due() -> None:
+            nonlocal last
             if not self.gateways.suspect and time.monotonic() - last < seconds:
-                continue
+                return
             last = time.monotonic()
-            try:
-                await self.reconcile()
-            except Exception as e:  # Kafka refused a write, say: the next round tries again
-                log.error("presence reconcile failed: %r", e)
+            await self.reconcile()  # Kafka refused a write, say: the next round tries again
+
+        await every(min(seconds, SUSPECT_RECHECK_S), due, "presence reconcile failed", logger=log)
 
     async def reconcile(self) -> None:
         """One round: each answering gateway's connection list against the table.
@@ -384,7 +385,7 @@ async def _wait_bounded(written: Awaitable[None], metrics: Metrics) -> None:
         await asyncio.wait_for(asyncio.shield(confirming), PRESENCE_CONFIRM_WAIT_S)
     except TimeoutError:
         metrics.inc("fedgate_router_presence_unconfirmed_total")
-        confirming.add_done_callback(_log_late_failure)
+        watch(confirming, "a presence change acked unconfirmed was refused by Kafka: %r", logger=log)
 
 
 def _event_time(headers: dict[str, Any]) -> float:
@@ -393,8 +394,3 @@ def _event_time(headers: dict[str, Any]) -> float:
         return int(headers["timestamp_in_ms"]) / 1000
     except (KeyError, TypeError, ValueError):
         return time.time()
-
-
-def _log_late_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("a presence change acked unconfirmed was refused by Kafka: %r", task.exception())

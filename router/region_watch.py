@@ -22,13 +22,14 @@ from collections.abc import Callable
 from backend import region_registry
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from router.access import GatewayAccess, RouterSettingsError, parse_gateways
-from router.lifecycle import cancel_task
+from router.lifecycle import Lifecycle, cancel_task
 from router.metrics import Metrics
+from router.tasks import every
 
 log = logging.getLogger(__name__)
 
 
-class RegionWatch:
+class RegionWatch(Lifecycle):
     def __init__(
         self,
         admin: RabbitAdmin,
@@ -36,6 +37,7 @@ class RegionWatch:
         on_change: Callable[[], None],
         metrics: Metrics,
     ):
+        super().__init__()
         self.admin = admin
         self.poll_s = poll_s
         self.on_change = on_change
@@ -75,21 +77,19 @@ class RegionWatch:
     def _names(gateways: tuple[GatewayAccess, ...] | None) -> list[str] | None:
         return None if gateways is None else [g.region for g in gateways]
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """The first read (before presence is rebuilt: it asks every region), then a poll each
         `poll_s`."""
         await self.poll()
-        self._task = asyncio.create_task(self._run(), name="region-watch")
+        self._task = self.spawn(self._run(), "region-watch")
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                await self.poll()
-            except Exception:  # a bug here must not end the watch
-                log.exception("reading the registered regions failed")
+        # a bug here must not end the watch
+        await every(
+            self.poll_s, self.poll, "reading the registered regions failed", logger=log, traceback=True
+        )
 
-    async def stop(self) -> None:
+    async def _stop(self) -> None:
         task, self._task = self._task, None
         await cancel_task(task)
 

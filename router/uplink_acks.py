@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any
 
 from aiormq.abc import DeliveredMessage
 
 from router.backend_connection import CONNECTION_ERRORS
+from router.tasks import watch
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class CoalescedAcks:
         if last_ok is not None:
             self._ops.append(("ack", last_ok))
         if self._ops and (self._writer is None or self._writer.done()):
-            self._writer = asyncio.ensure_future(self._write())
-            self._writer.add_done_callback(_log_task_error)
+            self._writer = watch(asyncio.ensure_future(self._write()), "ack/nack failed: %s", logger=log)
 
     async def _write(self) -> None:
         while self._ops:
@@ -108,8 +107,3 @@ class CoalescedAcks:
                 await asyncio.wait_for(asyncio.shield(self._writer), timeout_s)
             except TimeoutError:
                 log.warning("acks not confirmed sent within %.0f s; RabbitMQ redelivers those", timeout_s)
-
-
-def _log_task_error(task: Any) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("ack/nack failed: %s", task.exception())

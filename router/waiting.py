@@ -46,6 +46,7 @@ from router.routing import Command, topic_matches
 from router.sending import RegionMissing
 from router.stores import DesiredState, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
+from router.tasks import every, watch
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +232,7 @@ class Waiting:
             await self.deliver(session, ["#"] if filters is None else filters)
 
     async def run_sweeper(self, lock: asyncio.Lock, first_after: float = SWEEP_EVERY_S) -> None:
-        pause = first_after
-        while True:
-            await asyncio.sleep(pause)
-            pause = SWEEP_EVERY_S
+        async def round_() -> None:
             confirming: asyncio.Future[None] | None = None
             try:
                 # Kafka's confirmations of the round's writes are awaited after the lock: with
@@ -248,11 +246,9 @@ class Waiting:
             except TimeoutError:
                 log.warning("Kafka has not confirmed a sweep's writes in %.0f s; sweeping on", KAFKA_WAIT_S)
                 if confirming is not None:
-                    confirming.add_done_callback(_log_late_failure)
-            except Exception as e:  # keep sweeping; the next round retries
-                log.error("sweeping parked messages failed: %r", e)
+                    watch(confirming, "a sweep's write was refused by Kafka: %r", logger=log)
 
-
-def _log_late_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("a sweep's write was refused by Kafka: %r", task.exception())
+        # a round that fails otherwise is logged; the next round retries
+        await every(
+            SWEEP_EVERY_S, round_, "sweeping parked messages failed", first_after=first_after, logger=log
+        )
