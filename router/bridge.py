@@ -94,7 +94,7 @@ class UplinkBridge(Lifecycle):
         register on every shard."""
         s = self.settings
         self.connection = UplinkConnection(s.amqp_urls, f"fedgate router {s.router_id} uplink", self._consume)
-        await self.connection.open()
+        await self.connection.start()
         priorities = {shard: shard_priority(s, shard) for shard in range(s.uplink_shards)}
         if s.shard_owner == "rendezvous":
             log.info(
@@ -137,7 +137,7 @@ class UplinkBridge(Lifecycle):
         await self.drain_acks()
         if self.connection is not None:
             # the held deliveries and any not acked go back to their shards, in order
-            await self.connection.close()
+            await self.connection.stop()
 
     # --- per message -------------------------------------------------------------
 

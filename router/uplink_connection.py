@@ -8,14 +8,17 @@ and re-registered the consumers from its reopen callbacks; after a backend
 restart that channel did not always call them, and one router stopped
 bridging.  So the uplink owns a plain aiormq connection and keeps it itself:
 
-- `open()` dials the backend's nodes in turn and fails with the last error
+- `start()` dials the backend's nodes in turn and fails with the last error
   when none answers (a router starting while the backend is away exits, for
   its supervisor to start it again);
-- once open, losing the connection or its channel -- a node that dies, a
-  channel RabbitMQ closes -- makes it dial the next node at once, then the
-  next every RECONNECT_INTERVAL_S until one answers, and run `setup` on the new
+- once started, losing the connection or its channel -- a node that dies, a
+  channel RabbitMQ closes -- makes it dial the next node at once, and the
+  others in turn (router/failover.py: one sleep of RECONNECT_INTERVAL_S after
+  each full round that failed) until one answers, and run `setup` on the new
   channel again (qos, consumers).  Deliveries of the lost channel that were
-  not acked go back to their queues: RabbitMQ redelivers them.
+  not acked go back to their queues: RabbitMQ redelivers them.  A connection
+  lost within RECONNECT_INTERVAL_S of being made waits that long first: no
+  tight loop.
 
 A connection of its own also keeps the uplink's deliveries off the
 connection the downlink publishes commands on.
@@ -34,13 +37,15 @@ import aiormq.abc
 
 # aio-pika's AMQPError is aiormq's: the robust connection's errors are the uplink's too
 from router.backend_connection import CONNECTION_ERRORS, RECONNECT_INTERVAL_S
+from router.failover import NodeCycle
+from router.lifecycle import Lifecycle, cancel_task
 
 log = logging.getLogger(__name__)
 
 Setup = Callable[[aiormq.abc.AbstractChannel], Awaitable[None]]
 
 
-class UplinkConnection:
+class UplinkConnection(Lifecycle):
     def __init__(
         self,
         urls: Sequence[str],
@@ -50,39 +55,42 @@ class UplinkConnection:
         timeout: float = 10.0,
         interval: float = RECONNECT_INTERVAL_S,
     ):
+        super().__init__()
         if not urls:
             raise ValueError("UplinkConnection: no backend URL")
         self.urls = list(urls)
+        #: which node to dial next, and how long to sleep after a round that failed
+        self.nodes = NodeCycle(self.urls, (interval,))
         self.name = name
         self.setup = setup
         self.timeout = timeout
         self.interval = interval
         #: how many times the connection was lost and made again (the router's metrics)
         self.reconnects = 0
-        self._next = 0
         self._connection: aiormq.abc.AbstractConnection | None = None
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closing = False
 
-    async def open(self) -> None:
-        """Connect to the first node that answers (each tried once) and run `setup`; then keep
-        the connection up until close()."""
+    async def _start(self) -> None:
+        """Connect to the first node that answers (one round: each tried once) and run
+        `setup`; then keep the connection up until stop()."""
         last: BaseException | None = None
-        for _ in self.urls:
+        for _ in range(len(self.nodes)):
             try:
                 await self._connect_once()
                 break
             except CONNECTION_ERRORS as e:
                 last = e
+                self.nodes.failed()
         else:
             assert last is not None
             raise last
-        self._keeper = asyncio.ensure_future(self._keep())
+        self.nodes.succeeded()
+        self._keeper = self.spawn(self._keep(), "uplink-connection")
 
     async def _connect_once(self) -> None:
-        url = self.urls[self._next % len(self.urls)]
-        self._next += 1
+        url = self.nodes.next()
         connection = await asyncio.wait_for(
             aiormq.connect(url, client_properties={"connection_name": self.name}), self.timeout
         )
@@ -118,19 +126,17 @@ class UplinkConnection:
                     await self._connect_once()
                 except CONNECTION_ERRORS as e:
                     log.warning("%s: backend unreachable (%s); trying the next node", self.name, e)
-                    await asyncio.sleep(self.interval)
+                    await asyncio.sleep(self.nodes.failed())  # once a whole round failed
                     continue
+                self.nodes.succeeded()
                 self.reconnects += 1
                 log.info("%s: reconnected", self.name)
                 break
 
-    async def close(self) -> None:
+    async def _stop(self) -> None:
         """Close the connection; RabbitMQ requeues every delivery not acked."""
         self._closing = True
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        await cancel_task(self._keeper)
         if self._connection is not None:
             await _close_quietly(self._connection)
         self._connection = self._channel = None
