@@ -37,6 +37,7 @@ import aio_pika.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from backend import contract as c
+from router.failover import NodeCycle
 from router.lifecycle import Lifecycle, cancel_task
 from router.metrics import Metrics
 
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 SPARE_CHECK_S = 10.0
 #: The lease connection's AMQP heartbeat (s).
 LEASE_HEARTBEAT_S = 5
-#: Waits between attempts to reach the backend (the lease connection only).
+#: Sleeps after each round of attempts to reach the backend, growing (the lease connection
+#: only; router/failover.py).  A lease connection that ends counts as a failed attempt: the
+#: candidate stands again after the first of them (with one node) or at once at the next node.
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0)
 
 Elected = Callable[[AbstractChannel, AbstractConnection], Awaitable[None]]
@@ -60,7 +63,7 @@ class Leadership(Lifecycle):
         super().__init__()
         #: every backend node's URL: a lease connection that ends (or is refused) tries the next
         self.urls = list(amqp_urls)
-        self._node = 0
+        self.nodes = NodeCycle(self.urls, RECONNECT_S)
         self.router_id = router_id
         self.metrics = metrics
         self._elected = elected
@@ -81,11 +84,10 @@ class Leadership(Lifecycle):
         await self._step_down()
 
     async def _run(self) -> None:
-        attempt = 0
         while True:
             try:
                 await self._candidate()
-                attempt = 0
+                self.nodes.succeeded()  # it stood until the connection ended: the backoff restarts
             except asyncio.CancelledError:
                 raise
             except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as e:
@@ -93,16 +95,14 @@ class Leadership(Lifecycle):
             except Exception:  # a bug in taking over must not end candidacy for good
                 log.exception("leadership: taking over failed")
             await self._step_down()
-            await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
-            attempt += 1
+            await asyncio.sleep(self.nodes.failed())
 
     async def _candidate(self) -> None:
         """Stand as a candidate on a connection of its own until that connection ends."""
         # A short heartbeat: a leader cut off from the backend (a partition) loses the lead,
         # and the next router takes it, within about three heartbeats rather than minutes.
         query = urllib.parse.urlencode({"heartbeat": LEASE_HEARTBEAT_S, "name": f"{self.router_id} lease"})
-        node = self.urls[self._node % len(self.urls)]
-        self._node += 1  # the next attempt, after this connection ends or is refused, the next node
+        node = self.nodes.next()  # the next attempt, after this connection ends or is refused, the next node
         url = f"{node}{'&' if '?' in node else '?'}{query}"
         connection = await aio_pika.connect(url, timeout=10)
         self._connection = connection
