@@ -1,13 +1,16 @@
-"""The router's backend connection picks a node per attempt: the first, then round the list."""
+"""The router's backend connection: the first node that answers, then on the node-cycling policy
+(aio-pika's transport faked)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
+import aio_pika.connection
 import pytest
 
-from router.backend_connection import ClusterConnection, connect_cluster
+from router import backend_connection
+from router.backend_connection import connect_cluster
 
 
 def _dead_port() -> int:
@@ -16,20 +19,102 @@ def _dead_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_each_connection_attempt_after_the_first_dials_the_next_node():
-    async def attempts() -> list[int | None]:
-        conn = ClusterConnection([f"amqp://u:p@127.0.0.1:{p}/" for p in (1, 2, 3)])
-        seen = []
-        for _ in range(4):
-            conn.transport = None  # what the robust connection does before each attempt
-            seen.append(conn.url.port)
-        conn.transport = object()  # connected ...
-        conn.__dict__["_cluster_transport"] = None  # ... and lost (_on_connection_close)
-        conn.transport = None
-        seen.append(conn.url.port)
-        return seen
+class FakeAmqp:
+    """The aiormq connection under aio-pika's transport: only its closing future."""
 
-    assert asyncio.run(attempts()) == [1, 2, 3, 1, 2]
+    def __init__(self) -> None:
+        self.closing = asyncio.get_running_loop().create_future()
+
+    @property
+    def is_closed(self) -> bool:
+        return self.closing.done()
+
+    async def close(self, exc: object = None) -> None:
+        if not self.closing.done():
+            self.closing.set_result(True)
+
+
+class Backend:
+    """Stands in for aio-pika's UnderlayConnection: nodes (ports) up or down."""
+
+    def __init__(self, up: set[int]) -> None:
+        self.up = up
+        self.attempts: list[tuple[int, float]] = []
+        backend = self
+
+        class Underlay:
+            def __init__(self, connection: FakeAmqp) -> None:
+                self.connection = connection
+
+            @classmethod
+            async def connect(cls, url, close_callback, timeout=None, **kwargs):
+                loop = asyncio.get_running_loop()
+                backend.attempts.append((url.port, loop.time()))
+                if url.port not in backend.up:
+                    closing = loop.create_future()
+                    closing.set_exception(ConnectionRefusedError(f"port {url.port}"))
+                    await close_callback(closing)  # as aio-pika does for a failed attempt
+                    raise ConnectionRefusedError(f"port {url.port}")
+                amqp = FakeAmqp()
+                amqp.closing.add_done_callback(lambda f: asyncio.ensure_future(close_callback(f)))
+                return cls(amqp)
+
+            async def close(self, exc: object = None) -> None:
+                await self.connection.close(exc)
+
+        self.underlay = Underlay
+
+    def ports(self) -> list[int]:
+        return [p for p, _ in self.attempts]
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    b = Backend(up=set())
+    monkeypatch.setattr(aio_pika.connection, "UnderlayConnection", b.underlay)
+    monkeypatch.setattr(backend_connection, "RECONNECT_INTERVAL_S", 0.2)
+    return b
+
+
+def test_a_lost_connection_dials_the_next_nodes_at_once_and_sleeps_once_per_round(backend):
+    async def scenario():
+        backend.up = {2}
+        conn = await connect_cluster([f"amqp://u:p@127.0.0.1:{p}/" for p in (1, 2, 3)], timeout=1)
+        assert backend.ports() == [1, 2], "the first that answers"
+        await asyncio.sleep(0.3)
+        assert backend.ports() == [1, 2], "a failed first attempt starts no reconnecting"
+        backend.attempts.clear()
+        backend.up = set()
+        conn.transport.connection.closing.set_exception(ConnectionResetError("node 2 died"))
+        await asyncio.sleep(0.3)
+        backend.up = {1}
+        await asyncio.sleep(0.35)
+        assert backend.ports()[:4] == [3, 1, 2, 3]
+        times = [t for _, t in backend.attempts]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert gaps[0] < 0.15 and gaps[1] < 0.15 and gaps[2] >= 0.19, gaps
+        assert backend.ports()[-1] == 1 and conn.url.port == 1 and conn.connected.is_set()
+        n = len(backend.attempts)
+        await conn.close()
+        await asyncio.sleep(0.3)
+        assert len(backend.attempts) == n and conn.is_closed
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_lost_as_soon_as_made_waits_the_interval_before_the_next_node(backend):
+    async def scenario():
+        backend.up = {1, 2}
+        conn = await connect_cluster([f"amqp://u:p@127.0.0.1:{p}/" for p in (1, 2)], timeout=1)
+        made = asyncio.get_running_loop().time()
+        conn.transport.connection.closing.set_exception(ConnectionResetError("at once"))
+        await asyncio.sleep(0.3)
+        (port, at), *_ = backend.attempts[1:]
+        assert port == 2 and at - made >= 0.19
+        assert conn.url.port == 2 and conn.connected.is_set()
+        await conn.close()
+
+    asyncio.run(scenario())
 
 
 def test_connecting_to_a_cluster_none_of_whose_nodes_answers_fails_fast_with_the_last_error():
