@@ -82,7 +82,10 @@ def test_every_runs_on_time_survives_failing_steps_and_stops_when_cancelled(capl
 
     caplog.set_level(logging.ERROR)
     asyncio.run(scenario())
-    assert _errors(caplog) == ["the round failed: RuntimeError('round 1')", "the round failed: RuntimeError('round 3')"]
+    assert _errors(caplog) == [
+        "the round failed: RuntimeError('round 1')",
+        "the round failed: RuntimeError('round 3')",
+    ]
 
 
 def test_every_waits_a_full_interval_before_its_first_round_unless_told_otherwise():
