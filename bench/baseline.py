@@ -27,10 +27,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from backend.polling import wait_until
 from fedgate.army import CommandOpener, DeviceSpec, Target
 from infra.local import processes
 from infra.local.broker import MOSQUITTO, BrokerRuntime, debian13_runtime
@@ -120,7 +120,7 @@ class Baseline:
 
     def _start_bridge(self) -> None:
         with open(self.dir / "bridge.log", "ab") as log:
-            self.bridge = subprocess.Popen(
+            self.bridge = bridge = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -133,14 +133,15 @@ class Baseline:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 30
-        while "subscribed" not in (self.dir / "bridge.log").read_text():
-            if self.bridge.poll() is not None or time.monotonic() > deadline:
-                processes.stop_child(self.bridge, grace=5)
-                raise RuntimeError(
-                    f"the baseline bridge did not start: {(self.dir / 'bridge.log').read_text()}"
-                )
-            time.sleep(0.1)
+
+        def subscribed_or_exited() -> str:
+            if "subscribed" in (self.dir / "bridge.log").read_text():
+                return "subscribed"
+            return "exited" if bridge.poll() is not None else ""
+
+        if wait_until(subscribed_or_exited, 30, 0.1) != "subscribed":
+            processes.stop_child(bridge, grace=5)
+            raise RuntimeError(f"the baseline bridge did not start: {(self.dir / 'bridge.log').read_text()}")
 
     def __exit__(self, *exc: object) -> None:
         if self.bridge is not None:  # the bridge first: it flushes into Kafka
@@ -201,12 +202,12 @@ def mosquitto_target(
 def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], name: str) -> None:
     import socket
 
-    deadline = time.monotonic() + 15
-    while True:
+    def listening_or_exited() -> str:
         try:
             socket.create_connection((host, port), timeout=0.5).close()
-            return
+            return "listening"
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start on {host}:{port}") from None
-            time.sleep(0.1)
+            return "exited" if proc.poll() is not None else ""
+
+    if wait_until(listening_or_exited, 15, 0.1) != "listening":
+        raise RuntimeError(f"{name} did not start on {host}:{port}")

@@ -38,6 +38,7 @@ import aiormq.abc
 from confluent_kafka import Producer
 
 from backend import contract as c
+from backend.polling import wait_until
 from fedgate.devices import SimDevice
 from fedgate.stats import percentile
 from infra.local import processes
@@ -219,18 +220,17 @@ def metric(port: int, name: str) -> float:
 
 
 def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"router exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
+                return r.status == 200
         except OSError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError("router not ready")
+            return False
+
+    if not wait_until(healthy, timeout, 0.05):
+        raise TimeoutError("router not ready")
 
 
 def start_router(config: Path, log: Path, profile: Path | None = None) -> subprocess.Popen[bytes]:
@@ -314,11 +314,8 @@ def downlink_latency(fed: LocalFederation, workdir: Path, n: int, rate: float, p
             secret,
         )
         dev.connect().subscribe(c.device_command_topic("bench-dev", "#"))
-        deadline = time.monotonic() + 15
-        while not _present(port, "bench-dev"):
-            if time.monotonic() > deadline:
-                raise TimeoutError("downlink: the router did not see bench-dev connect within 15 s")
-            time.sleep(0.05)
+        if not wait_until(lambda: _present(port, "bench-dev"), 15, 0.05):
+            raise TimeoutError("downlink: the router did not see bench-dev connect within 15 s")
         out = {}
         for mode in ("direct", "router"):
             dev.received.clear()

@@ -51,6 +51,7 @@ from confluent_kafka import Producer
 from backend import contract as c
 from backend import kafka_read
 from backend.kafka_read import topic_end
+from backend.polling import wait_until
 from bench.ha_bench import roles_pids
 from bench.router_bench import cpu_seconds, progress
 from fedgate.devices import SimDevice
@@ -100,14 +101,15 @@ class SnapshotLog:
 
     def wait_for_rows(self, since_ms: int, n: int, timeout_s: float, what: str) -> None:
         """Until n rows were committed since `since_ms`; TimeoutError after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while self.rows_since(since_ms) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{what}: {self.rows_since(since_ms)} of {n} rows committed after {timeout_s:g} s"
-                )
-            time.sleep(0.2)
+
+        def sleep_then_poll(seconds: float) -> None:  # between two looks: the new snapshots
+            time.sleep(seconds)
             self.poll()
+
+        if not wait_until(lambda: self.rows_since(since_ms) >= n, timeout_s, 0.2, sleep=sleep_then_poll):
+            raise TimeoutError(
+                f"{what}: {self.rows_since(since_ms)} of {n} rows committed after {timeout_s:g} s"
+            )
 
     def last_commit_ms(self) -> int:
         """When the latest snapshot that added rows was committed (0: none)."""
@@ -345,22 +347,26 @@ def burst(
             for pid in job_pids:
                 os.kill(pid, signal.SIGCONT)
     since_ms = int(t0 * 1000)
-    deadline = time.monotonic() + 900
-    last_batch = None
-    while True:
+    landed, last_batch = 0, None
+
+    def counted() -> bool:
+        nonlocal landed, last_batch
         log.poll()
         landed = log.rows_since(since_ms)
-        if landed >= n:
-            # a refresh counts the batches since the one before, beside the next batches
-            last_batch = last_batch if last_batch is not None else last_ingest_batch(settings, prefix)
-            if Catalog(spark, settings).refreshed_through() >= last_batch:
-                break
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"ingest: {landed} of {n} rows landed, batch {last_batch} not counted, after 900 s"
-            )
+        if landed < n:
+            return False
+        # a refresh counts the batches since the one before, beside the next batches
+        last_batch = last_batch if last_batch is not None else last_ingest_batch(settings, prefix)
+        return Catalog(spark, settings).refreshed_through() >= last_batch
+
+    def report_then_sleep(seconds: float) -> None:
         progress(f"ingest: {landed}/{n} rows in telemetry_raw")
-        time.sleep(0.5)
+        time.sleep(seconds)
+
+    if not wait_until(counted, 900, 0.5, sleep=report_then_sleep):
+        raise TimeoutError(
+            f"ingest: {landed} of {n} rows landed, batch {last_batch} not counted, after 900 s"
+        )
     aggregates.poll()  # its latest snapshot: that refresh's last commit
     raw_s = log.last_commit_ms() / 1000 - t0
     all_s = aggregates.last_commit_ms() / 1000 - t0

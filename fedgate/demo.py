@@ -56,12 +56,15 @@ def _device_ids(region: str) -> list[str]:
 
 def _steps_on_record(ep: dict[str, Any], command_id: str, until: str, timeout: float = 10.0) -> list[Outcome]:
     """The command's steps in Kafka once the last is `until` (or what there is after `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    steps: list[Outcome] = []
+
+    def ended() -> bool:
+        nonlocal steps
         steps = read_outcomes(ep["kafka"]["bootstrap"], command_id)
-        if (steps and steps[-1].outcome == until) or time.monotonic() > deadline:
-            return steps
-        time.sleep(0.3)
+        return bool(steps) and steps[-1].outcome == until
+
+    wait_until(ended, timeout, 0.3)
+    return steps
 
 
 def _speaks_mqtt5(dev_id: str) -> bool:
@@ -136,13 +139,14 @@ def spark_tables(
     settings = fed.spark_settings()
     with query.session(settings) as spark:
         count_sql = f"SELECT count(*) FROM telemetry_raw WHERE fields['run'] = '{run_id}'"
-        deadline = time.monotonic() + timeout
         rows = 0
-        while True:
+
+        def landed() -> bool:
+            nonlocal rows
             rows = spark.sql(count_sql).first()[0]  # type: ignore[index]
-            if rows >= sent or time.monotonic() > deadline:
-                break
-            time.sleep(2)
+            return rows >= sent
+
+        wait_until(landed, timeout, 2)
         columns, result = query.run_sql(
             spark,
             f"""SELECT device, region, count(*) AS readings,

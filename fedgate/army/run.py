@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from backend.polling import wait_until
 from fedgate.army.plan import ArmyPlan
 from fedgate.army.report import build_report
 from fedgate.army.target import Target, federation_target
@@ -182,10 +183,12 @@ def run_fleet(
             pump(0.5)
         # every acknowledged reading must be in Kafka: wait until the consumer has them all
         acked = {d: seqs for w in done.values() for d, seqs in w["acked"].items()}
-        deadline = time.monotonic() + plan.drain_timeout_s
-        while verifier.missing(acked) and time.monotonic() < deadline:
+
+        def tick_then_sleep(seconds: float) -> None:
             tick_line("draining")
-            time.sleep(0.5)
+            time.sleep(seconds)
+
+        wait_until(lambda: not verifier.missing(acked), plan.drain_timeout_s, 0.5, sleep=tick_then_sleep)
         time.sleep(plan.settle_s * 2 / 3)  # a duplicate would arrive now
     finally:
         go.set()

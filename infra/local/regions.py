@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from backend import contract as c
+from backend.polling import wait_until
 from backend.rabbitmq_admin import AdminError
 from infra.local.dns_node import DnsNode
 from infra.local.layout import ROLE_GATEWAY, FederationError, gateway_node_name, port_layout
@@ -137,11 +138,20 @@ class RegionChanges:
         for r in nodes:
             if not (isinstance(r, RouterNode) and r.is_running()):
                 continue
-            deadline = time.monotonic() + self.ROUTERS_TIMEOUT_S
-            while (have := r.regions()) != want:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{r.name} routes to {have}, not {want}, after {self.ROUTERS_TIMEOUT_S:g}s"
-                    )
-                time.sleep(0.5)
+            if (have := self._routes_once_right(r, want)) != want:
+                raise TimeoutError(
+                    f"{r.name} routes to {have}, not {want}, after {self.ROUTERS_TIMEOUT_S:g}s"
+                )
             fed.progress(f"{r.name} routes to {', '.join(want)}")
+
+    def _routes_once_right(self, r: RouterNode, want: list[str]) -> list[str] | None:
+        """What `r` routes to: `want` once it does, else the last it said at the timeout."""
+        have: list[str] | None = None
+
+        def right() -> bool:
+            nonlocal have
+            have = r.regions()
+            return have == want
+
+        wait_until(right, self.ROUTERS_TIMEOUT_S, 0.5)
+        return have

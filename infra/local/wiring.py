@@ -10,13 +10,13 @@ federation too.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from backend import region_registry
 from backend.devices import device_users
+from backend.polling import wait_until
 from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
@@ -112,18 +112,19 @@ def wait_for_cluster(first: RabbitNode, members: list[str], progress: Callable[[
     """Block until every node of the cluster `first` belongs to runs in it (peer discovery
     joins them as they boot): quorum queues declared then get a replica on each."""
     want = {erlang_node_name(m) for m in members}
-    deadline = time.monotonic() + 120
-    while True:
+    running: set[str] = set()
+
+    def all_running() -> bool:
+        nonlocal running
         try:
             running = {n["name"] for n in first.admin(timeout=5).get("nodes") if n.get("running")}
         except AdminError:
             running = set()
-        if want <= running:
-            progress(f"{first.name}: a cluster of {len(want)} running nodes")
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{first.name}'s cluster: {sorted(running)} running, not {sorted(want)}")
-        time.sleep(0.5)
+        return want <= running
+
+    if not wait_until(all_running, 120, 0.5):
+        raise TimeoutError(f"{first.name}'s cluster: {sorted(running)} running, not {sorted(want)}")
+    progress(f"{first.name}: a cluster of {len(want)} running nodes")
 
 
 def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
@@ -150,16 +151,17 @@ def wait_for_links(nodes: list[Node], timeout: float = 60) -> None:
     region's gateways (a cluster's management API lists the links of all its nodes: asked once)."""
     gateways = [members[0].name for members in gateway_clusters(n.spec for n in nodes).values()]
     want = {BACKEND_NODE: 2 * len(gateways), **dict.fromkeys(gateways, 1)}
-    deadline = time.monotonic() + timeout
-    while True:
+    missing: dict[str, str] = {}
+
+    def all_running() -> bool:
+        nonlocal missing
         states = link_states(nodes)
         missing = {
             node: f"{sum(1 for _, s in states.get(node, []) if s == 'running')}/{n} running"
             for node, n in want.items()
             if sum(1 for _, s in states.get(node, []) if s == "running") < n
         }
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"federation links not running after {timeout:.0f}s: {missing}")
-        time.sleep(0.25)
+        return not missing
+
+    if not wait_until(all_running, timeout, 0.25):
+        raise TimeoutError(f"federation links not running after {timeout:.0f}s: {missing}")

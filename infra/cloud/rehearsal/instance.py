@@ -19,11 +19,11 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from backend.errors import FedgateError
+from backend.polling import wait_until
 from infra.cloud.rehearsal.hosts import Host
 from infra.cloud.rehearsal.render import CloudConfig
 from infra.local.broker import EPMD, RABBITMQ_BIN
@@ -223,7 +223,5 @@ def _stop_group(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
         signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=30)
     # what the leader leaves behind in its group (port programs) gets a moment, then SIGKILL
-    deadline = time.monotonic() + 10
-    while _group_left(proc) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: not _group_left(proc), 10, 0.2)
     signal_group(proc, signal.SIGKILL)

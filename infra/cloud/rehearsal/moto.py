@@ -17,12 +17,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from backend.errors import FedgateError
+from backend.polling import wait_until
 from infra.cloud.root_module import AWS_SERVICES
 from infra.local.ports import free_port
 from infra.local.settings import PROJECT_ROOT
@@ -81,16 +81,18 @@ class MotoServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + timeout
-        while True:
+        proc = self._proc
+
+        def listening_or_exited() -> str:
             try:
                 socket.create_connection((self.host, self.port), timeout=1).close()
-                return
+                return "listening"
             except OSError:
-                if self._proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise MotoError(f"moto_server did not start on {self.url}") from None
-                time.sleep(0.2)
+                return "exited" if proc.poll() is not None else ""
+
+        if wait_until(listening_or_exited, timeout, 0.2) != "listening":
+            self.stop()
+            raise MotoError(f"moto_server did not start on {self.url}")
 
     def stop(self) -> None:
         """Safe twice."""

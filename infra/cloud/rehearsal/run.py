@@ -28,6 +28,7 @@ from typing import Any
 import pika
 
 from backend.errors import FedgateError
+from backend.polling import wait_until
 from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from infra.cloud.rehearsal.hosts import HostNetwork
 from infra.cloud.rehearsal.imds import MetadataService
@@ -219,13 +220,15 @@ def _rehearse_cluster(
 
 
 def _wait_ready(kafka: RehearsalKafka, progress: Progress, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not kafka.ready():
+    def ready() -> bool:
+        if kafka.ready():
+            return True
         if kafka.exited() is not None:
             raise RehearsalError(f"the rehearsal's Kafka exited at start; see {kafka.logs_to_read()}")
-        if time.monotonic() > deadline:
-            raise RehearsalError(f"the rehearsal's Kafka is not ready after {timeout:.0f} s")
-        time.sleep(1)
+        return False
+
+    if not wait_until(ready, timeout, 1):
+        raise RehearsalError(f"the rehearsal's Kafka is not ready after {timeout:.0f} s")
     progress("Kafka ready")
 
 
@@ -359,9 +362,10 @@ def _wait_formed(
     report: Report,
     progress: Progress,
 ) -> None:
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
+    status = ""
+
+    def formed() -> bool:
+        nonlocal status
         for i in instances:
             if not i.alive():
                 raise RehearsalError(
@@ -376,15 +380,16 @@ def _wait_formed(
                 seen[name] = []
         report.cluster_seen_by = seen
         if all(s == sorted(names) for s in seen.values()):
-            progress(f"one cluster of {len(names)}: {', '.join(sorted(names))}")
-            return
-        status = "; ".join(f"{k}: {len(v)} running" if v else f"{k}: not answering" for k, v in seen.items())
-        if status != last:
-            progress(f"forming: {status}")
-            last = status
-        if time.monotonic() > deadline:
-            raise RehearsalError(f"no cluster of {len(names)} after {timeout:.0f} s: {status}")
-        time.sleep(2)
+            return True
+        now = "; ".join(f"{k}: {len(v)} running" if v else f"{k}: not answering" for k, v in seen.items())
+        if now != status:
+            progress(f"forming: {now}")
+        status = now
+        return False
+
+    if not wait_until(formed, timeout, 2):
+        raise RehearsalError(f"no cluster of {len(names)} after {timeout:.0f} s: {status}")
+    progress(f"one cluster of {len(names)}: {', '.join(sorted(names))}")
 
 
 def _publish(url: str, count: int, start: int) -> int:

@@ -27,6 +27,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -36,6 +37,7 @@ import pika
 from backend import contract as c
 from backend.errors import FedgateError
 from backend.kafka_read import read_records
+from backend.polling import wait_until
 from backend.rabbitmq_admin import RabbitAdmin
 from infra.cloud import registration
 from infra.cloud.rehearsal.hosts import Host
@@ -183,16 +185,20 @@ def check_routers(
 def _wait_healthy(
     instances: list[ServiceInstance], report: Any, progress: Progress, timeout: float = 180
 ) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # one for all the routers
     for i in instances:
-        while _get(f"http://{i.host.address}:9100/health")[0] != 200:
-            if not i.alive():
-                raise TrafficError(f"{i.name}: the router exited at start; see {i.log}")
-            if time.monotonic() > deadline:
-                raise TrafficError(f"{i.name}: the router is not healthy after {timeout:.0f} s; see {i.log}")
-            time.sleep(1)
+        if not wait_until(partial(_healthy, i), deadline - time.monotonic(), 1):
+            raise TrafficError(f"{i.name}: the router is not healthy after {timeout:.0f} s; see {i.log}")
         report.routers_healthy.append(i.name)
     progress(f"routers healthy: {', '.join(report.routers_healthy)}")
+
+
+def _healthy(i: ServiceInstance) -> bool:
+    if _get(f"http://{i.host.address}:9100/health")[0] == 200:
+        return True
+    if not i.alive():
+        raise TrafficError(f"{i.name}: the router exited at start; see {i.log}")
+    return False
 
 
 def _read_back(kafka: RehearsalKafka, expect: int) -> dict[int, str]:
