@@ -11,6 +11,7 @@ from confluent_kafka import Message, Producer
 
 from backend import contract as c
 from backend.kafka_read import Match, read_records
+from backend.polling import wait_until
 from fedgate.devices import SimDevice
 from fedgate.dns_resolver import resolver_for
 from infra.local.driver import LocalFederation
@@ -69,16 +70,19 @@ def _metrics(url: str) -> dict[str, float]:
 
 def leader_url(endpoints: dict[str, Any], timeout: float = 15.0) -> str:
     """The metrics URL of the router that routes commands now (router/leadership.py)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def leading() -> str | None:
         for url in endpoints["routers"].values():
             try:
                 if _metrics(url).get("fedgate_router_leading") == 1.0:
                     return str(url)
             except OSError:
                 continue  # a router being restarted
-        assert time.monotonic() < deadline, "no router leads command routing"
-        time.sleep(0.2)
+        return None
+
+    url = wait_until(leading, timeout, 0.2)
+    assert url, "no router leads command routing"
+    return url
 
 
 def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
@@ -88,23 +92,27 @@ def router_metrics(endpoints: dict[str, Any]) -> dict[str, float]:
 
 def wait_metric(endpoints: dict[str, Any], name: str, at_least: float, timeout: float = 10.0) -> None:
     """Wait until the leading router's metric `name` (with labels) reaches `at_least`."""
-    deadline = time.monotonic() + timeout
-    while (now := router_metrics(endpoints).get(name, 0.0)) < at_least:
-        assert time.monotonic() < deadline, f"{name} never reached {at_least} (now {now})"
-        time.sleep(0.1)
+    now = 0.0
+
+    def reached() -> bool:
+        nonlocal now
+        now = router_metrics(endpoints).get(name, 0.0)
+        return now >= at_least
+
+    assert wait_until(reached, timeout, 0.1), f"{name} never reached {at_least} (now {now})"
 
 
 def wait_present(endpoints: dict[str, Any], dev_id: str, region: str, timeout: float = 10.0) -> None:
     """Wait until the leading router's presence has the device at `region`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def there() -> bool:
         url = f"{leader_url(endpoints)}/presence?device={dev_id}"
         with urllib.request.urlopen(url, timeout=5) as r:
             devices = json.load(r)["devices"]
-        if devices and devices[0]["region"] == region:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"router never saw {dev_id} at {region}")
+        return bool(devices) and devices[0]["region"] == region
+
+    if not wait_until(there, timeout, 0.05):
+        raise AssertionError(f"router never saw {dev_id} at {region}")
 
 
 def kafka_records(

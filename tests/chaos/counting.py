@@ -23,6 +23,7 @@ import pika.exceptions
 from backend import contract as c
 from backend.amqp import send_command
 from backend.kafka_read import read_records
+from backend.polling import wait_until
 from fedgate.devices import DeviceError, SimDevice
 from tests.helpers import device, record_counts
 
@@ -128,9 +129,7 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
         def read() -> list[tuple[str, int]]:
             return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]
 
-        deadline = time.monotonic() + timeout
-        while len(read()) < expect and time.monotonic() < deadline:
-            time.sleep(2)
+        wait_until(lambda: len(read()) >= expect, timeout, 2)
         time.sleep(3)  # a duplicate would land in a later micro-batch
         return read()
 
@@ -283,11 +282,11 @@ class CommandSender(threading.Thread):
         """What each device received, once every confirmed command is there (or `timeout`
         passed) and a second more, for a copy to arrive."""
         devices = list(devices)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(set(self.sent[d.device_id]) <= set(_command_numbers(d)) for d in devices):
-                break
-            time.sleep(0.5)
+        wait_until(
+            lambda: all(set(self.sent[d.device_id]) <= set(_command_numbers(d)) for d in devices),
+            timeout,
+            0.5,
+        )
         time.sleep(1.0)  # a duplicate would arrive now
         got = {d.device_id: _command_numbers(d) for d in devices}
         missing = tuple((d, n) for d, v in got.items() for n in sorted(set(self.sent[d]) - set(v)))

@@ -36,6 +36,7 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
+from backend.polling import wait_until
 from fedgate.dns_resolver import device_address
 from infra.dns.query import DnsQueryError, DnsServer, ask_server
 from infra.local import processes
@@ -115,10 +116,9 @@ def test_a_gateway_frozen_and_resumed_its_connected_device_gets_every_command(fe
     try:
         send_command(ep["backend"]["url"], dev_id, c.device_command_topic(dev_id, "set"), b'{"n": 1}')
         # back from the frozen region; its gateway does not answer: the session ended, parked
-        deadline = time.monotonic() + 90
-        while _present(ep, dev_id):
-            assert time.monotonic() < deadline, "the router never gave up on the frozen gateway's session"
-            time.sleep(0.2)
+        assert wait_until(lambda: not _present(ep, dev_id), 90, 0.2), (
+            "the router never gave up on the frozen gateway's session"
+        )
         ended_after_s = time.monotonic() - frozen_at
         # the device counts as offline now: parked at once
         send_command(ep["backend"]["url"], dev_id, c.device_command_topic(dev_id, "set"), b'{"n": 2}')
@@ -130,9 +130,7 @@ def test_a_gateway_frozen_and_resumed_its_connected_device_gets_every_command(fe
             os.kill(pid, signal.SIGCONT)
     resumed_at = time.monotonic()
     try:
-        deadline = time.monotonic() + 20
-        while {json.loads(r.payload)["n"] for r in dev.received} != {1, 2} and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: {json.loads(r.payload)["n"] for r in dev.received} == {1, 2}, 20, 0.1)
         delivered_after_s = time.monotonic() - resumed_at
         time.sleep(8)  # a second copy (a reconcile round and a sweep) would arrive by now
         after = router_metrics(ep)

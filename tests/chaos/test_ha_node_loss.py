@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 
 from backend import contract as c
 from backend.amqp import send_command
+from backend.polling import wait_until
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.layout import kafka_broker_id
@@ -142,12 +143,14 @@ class KafkaWrites:
 def test_the_kafka_cluster_has_three_brokers_and_every_topic_three_in_sync_replicas(ha_federation):
     bootstrap = ha_federation.endpoints()["kafka"]["bootstrap"]
     topics = (c.KAFKA_TELEMETRY_TOPIC, c.KAFKA_COMMAND_OUTCOMES_TOPIC)
-    deadline = time.monotonic() + 30
-    while True:  # the routers create their topics as they start
+    md = None
+
+    def listed() -> bool:  # the routers create their topics as they start
+        nonlocal md
         md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
-        if all(t in md.topics for t in topics) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        return all(t in md.topics for t in topics)
+
+    wait_until(listed, 30, 0.5)
     assert sorted(md.brokers) == [1, 2, 3]
     for topic in topics:
         for p, m in md.topics[topic].partitions.items():
@@ -219,9 +222,7 @@ def test_a_frozen_partition_leader_loses_nothing_and_a_stalled_router_is_started
             acked_while_frozen = fleet.total_acked - acked_at_freeze
         finally:
             processes.signal_pids(frozen, signal.SIGCONT)
-        deadline = time.monotonic() + 90
-        while not all(r.ready() for r in routers) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_until(lambda: all(r.ready() for r in routers), 90, 0.5)
         time.sleep(3.0)
     stall = writes.longest_stall_after(frozen_at)
 
@@ -230,15 +231,17 @@ def test_a_frozen_partition_leader_loses_nothing_and_a_stalled_router_is_started
 
     # a router may find its stall as late as kafka_stall_s after the broker's resume: its restart
     # is then under way while the devices stop, and is waited for here
-    deadline = time.monotonic() + 60
-    while True:
+    stalled: list[str] = []
+    restarted: list[str] = []
+
+    def settled() -> bool:
+        nonlocal stalled, restarted
         text = said()
         stalled = sorted(n for n, t in text.items() if "Kafka producer stalled" in t)
         restarted = sorted(n for n, t in text.items() if "starting it again" in t)
-        settled = stalled == restarted and all(r.ready() for r in routers)
-        if settled or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        return stalled == restarted and all(r.ready() for r in routers)
+
+    wait_until(settled, 60, 0.5)
     assert acked_while_frozen > 0, "devices kept publishing while the broker was frozen"
     got = read_back(ep["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
     check(

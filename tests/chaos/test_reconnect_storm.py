@@ -20,6 +20,7 @@ import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
+from backend.polling import wait_until
 from fedgate.devices import SimDevice
 from tests.chaos.counting import spark_rows
 from tests.helpers import kafka_records, leader_url, record_counts
@@ -43,10 +44,14 @@ def present_in(endpoints, ids: set[str], region: str) -> int:
 
 
 def wait_all_present(endpoints, ids: set[str], region: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while (n := present_in(endpoints, ids, region)) < len(ids):
-        assert time.monotonic() < deadline, f"the router sees {n} of {len(ids)} devices at {region}"
-        time.sleep(0.5)
+    n = 0
+
+    def all_present() -> bool:
+        nonlocal n
+        n = present_in(endpoints, ids, region)
+        return n >= len(ids)
+
+    assert wait_until(all_present, timeout, 0.5), f"the router sees {n} of {len(ids)} devices at {region}"
 
 
 def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federation, endpoints, uid):
@@ -86,9 +91,7 @@ def test_all_devices_of_a_region_reconnect_at_once_and_nothing_is_lost(federatio
             send_command(
                 ep["backend"]["url"], d.device_id, c.device_command_topic(d.device_id, "hello"), b"back"
             )
-        deadline = time.monotonic() + 30
-        while sum(len(d.received) for d in fleet) < DEVICES and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: sum(len(d.received) for d in fleet) >= DEVICES, 30, 0.2)
         time.sleep(1.0)  # a duplicate would arrive now
         commands = Counter(d.device_id for d in fleet for _ in d.received)
 

@@ -16,6 +16,7 @@ import urllib.parse
 
 import pytest
 
+from backend.polling import wait_until
 from infra.local import processes
 from tests.chaos.counting import Fleet, check, read_back, resend_bound
 
@@ -198,9 +199,7 @@ def test_sigterm_drains_and_exits_cleanly(federation, endpoints, uid):
         node = federation.node("router-1")
         pid = node.pid()
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while processes.exit_code(pid) is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: processes.exit_code(pid) is not None, 30, 0.1)
         code = processes.exit_code(pid)
         federation.start_node("router-1")
         time.sleep(1.0)

@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
+from backend.polling import wait_until
 from infra.local import processes
 from infra.local.settings import PROJECT_ROOT
 
@@ -30,11 +30,14 @@ def test_sigterm_in_the_middle_of_a_benchmark_stops_its_federation(tmp_path: Pat
             [sys.executable, "-m", "bench"], cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        deadline = time.monotonic() + 180
-        while "router benchmark (quick)" not in log.read_text(errors="replace"):
+
+        def booted() -> bool:
+            if "router benchmark (quick)" in log.read_text(errors="replace"):
+                return True
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the federation did not boot"
-            time.sleep(0.5)
+            return False
+
+        assert wait_until(booted, 180, 0.5), "the federation did not boot"
         running = set(processes.marked_pids(bench_nodes)) - before
         assert running, "the benchmark's federation runs: RabbitMQ nodes, Kafka, routers"
         proc.send_signal(signal.SIGTERM)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
 from backend import contract as c
 from backend.amqp import send_command
 from backend.command_outcomes import read_outcomes
+from backend.polling import wait_until
 from fedgate import cli
 from tests.conftest import TEST_PORT_BASE
 from tests.helpers import device, record_counts, wait_present
@@ -36,13 +36,15 @@ def _send(endpoints, dev_id: str, name: str, payload: str) -> str:
 
 def _steps(endpoints, command_id: str, until: str, timeout: float = 20.0) -> list[tuple[str, str]]:
     """The command's steps on record once the last is `until`."""
-    deadline = time.monotonic() + timeout
-    while True:
+    got: list[tuple[str, str]] = []
+
+    def ended() -> bool:
+        nonlocal got
         got = [(s.outcome, s.region) for s in read_outcomes(endpoints["kafka"]["bootstrap"], command_id)]
-        if got and got[-1][0] == until:
-            return got
-        assert time.monotonic() < deadline, f"command {command_id}: {got}, never {until}"
-        time.sleep(0.3)
+        return bool(got) and got[-1][0] == until
+
+    assert wait_until(ended, timeout, 0.3), f"command {command_id}: {got}, never {until}"
+    return got
 
 
 def test_a_command_to_a_connected_device_that_acknowledges_is_routed_then_acknowledged(endpoints, uid):

@@ -30,6 +30,7 @@ import dns.query
 import dns.rcode
 import pytest
 
+from backend.polling import wait_until
 from infra.dns.health import HealthChecks
 from infra.dns.serve import ServeConfig
 from infra.dns.zone import ZoneSpec
@@ -165,22 +166,21 @@ class Server:
         return ServeConfig(self.folder / "pdns", "127.0.0.1", DNS_PORT, spec, CHECKS)
 
     def wait_answering(self) -> None:
-        deadline = time.monotonic() + 15
-        while True:
+        def answering() -> bool:
             try:
                 ask("local-eu")
-                return
+                return True
             except (dns.exception.Timeout, OSError):
                 assert self.proc.poll() is None, self.log.read_text()[-2000:]
-                assert time.monotonic() < deadline, f"no answer; {self.log.read_text()[-2000:]}"
-                time.sleep(0.2)
+                return False
+
+        assert wait_until(answering, 15, 0.2), f"no answer; {self.log.read_text()[-2000:]}"
 
     def logged(self, line: str, before: int, timeout: float) -> None:
         """Until the server's log holds `line` more than `before` times."""
-        deadline = time.monotonic() + timeout
-        while self.log.read_text().count(line) <= before:
-            assert time.monotonic() < deadline, f"no {line!r} in {timeout} s; {self.log.read_text()[-2000:]}"
-            time.sleep(0.05)
+        assert wait_until(lambda: self.log.read_text().count(line) > before, timeout, 0.05), (
+            f"no {line!r} in {timeout} s; {self.log.read_text()[-2000:]}"
+        )
 
     def reload(self, spec: ZoneSpec) -> None:
         """A region added or removed, as the local driver does it: the config, then SIGHUP."""
@@ -203,10 +203,9 @@ def serving(folder: Path, spec: ZoneSpec) -> Iterator[Server]:
         code = srv.stop()
         log = srv.log.read_text()
         assert code == 0, f"SIGTERM: exit code {code}; {log[-2000:]}"
-        deadline = time.monotonic() + 5
-        while processes.marked_pids(srv.marker):
-            assert time.monotonic() < deadline, "PowerDNS outlived the server"
-            time.sleep(0.1)
+        assert wait_until(lambda: not processes.marked_pids(srv.marker), 5, 0.1), (
+            "PowerDNS outlived the server"
+        )
 
 
 @pytest.fixture
@@ -336,10 +335,9 @@ def test_powerdns_dies_with_the_server_even_when_it_is_killed(tmp_path):
         assert processes.pid_alive(int(pdns), srv.marker), "that is PowerDNS, the server's child"
         srv.proc.kill()
         srv.proc.wait(5)
-        deadline = time.monotonic() + 5
-        while processes.pid_alive(int(pdns), srv.marker):
-            assert time.monotonic() < deadline, "PowerDNS outlived its server's SIGKILL"
-            time.sleep(0.1)
+        assert wait_until(lambda: not processes.pid_alive(int(pdns), srv.marker), 5, 0.1), (
+            "PowerDNS outlived its server's SIGKILL"
+        )
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -383,11 +381,14 @@ def test_the_federations_dns_node_answers_after_checking_settles_reloads_and_sto
             listeners[-1].start()
         node.preflight()
         node.start()
-        deadline = time.monotonic() + 15
-        while not node.ready():
+
+        def ready() -> bool:
+            if node.ready():
+                return True
             assert node.exited() is None, node.stdout_log.read_text()[-2000:]
-            assert time.monotonic() < deadline, node.stdout_log.read_text()[-2000:]
-            time.sleep(0.2)
+            return False
+
+        assert wait_until(ready, 15, 0.2), node.stdout_log.read_text()[-2000:]
         assert node.settle()
         assert node.answers() == gateways_of(specs), "each network is answered its own gateway"
         assert node.status_line().startswith("dns: mqtt.fedgate.test at ")

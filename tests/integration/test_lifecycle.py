@@ -8,11 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from backend.polling import wait_until
 from infra.local.driver import FederationError
 from infra.local.nodes import runtime_of
 from infra.local.settings import load_settings
@@ -188,9 +188,14 @@ def test_sigterm_during_up_leaves_nothing_running(tmp_path):
         text=True,
     )
     fed = make_federation(state, base, regions="local-eu")
-    deadline = time.monotonic() + 30
-    while (booting := len(fed.leftover_pids())) < 3 and time.monotonic() < deadline:
-        time.sleep(0.2)  # wait until the nodes are booting
+    booting = 0
+
+    def nodes_booting() -> bool:
+        nonlocal booting
+        booting = len(fed.leftover_pids())
+        return booting >= 3
+
+    wait_until(nodes_booting, 30, 0.2)  # wait until the nodes are booting
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
     # checked once `up` is stopped: a signal before any node started leaves nothing behind
@@ -211,9 +216,7 @@ def test_up_brings_back_a_crashed_node_without_touching_the_others(federation, e
     victim = federation.node("gw-local-us")
     others = {n.name: n.pid() for n in federation.nodes() if n.name != victim.name}
     processes.signal_pids(processes.marked_pids(victim.marker), signal.SIGKILL)  # gone ones are skipped
-    deadline = time.monotonic() + 10
-    while victim.is_running() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not victim.is_running(), 10, 0.1)
     status = fedgate(federation.state_dir, TEST_PORT_BASE, "status", "--json")
     assert status.returncode == 3, "status exits non-zero while a node is down"
     states = {n["name"]: n["state"] for n in json.loads(status.stdout)["nodes"]}

@@ -11,6 +11,7 @@ import pytest
 from backend import contract as c
 from backend import region_registry
 from backend.amqp import Tap, send_command
+from backend.polling import wait_until
 from fedgate.devices import SimDevice
 from fedgate.dns_resolver import device_address, resolver_for
 from fedgate.resolver import Endpoint
@@ -29,12 +30,15 @@ def routers(federation) -> list[RouterNode]:
 
 def wait_routers_regions(federation, want: set[str], timeout: float = 20.0) -> dict[str, list[str] | None]:
     """Until every running router routes to exactly `want`; what each routes to."""
-    deadline = time.monotonic() + timeout
-    while True:
+    have: dict[str, list[str] | None] = {}
+
+    def right() -> bool:
+        nonlocal have
         have = {r.name: r.regions() for r in routers(federation)}
-        if all(set(h or ()) == want for h in have.values()) or time.monotonic() > deadline:
-            return have
-        time.sleep(0.5)
+        return all(set(h or ()) == want for h in have.values())
+
+    wait_until(right, timeout, 0.5)
+    return have
 
 
 def test_a_region_registered_in_the_backend_reaches_running_routers_and_a_malformed_one_is_skipped(

@@ -13,6 +13,7 @@ import pytest
 from backend import contract as c
 from backend.amqp import command_headers, publish_confirmed, send_command
 from backend.errors import FedgateError
+from backend.polling import wait_until
 from fedgate import cli
 from tests.conftest import TEST_PORT_BASE
 from tests.helpers import (
@@ -115,10 +116,7 @@ def test_desired_state_sent_between_connect_and_subscribe_reaches_that_connectio
 
         first = taken()
         topic = send(endpoints, dev_id, "config", "v1", retain=True)
-        deadline = time.monotonic() + 10
-        while taken() == first:
-            assert time.monotonic() < deadline, "the router never took the command"
-            time.sleep(0.1)
+        assert wait_until(lambda: taken() != first, 10, 0.1), "the router never took the command"
         d.subscribe(c.device_command_topic(dev_id, "#"))
         got = d.wait_for(1, timeout=10)
         time.sleep(1.0)
@@ -138,10 +136,9 @@ def test_commands_for_an_offline_device_are_parked_and_delivered_in_order_on_rec
     parked_before = router_metrics(endpoints).get("fedgate_router_parked_total", 0)
     for i in range(3):
         send(endpoints, dev_id, "queued", f"p{i}")
-    deadline = time.monotonic() + 10
-    while router_metrics(endpoints).get("fedgate_router_parked_total", 0) < parked_before + 3:
-        assert time.monotonic() < deadline, "the router parked the commands"
-        time.sleep(0.1)
+    assert wait_until(
+        lambda: router_metrics(endpoints).get("fedgate_router_parked_total", 0) >= parked_before + 3, 10, 0.1
+    ), "the router parked the commands"
     back = device(endpoints, "local-us", dev_id)  # comes back in the other region
     try:
         back.subscribe(c.device_command_topic(dev_id, "#"))
@@ -327,10 +324,11 @@ def test_a_command_every_router_fails_on_is_set_aside_in_the_poison_queue_not_dr
             ch.basic_nack(method.delivery_tag, requeue=True)
         ch.cancel()
         # an operator sees it in `fedgate status` (the backend's line)
-        deadline = time.monotonic() + 20
-        while not any(c.POISON_QUEUE in r.detail for r in federation.status() if r.role == "backend"):
-            assert time.monotonic() < deadline, "fedgate status never showed the poison queue's message"
-            time.sleep(1.0)
+        assert wait_until(
+            lambda: any(c.POISON_QUEUE in r.detail for r in federation.status() if r.role == "backend"),
+            20,
+            1.0,
+        ), "fedgate status never showed the poison queue's message"
         deadline = time.monotonic() + 10
         found = None
         while found is None and time.monotonic() < deadline:
@@ -669,10 +667,7 @@ def test_a_command_to_a_gateway_whose_downlink_link_is_down_waits_and_is_deliver
 
         first = taken()
         topic = send(endpoints, dev_id, "reboot", "while-unlinked")
-        deadline = time.monotonic() + 10
-        while taken() == first:
-            assert time.monotonic() < deadline, "the router never took the command"
-            time.sleep(0.1)
+        assert wait_until(lambda: taken() != first, 10, 0.1), "the router never took the command"
         time.sleep(1.0)
         while_down = len(d.received)
         restore_link()
@@ -747,9 +742,7 @@ def test_commands_sent_as_clean_session_devices_leave_follow_them_to_their_next_
         def got() -> list[int]:
             return before + [int(r.payload) for d in back for r in list(d.received)]
 
-        deadline = time.monotonic() + 30
-        while set(got()) != set(range(300)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: set(got()) == set(range(300)), 30, 0.2)
         time.sleep(1.0)  # what else comes (twice) comes by now
         received = got()
     finally:

@@ -18,6 +18,7 @@ import pytest
 
 from backend import contract as c
 from backend.definitions import NodeDefinitions
+from backend.polling import await_until
 from backend.rabbitmq_admin import RabbitAdmin
 from gateways.wiring import router_monitoring_user
 from router.gateways import Gateways
@@ -72,9 +73,7 @@ def test_the_routers_monitoring_user_reads_presence_and_is_refused_only_what_nee
             seen["registered_again"] = await registry.look_up(f"other-{uid}")
             # an older session of the device, as when it reconnected in another region
             gateways.close_soon(session, PresenceTable())
-            deadline = time.monotonic() + 10
-            while gateways.allows(REGION, "close") and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await await_until(lambda: not gateways.allows(REGION, "close"), 10, 0.1)
             gateways.stop()
             return seen
 

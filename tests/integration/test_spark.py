@@ -20,6 +20,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from backend import contract as c
+from backend.polling import wait_until
 from fedgate.devices import publish_properties
 from tests.helpers import device, operator_client, produce_bridge_records
 
@@ -48,15 +49,17 @@ def query(spark, federation, sql: str) -> list:
 
 def wait_rows(spark, federation, sql: str, expect: int, timeout: float = 120.0) -> int:
     """Poll a count(*) query until it reaches `expect`; return the last count."""
-    deadline = time.monotonic() + timeout
     n = -1
-    while time.monotonic() < deadline:
+
+    def reached() -> bool:
+        nonlocal n
         n = query(spark, federation, sql)[0][0]
-        if n >= expect:
-            # a little longer: a duplicate would land in a later micro-batch
-            time.sleep(3)
-            return int(query(spark, federation, sql)[0][0])
-        time.sleep(2)
+        return n >= expect
+
+    if wait_until(reached, timeout, 2):
+        # a little longer: a duplicate would land in a later micro-batch
+        time.sleep(3)
+        return int(query(spark, federation, sql)[0][0])
     return int(n)
 
 
@@ -77,10 +80,9 @@ def wait_aggregates(spark, federation, where: str, timeout: float = 90.0) -> Non
 
     ((landed,),) = query(spark, federation, f"SELECT max(ingest_batch) FROM telemetry_raw WHERE {where}")
     catalog = Catalog(spark, federation.spark_settings())
-    deadline = time.monotonic() + timeout
-    while catalog.refreshed_through() < landed:
-        assert time.monotonic() < deadline, f"the aggregates did not count batch {landed} in {timeout:g} s"
-        time.sleep(1)
+    assert wait_until(lambda: catalog.refreshed_through() >= landed, timeout, 1), (
+        f"the aggregates did not count batch {landed} in {timeout:g} s"
+    )
 
 
 def counts_per_minute(spark, federation, where: str) -> tuple[dict, dict]:
@@ -405,13 +407,14 @@ def test_a_backlog_of_hours_read_unevenly_loses_no_row(federation, endpoints, sp
     assert n == 720, f"720 readings of 4 hours: {n} rows"
     region_sql = f"SELECT sum(messages) FROM region_minute WHERE region = '{region}'"
     raw, agg, messages = {}, {}, [None]
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # the aggregates count them within aggregate_interval_s
+
+    def counted() -> bool:
+        nonlocal raw, agg, messages
         raw, agg = counts_per_minute(spark, federation, devices)
         (messages,) = query(spark, federation, region_sql)  # committed after device_minute
-        if raw == agg and messages[0] == 721:
-            break
-        time.sleep(2)
+        return raw == agg and messages[0] == 721
+
+    wait_until(counted, 90, 2)  # the aggregates count them within aggregate_interval_s
     print(f"backlog: {n} rows, {sum(agg.values())} counted in device_minute, {messages[0]} in region_minute")
     assert len(raw) == 720 and set(raw.values()) == {1}, "a row per device and minute"
     assert agg == raw, "device_minute counts every reading of the backlog in its minute"

@@ -25,6 +25,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from backend.polling import wait_until
 from bench.spark_bench import BACKLOG_PREFIX, produce_records
 from infra.local.postgres import PostgresServer
 from infra.local.toml_out import toml_lines
@@ -113,16 +114,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     c = Cluster(url, ui, logs)
     try:
-        deadline = time.monotonic() + 120
-        while True:
+
+        def up() -> bool:
             try:
                 if c.state().get("aliveworkers") == 1:
-                    break
+                    return True
             except OSError:
                 pass
-            if time.monotonic() > deadline or master.poll() is not None or worker.poll() is not None:
+            if master.poll() is not None or worker.poll() is not None:
                 raise RuntimeError(f"the standalone cluster did not come up: see {logs}")
-            time.sleep(1)
+            return False
+
+        if not wait_until(up, 120, 1):
+            raise RuntimeError(f"the standalone cluster did not come up: see {logs}")
         yield c
     finally:
         _end(worker)
@@ -217,13 +221,16 @@ def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cl
         produce_records(bootstrap, topic, RECORDS)
         rows = counted = 0
         apps: list = []
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and submit.poll() is None:
+
+        def counted_or_ended() -> bool:
+            nonlocal rows, counted, apps
+            if submit.poll() is not None:
+                return True
             apps = apps or [a for a in cluster.state().get("activeapps", []) if a["name"] == "fedgate-tables"]
             rows, _, counted = _tables(settings, BACKLOG_PREFIX)
-            if rows >= RECORDS and counted >= RECORDS:
-                break
-            time.sleep(3)
+            return rows >= RECORDS and counted >= RECORDS
+
+        wait_until(counted_or_ended, 240, 3)
         print(f"cluster job: {rows} rows, {counted} counted in device_minute; app {apps[:1]}")
         assert submit.poll() is None, (
             f"spark-submit ended early: {(tmp_path / 'submit.log').read_text()[-3000:]}"
@@ -355,12 +362,15 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     submit = _submit(cluster, toml, tmp_path / "submit-again.log")
     try:
         rows = ids = counted = 0
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and submit.poll() is None:
+
+        def counted_or_ended() -> bool:
+            nonlocal rows, ids, counted
+            if submit.poll() is not None:
+                return True
             rows, ids, counted = _tables(settings, dev)
-            if rows >= 3000 and counted >= 3000:
-                break
-            time.sleep(2)
+            return rows >= 3000 and counted >= 3000
+
+        wait_until(counted_or_ended, 240, 2)
         print(
             f"S3 job killed with batch {killed_mid_batch} in flight ({rows_at_kill} rows landed); "
             f"after the restart: {rows} rows, {ids} message ids, {counted} counted"

@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from backend.polling import wait_until
 
 #: A service that counts its starts in a file, then runs `seconds` and exits with `code`
 #: (for ever when seconds is negative), leaving its pid behind.
@@ -56,12 +57,7 @@ def _pids(starts: Path) -> list[int]:
 
 
 def _wait(cond, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+    return bool(wait_until(cond, timeout, 0.05))
 
 
 def _alive(pid: int) -> bool:
