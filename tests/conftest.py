@@ -75,30 +75,32 @@ def missing_postgres() -> str | None:
 
 
 #: `make test`'s lanes, one pytest-xdist worker each.  A lane's tests run one at a time, in
-#: collection order; the lanes run side by side.  Most of a lane's time is waiting, not CPU
-#: (a full run used ~36 of the 90 CPU-minutes two cores had), but two federations under
-#: fault at once overload two cores: the session federation's tests and the HA profile's
-#: share one lane, and only what mostly waits or starts little runs beside them.
-#: - "federation": every test of the session federation, and the HA profile's module (its
-#:   own federation, never beside the session federation's fault scenarios);
-#: - "unit": no brokers (Spark's local session among them), and what starts engines of its
-#:   own whose checks count rather than time: the benchmarks' quick run, the cloud
-#:   rehearsal's network namespaces, PowerDNS's tests;
+#: collection order but for PLACE_IN_LANE; the lanes run side by side.  Most of a lane's time
+#: is waiting, not CPU (a run of three lanes kept two cores 68% busy), but two federations
+#: under fault at once overload two cores: the order within the lanes keeps the session
+#: federation's fault scenarios for after the HA profile's module.
+#: - "federation": every test of the session federation: the plain ones first, then Spark's,
+#:   then the fault scenarios (tests/chaos), by when the HA profile's module is done;
+#: - "ha": the HA profile's module (its own federation), then what starts engines of its own
+#:   on ports and addresses of its own: PowerDNS, a benchmark stopped, the cloud rehearsal;
+#: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
+#:   (a federation of its own; its checks count rather than time);
 #: - "terraform": Terraform's AWS provider against moto (a provider's waiters sleep 10-60 s
 #:   between polls: the lane waits, it hardly computes).
-LANES = ("federation", "unit", "terraform")
-BESIDE_THE_FEDERATION = {
-    "tests/integration/test_dns.py": "unit",
-    "tests/integration/test_bench_stop.py": "unit",
-    "tests/integration/test_cloud_rehearsal.py": "unit",
+LANES = ("federation", "ha", "unit", "terraform")
+OWN_ENGINES = {
+    "tests/chaos/test_ha_node_loss.py": "ha",
+    "tests/integration/test_dns.py": "ha",
+    "tests/integration/test_bench_stop.py": "ha",
+    "tests/integration/test_cloud_rehearsal.py": "ha",
     "tests/integration/test_bench.py": "unit",
 }
-#: Where a file runs within its lane (0: in collection order).  The HA profile's module first,
-#: while the unit lane computes without engines; the unit lane's own engines last (in this
-#: order), once the HA federation is down: the benchmarks boot an HA federation of their own.
+#: Where a file runs within its lane (0: in collection order; tests/chaos 2, place_in_lane):
+#: OWN_ENGINES in its order, after the unit tests in theirs.
 PLACE_IN_LANE = {
-    "tests/chaos/test_ha_node_loss.py": -1,
-    **{path: n + 1 for n, path in enumerate(BESIDE_THE_FEDERATION)},
+    "tests/integration/test_spark.py": 1,
+    "tests/integration/test_spark_cluster.py": 1,
+    **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
 }
 
 
@@ -108,7 +110,14 @@ def lane_of(nodeid: str) -> str:
         return "terraform"
     if path.startswith("tests/unit/"):
         return "unit"
-    return BESIDE_THE_FEDERATION.get(path, "federation")
+    return OWN_ENGINES.get(path, "federation")
+
+
+def place_in_lane(nodeid: str) -> int:
+    path = nodeid.split("::", 1)[0]
+    if path in PLACE_IN_LANE:
+        return PLACE_IN_LANE[path]
+    return 2 if path.startswith("tests/chaos/") else 0
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -133,7 +142,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # lane (the federation's) first, so that it has a worker of its own from the start; the
     # sort is stable, so collection order holds within a lane but for PLACE_IN_LANE
     def place(item: pytest.Item) -> tuple[int, int]:
-        return LANES.index(lane_of(item.nodeid)), PLACE_IN_LANE.get(item.nodeid.split("::", 1)[0], 0)
+        return LANES.index(lane_of(item.nodeid)), place_in_lane(item.nodeid)
 
     items.sort(key=place)
 

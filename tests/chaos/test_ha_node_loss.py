@@ -1,9 +1,10 @@
 """One node of a cluster dies while the rest carry on: the HA profile (FEDGATE_PROFILE=ha).
 
-Every test here shares one HA federation (module scope: the two cores carry
-it beside the session's federation only while this module runs), Spark job
-included.  Each one has real devices publishing QoS 1 readings on both
-gateways, kills one node with SIGKILL, keeps it down, and counts: sent
+Every test here shares one HA federation (module scope), Spark job included;
+`make test` runs this module in a lane of its own while the session
+federation's lane runs its plain tests, before its fault scenarios
+(tests/conftest.py LANES).  Each test has real devices publishing QoS 1
+readings on both gateways, kills one node with SIGKILL, keeps it down, and counts: sent
 (acknowledged by the gateway), in Kafka, in telemetry_raw, lost, duplicated,
 and the longest time Kafka took no record of theirs after the kill.  Lost
 must be 0, and telemetry_raw hold each reading once.

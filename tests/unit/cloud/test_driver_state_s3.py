@@ -104,6 +104,9 @@ def test_with_a_bucket_the_root_module_has_an_s3_backend_that_init_completes(
 
 @pytest.mark.terraform
 @pytest.mark.slow
+# three applies and plans, ~100 s of them the AWS provider's own waits (a load balancer's
+# 60 s): 150-270 s alone, over 300 beside the other lanes of `make test`
+@pytest.mark.timeout(600)
 def test_the_driver_keeps_a_regions_state_in_s3_locked_by_dynamodb(
     toolchain: Toolchain, moto_url: str, tmp_path: Path, aws_env: None
 ) -> None:

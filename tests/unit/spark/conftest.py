@@ -20,8 +20,11 @@ def spark_settings(tmp_path_factory: pytest.TempPathFactory):
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark(spark_settings) -> Iterator[SparkSession]:
+    """Stopped after this package's last test: a SparkSession left running would be the one
+    the next build_session in the process gets back (getOrCreate), with this package's
+    catalog -- the benchmarks' quick run, later in the same lane, found no tables in it."""
     from spark.session import build_session
 
     session = build_session(spark_settings, "fedgate-unit", kafka=False)
