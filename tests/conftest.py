@@ -21,6 +21,8 @@ from infra.local.driver import LocalFederation
 from infra.local.settings import PROJECT_ROOT, load_settings
 from router.topics import DEFAULT_RULES
 
+pytest_plugins = ["tests.cpu_usage"]
+
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
 PARK_TTL_S = 25
 #: A mapping rule the session federation has besides the default one (test_mapping_rules.py)

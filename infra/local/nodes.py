@@ -1,11 +1,9 @@
 """The processes of a local federation: what every node shares, and the RabbitMQ nodes.
 
-A node knows how to render its config, start its process, tell whether it is
-ready and where its log is.  The driver (driver.py) decides which nodes to
-start and in what order.  What a gateway's or the backend's rabbitmq.conf
-holds and what "ready" means for them lives in their homes (gateways/node.py,
-backend/node.py); this file only runs them as local processes.  Kafka, the
-routers and the Spark job are in services.py.
+A node knows how to render its config, start its process, tell whether it is ready and where its
+log is.  The driver (driver.py) decides which nodes to start and in what order.  What a gateway's or
+the backend's rabbitmq.conf holds and what "ready" means for them lives in their homes
+(gateways/node.py, backend/node.py); this file only runs them.  Kafka, routers, Spark: services.py.
 
 Node kinds:
   epmd     Erlang's port mapper, one per state dir on a fedgate port: two federations
@@ -201,10 +199,13 @@ class Node:
         """How often a failed boot is tried again (as a service manager would restart it)."""
         return 0
 
+    def boot_allowance(self, boot_timeout: float) -> float:
+        """Seconds this node may take to become ready, given the federation's `boot_timeout`."""
+        return boot_timeout
+
     def kill(self) -> None:
-        """SIGKILL every process of the node at once, as a crash of its host would (chaos
-        tests); returns once its ports are free for a restart (a killed JVM's zombie shows
-        while its threads still exit, and hold its sockets), 30 s at most."""
+        """SIGKILL every process of the node at once, as a crash of its host would (chaos tests);
+        returns once its ports are free for a restart (a killed JVM's threads hold them), 30 s at most."""
         processes.kill_marked(self.marker)
         if (pid := self.pid()) is not None:
             processes.forget(pid)
@@ -235,7 +236,7 @@ def start_and_wait(
         n.start()
         started.append(n)
     waiting = list(nodes)
-    deadline = t0 + boot_timeout
+    allowed = {n.name: n.boot_allowance(boot_timeout) for n in nodes}
     last_note = t0
     retries = {n.name: n.boot_retries() for n in nodes}
     while waiting:
@@ -254,9 +255,9 @@ def start_and_wait(
         if not waiting:
             break
         now = time.monotonic()
-        if now > deadline:
-            n = waiting[0]
-            raise NodeError(f"{n.name} not ready after {boot_timeout:.0f}s; see {n.logs_to_read()}")
+        for n in waiting:
+            if now > t0 + allowed[n.name]:
+                raise NodeError(f"{n.name} not ready after {allowed[n.name]:.0f}s; see {n.logs_to_read()}")
         if now - last_note > 10:
             progress(f"waiting for {', '.join(n.name for n in waiting)} ...")
             last_note = now

@@ -338,6 +338,9 @@ class SparkNode(Node):
         except (FileNotFoundError, ValueError):
             return {}
 
+    def boot_allowance(self, boot_timeout: float) -> float:
+        return max(boot_timeout, self.settings.spark_boot_timeout)
+
     def ready(self) -> bool:
         p = self.progress()
         queries = p.get("queries", {})

@@ -5,10 +5,9 @@ in the project root, or the path in ``FEDGATE_CONFIG``), then environment
 variables ``FEDGATE_<FIELD>`` (e.g. ``FEDGATE_PORT_BASE=27000``,
 ``FEDGATE_REGIONS=local-eu,local-us``).
 
-Ports: every node gets its ports from ``port_base`` by a fixed layout
-(``port_layout``) that stays clear of the standard ports (1883, 5672, 15672,
-4369, 9092, ...), so a system broker on the same machine does not clash.
-Any single port can be pinned in the TOML file's ``[ports]`` table
+Ports: every node gets its ports from ``port_base`` by a fixed layout (``port_layout``) that stays
+clear of the standard ports (1883, 5672, 15672, 4369, 9092, ...), so a system broker on the same
+machine does not clash.  Any single port can be pinned in the TOML file's ``[ports]`` table
 (docs/operations.md, "Settings").
 
 The router's own settings are not defined here: the ``[router]`` table is
@@ -200,6 +199,10 @@ class LocalSettings:
     boot_timeout: float = field(
         default=90.0,
         metadata={"doc": "Seconds a node may take to become ready before `up` gives up."},
+    )
+    spark_boot_timeout: float = field(
+        default=240.0,
+        metadata={"doc": "Seconds the Spark job may take to be ready (its JVM's start: minutes if busy)."},
     )
     rabbitmq_release: str = field(
         default="4.0",

@@ -62,6 +62,8 @@ def check_settings(self: LocalSettings) -> LocalSettings:
         raise SettingsError(f"rabbitmq_release: '4.0' or '3.10', got {self.rabbitmq_release!r}")
     if self.boot_timeout <= 0:
         raise SettingsError("boot_timeout: must be positive")
+    if self.spark_boot_timeout <= 0:
+        raise SettingsError("spark_boot_timeout: must be positive")
     for name in ("cloud_admin_cidrs", "cloud_backend_cidrs"):
         for cidr in getattr(self, name):
             try:

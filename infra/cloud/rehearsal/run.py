@@ -117,6 +117,8 @@ class Report:
     spark_ids: int = 0
     spark_rows_in_s: float = 0.0
     spark_exit_code: int | None = None
+    #: the folder of the catalog database's stand-in server, which must be gone after the run
+    catalog_server_dir: str = ""
 
 
 def rehearsal_conf(rendered: str, node_names: list[str]) -> tuple[str, list[str]]:

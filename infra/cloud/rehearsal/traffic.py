@@ -269,7 +269,8 @@ def check_spark(
     }
     report.spark_overrides = sorted(instance.overrides)
     # RDS's stand-in: a PostgreSQL server where the endpoint's name resolves inside the instance
-    with PostgresServer(gateway, db_port, user=user, database=database, password=catalog_password):
+    with PostgresServer(gateway, db_port, user=user, database=database, password=catalog_password) as catalog:
+        report.catalog_server_dir = str(catalog.dir)
         host.resolve({db_host: [gateway]})
         progress(f"PostgreSQL at {gateway}:{db_port} for {db_host}; {host.netns} installing the Spark job")
         t0 = time.monotonic()
