@@ -47,6 +47,7 @@ def ha_federation(fed: LocalFederation, workdir: Path) -> LocalFederation:
         regions=",".join(s.regions),
         routers=s.routers,
         spark=0,
+        kafka_opts=s.kafka_opts,
         profile="ha",
     )
     return LocalFederation(settings, progress=progress)

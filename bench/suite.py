@@ -46,8 +46,12 @@ RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
     """One gateway, two routers, Kafka, and the Spark job when the Spark benchmark runs."""
     base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
+    # the JVMs' options as the defaults, unless told (the tests' quick run: C1 only)
+    jvm = os.environ.get("FEDGATE_BENCH_JVM_OPTIONS", "")
     settings = load_settings(
         env={},
+        kafka_opts=jvm,
+        spark_java_options=jvm,
         state_dir=workdir / "state",
         port_base=base,
         regions="local-eu",

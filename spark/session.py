@@ -146,6 +146,7 @@ def build_session(
     a single bad cast would fail the whole micro-batch and stop the job; the
     transforms turn bad values into NULL plus a parse_error instead.
     """
+    log4j = f"-Dlog4j2.configurationFile=file:{resource('log4j2.properties')}"
     # the driver binds where it is told, not to whatever the host name resolves to
     os.environ.setdefault("SPARK_LOCAL_IP", settings.bind_host)
     builder = (
@@ -154,7 +155,7 @@ def build_session(
         .config("spark.driver.memory", settings.driver_memory)
         .config(
             "spark.driver.extraJavaOptions",
-            f"-Dlog4j2.configurationFile=file:{resource('log4j2.properties')}",
+            f"{log4j} {settings.java_options}".rstrip(),
         )
         .config("spark.executor.memory", settings.executor_memory)
         .config("spark.driver.host", settings.bind_host)
@@ -197,6 +198,8 @@ def build_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.compression.codec", "zstd")
     )
+    if settings.java_options:
+        builder = builder.config("spark.executor.extraJavaOptions", settings.java_options)
     if settings.ui_port:
         builder = builder.config("spark.ui.port", str(settings.ui_port))
     if settings.cores_max:

@@ -173,6 +173,13 @@ class SparkSettings:
     )
     shuffle_partitions: int = field(default=2, metadata={"doc": "spark.sql.shuffle.partitions."})
     driver_memory: str = field(default="1g", metadata={"doc": "spark.driver.memory."})
+    java_options: str = field(
+        default="",
+        metadata={
+            "doc": "Extra JVM options of the driver and the executors (e.g. -XX:TieredStopAtLevel=1: "
+            "a third less CPU for short jobs, less for long ones; the tests' setting)."
+        },
+    )
     executor_memory: str = field(
         default="1g", metadata={"doc": "spark.executor.memory (on a cluster; local mode runs in the driver)."}
     )

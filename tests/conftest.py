@@ -8,6 +8,7 @@ started -- asserting that no process is left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -22,6 +23,16 @@ from infra.local.settings import PROJECT_ROOT, load_settings
 from router.topics import DEFAULT_RULES
 
 pytest_plugins = ["tests.cpu_usage"]
+
+#: Every JVM the tests start (Kafka brokers, Spark drivers and executors) compiles with C1 only:
+#: the suite's JVMs live for seconds to minutes and C2's compiles were a third of their CPU
+#: (the Spark catalog tests: 75-80 -> 53-56 CPU s), on two cores shared by four lanes.  The
+#: JIT level changes no behaviour that a test checks; `make bench` runs with the defaults.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+# for the federations and Spark sessions the tests start in this process and in the commands
+# they run (`fedgate up`, the benchmarks' quick run), which read the environment
+os.environ.setdefault("FEDGATE_KAFKA_OPTS", TEST_JVM_OPTIONS)
+os.environ.setdefault("FEDGATE_SPARK_JAVA_OPTIONS", TEST_JVM_OPTIONS)
 
 TEST_PORT_BASE = int(os.environ.get("FEDGATE_TEST_PORT_BASE", "27000"))
 PARK_TTL_S = 25
@@ -172,7 +183,11 @@ def release_override() -> dict[str, str]:
 
 
 def make_federation(state_dir: Path, port_base: int, **overrides: object) -> LocalFederation:
-    overrides = {**release_override(), **overrides}
+    jvm = {
+        "kafka_opts": os.environ["FEDGATE_KAFKA_OPTS"],
+        "spark_java_options": os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],
+    }
+    overrides = {**release_override(), **jvm, **overrides}
     settings = load_settings(env={}, state_dir=state_dir, port_base=port_base, **overrides)
     return LocalFederation(settings, progress=lambda msg: print(f"[federation] {msg}", flush=True))
 
@@ -225,11 +240,38 @@ def _counts_go_in_the_report(request: pytest.FixtureRequest) -> Iterator[None]:
     helpers.CURRENT_ITEM = None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--chaos-counts",
+        metavar="FILE",
+        help="append each fault scenario's counts to FILE (JSON lines) as it ends: a loop stopped "
+        "by a signal keeps what it counted",
+    )
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "teardown":  # the last report of a test: every count recorded by then
-        CHAOS_COUNTS.extend(
-            (report.nodeid, value) for name, value in report.user_properties if name == "chaos"
-        )
+    if report.when == "call":
+        CALL_OUTCOMES[report.nodeid] = report.outcome
+    if report.when != "teardown":  # the last report of a test: every count recorded by then
+        return
+    counts = [(report.nodeid, value) for name, value in report.user_properties if name == "chaos"]
+    CHAOS_COUNTS.extend(counts)
+    out = CHAOS_COUNTS_FILE[0] if CHAOS_COUNTS_FILE else None
+    outcome = CALL_OUTCOMES.pop(report.nodeid, "error")
+    if out and counts:
+        with open(out, "a") as f:
+            f.writelines(json.dumps({"test": t, "outcome": outcome, **v}) + "\n" for t, v in counts)
+
+
+CALL_OUTCOMES: dict[str, str] = {}
+#: --chaos-counts, read once the options are parsed (the report hook has no config)
+CHAOS_COUNTS_FILE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # written where every report arrives: the controller under pytest-xdist, not its workers
+    if (out := config.getoption("--chaos-counts", None)) and not hasattr(config, "workerinput"):
+        CHAOS_COUNTS_FILE.append(str(Path(out).resolve()))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -44,6 +44,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "warehouse": str(warehouse),
         "master": s.spark_master,
         "driver_memory": f"{s.spark_driver_memory_mb}m",
+        "java_options": s.spark_java_options,
         "bind_host": s.host,
         "driver_port": job.spec.ports["driver"],
         "block_manager_port": job.spec.ports["block_manager"],

@@ -140,10 +140,8 @@ class LocalSettings:
         default=512,
         metadata={"doc": "Kafka broker JVM heap (MB)."},
     )
-    kafka_opts: str = field(
-        default="",
-        metadata={"doc": "Extra JVM options for the Kafka broker."},
-    )
+    kafka_opts: str = field(default="", metadata={"doc": "Extra JVM options for the Kafka brokers."})
+    spark_java_options: str = field(default="", metadata={"doc": "Extra JVM options for the Spark job."})
     kafka_version: str = field(
         default="4.1.0",
         metadata={"doc": "Apache Kafka release whose jars `make setup` downloaded."},

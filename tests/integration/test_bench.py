@@ -13,6 +13,7 @@ import pytest
 
 from bench import army_bench, ha_bench, router_bench, scale_bench, spark_bench
 from bench.suite import run_suite
+from tests.conftest import TEST_JVM_OPTIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -23,6 +24,7 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     # 21000) and the federations of the lanes beside it (tests/conftest.py LANES): the session's
     # (27000), test_lifecycle's (28000), the HA profile's (29000); below the ephemeral ports
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "23000")
+    monkeypatch.setenv("FEDGATE_BENCH_JVM_OPTIONS", TEST_JVM_OPTIONS)  # its checks count, not time
     results = run_suite(quick=True)
     assert list(results) == ["spark", "router", "army", "scale", "ha"]
     for name, r in results.items():

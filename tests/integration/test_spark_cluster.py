@@ -74,6 +74,8 @@ def _spark_env(logs: Path) -> dict[str, str]:
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(logs),
         "SPARK_NO_DAEMONIZE": "1",
+        # the master's and the worker's JVMs as the tests' others (tests/conftest.py TEST_JVM_OPTIONS)
+        "SPARK_DAEMON_JAVA_OPTS": os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ def spark_settings(tmp_path_factory: pytest.TempPathFactory):
         warehouse=str(tmp_path_factory.mktemp("wh")),
         master="local[1]",
         shuffle_partitions=1,
+        java_options=os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],  # tests/conftest.py TEST_JVM_OPTIONS
     )
 
 
