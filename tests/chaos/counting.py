@@ -116,22 +116,46 @@ def disorder(dev: str, seen: list[int]) -> str:
 
 
 def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120.0) -> list[tuple[str, int]]:
-    """(device, seq) of every telemetry_raw row of these devices, once `expect` rows landed (or timeout)."""
-    from spark.query import session
+    """(device, seq) of every telemetry_raw row of these devices, once `expect` rows landed (or timeout).
+
+    Read as an analyst's notebook reads without Spark (spark/reading.py): pyiceberg through the
+    job's catalog, one committed snapshot per read.  A Spark session here would boot a JVM per
+    check (~30 CPU s each on a busy machine); Spark's own reads are tests/integration/test_spark.py's."""
+    from pyiceberg.expressions import StartsWith
+    from sqlalchemy.exc import OperationalError
+
+    from spark.reading import open_catalog
+    from spark.tables import RAW
 
     settings = federation.spark_settings()
-    sql = (
-        "SELECT device, CAST(fields['seq'] AS INT) AS seq FROM telemetry_raw "
-        f"WHERE device LIKE '{device_prefix}%'"
-    )
-    with session(settings, remote=False) as spark:
+    catalog = open_catalog(settings)
 
-        def read() -> list[tuple[str, int]]:
-            return [(r["device"], r["seq"]) for r in spark.sql(sql).collect()]
+    def read() -> list[tuple[str, int]]:
+        table = catalog.load_table(f"{settings.namespace}.{RAW.name}")  # its latest snapshot
+        arrow = table.scan(
+            row_filter=StartsWith("device", device_prefix), selected_fields=("device", "fields")
+        )
+        rows = arrow.to_arrow()
+        seqs = [_as_int(dict(f or ()).get("seq")) for f in rows.column("fields").to_pylist()]
+        return list(zip(rows.column("device").to_pylist(), seqs, strict=True))
 
-        wait_until(lambda: len(read()) >= expect, timeout, 2)
-        time.sleep(3)  # a duplicate would land in a later micro-batch
-        return read()
+    def landed() -> bool:
+        try:
+            return len(read()) >= expect
+        except OperationalError:  # SQLite's lock while the job commits: look again
+            return False
+
+    wait_until(landed, timeout, 2)
+    time.sleep(3)  # a duplicate would land in a later micro-batch
+    return read()
+
+
+def _as_int(value: str | None) -> Any:
+    """As Spark's CAST(... AS INT) with ANSI off: None for what is not a whole number."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def resend_bound(fleet: Fleet, *, links: int = 0, routers: int = 0) -> int:
