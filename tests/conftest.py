@@ -95,7 +95,8 @@ def missing_postgres() -> str | None:
 #: - "federation": every test of the session federation: the plain ones first, then Spark's,
 #:   then the fault scenarios (tests/chaos), by when the HA profile's module is done;
 #: - "ha": the HA profile's module (its own federation), then what starts engines of its own
-#:   on ports and addresses of its own: PowerDNS, a benchmark stopped, the cloud rehearsal;
+#:   on ports and addresses of its own: PowerDNS, a benchmark stopped, the cloud rehearsal,
+#:   `fedgate up` and `down` from nothing (test_up_down.py);
 #: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
 #:   (a federation of its own; its checks count rather than time);
 #: - "terraform": Terraform's AWS provider against moto (a provider's waiters sleep 10-60 s
@@ -105,6 +106,7 @@ OWN_ENGINES = {
     "tests/chaos/test_ha_node_loss.py": "ha",
     "tests/integration/test_dns.py": "ha",
     "tests/integration/test_bench_stop.py": "ha",
+    "tests/integration/test_up_down.py": "ha",
     "tests/integration/test_cloud_rehearsal.py": "ha",
     "tests/integration/test_bench.py": "unit",
 }
@@ -254,7 +256,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         CALL_OUTCOMES[report.nodeid] = report.outcome
     if report.when != "teardown":  # the last report of a test: every count recorded by then
         return
-    counts = [(report.nodeid, value) for name, value in report.user_properties if name == "chaos"]
+    counts = [(report.nodeid, dict(value)) for name, value in report.user_properties if name == "chaos"]  # type: ignore[call-overload]
     CHAOS_COUNTS.extend(counts)
     out = CHAOS_COUNTS_FILE[0] if CHAOS_COUNTS_FILE else None
     outcome = CALL_OUTCOMES.pop(report.nodeid, "error")

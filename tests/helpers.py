@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Message, Producer
@@ -196,3 +200,15 @@ def sasl_security(federation):  # type: ignore[no-untyped-def]
     (security,) = {n.sasl_security() for n in federation.nodes() if isinstance(n, KafkaNode)}
     assert security is not None, "the test federation runs with tls, hence the SASL_SSL listener"
     return security
+
+
+def run_fedgate(
+    state_dir: Path, port_base: int, *args: str, regions: str | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """`fedgate ARGS` as an operator runs it, on the federation in `state_dir`."""
+    env = {**os.environ, "FEDGATE_STATE_DIR": str(state_dir), "FEDGATE_PORT_BASE": str(port_base)}
+    if regions is not None:
+        env["FEDGATE_REGIONS"] = regions
+    return subprocess.run(
+        [sys.executable, "-m", "fedgate.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
