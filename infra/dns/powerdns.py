@@ -6,8 +6,10 @@ follows the MQTT health checks of infra/dns/health.py; infra/dns/serve.py runs b
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,9 @@ from infra.dns.zone import ZoneSpec, zone_file
 
 PDNS_SERVER = Path("/usr/sbin/pdns_server")
 PDNS_CONTROL = Path("/usr/bin/pdns_control")
+#: A Unix socket's path holds 107 bytes at most (sun_path, its NUL the 108th)
+MAX_SOCKET_PATH = 107
+CONTROL_SOCKET = "pdns.controlsocket"
 
 
 class PowerDNSError(RuntimeError):
@@ -45,12 +50,28 @@ class PowerDNS:
     port: int = 5353
 
     @property
+    def socket_dir(self) -> Path:
+        """Where the control socket is: the server's folder, or, when that path is too long for
+        a Unix socket (a deep state dir), a short folder in the temporary directory named
+        after it -- the same for every process that reads this folder's pdns.conf."""
+        if len(str(self.folder / CONTROL_SOCKET)) <= MAX_SOCKET_PATH:
+            return self.folder
+        digest = hashlib.sha256(str(self.folder.resolve()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"fedgate-pdns-{digest}"
+
+    def remove_socket_dir(self) -> None:
+        """The short socket folder, if one was used, once the server has stopped."""
+        if self.socket_dir != self.folder:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    @property
     def zone_path(self) -> Path:
         return self.folder / f"{self.spec.domain}.zone"
 
     def write(self, serial: int = 1) -> None:
         """(Re)write the configuration and the zone."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         (self.folder / "named.conf").write_text(
             f'zone "{self.spec.domain}" {{ type master; file "{self.zone_path}"; }};\n'
         )
@@ -68,7 +89,7 @@ class PowerDNS:
                     "negquery-cache-ttl=0",
                     "query-cache-ttl=0",
                     "zone-cache-refresh-interval=0",
-                    f"socket-dir={self.folder}",
+                    f"socket-dir={self.socket_dir}",
                     "guardian=no",
                     "daemon=no",
                     "disable-syslog=yes",

@@ -228,6 +228,7 @@ class Service:
                 except subprocess.TimeoutExpired:
                     pdns.kill()
                     pdns.wait()
+            self.server.remove_socket_dir()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ import pytest
 
 from backend.polling import wait_until
 from infra.dns.health import HealthChecks
+from infra.dns.powerdns import PowerDNS
 from infra.dns.serve import ServeConfig
 from infra.dns.zone import ZoneSpec
 from infra.local import processes
@@ -344,23 +344,13 @@ def test_powerdns_dies_with_the_server_even_when_it_is_killed(tmp_path):
             srv.proc.wait()
 
 
-def request_cleanup(folder: Path) -> None:
-    """`folder` removed at the interpreter's exit (a test's own short temporary folder)."""
-    import atexit
-    import shutil
-
-    atexit.register(shutil.rmtree, folder, True)
-
-
 def test_the_federations_dns_node_answers_after_checking_settles_reloads_and_stops_leaving_nothing(tmp_path):
-    """The local `dns` node as `make up` and `make gateway` drive it, its gateways listeners."""
-    # PowerDNS's control socket lives in the state dir, and a UNIX socket's path has 107 bytes at
-    # most: pytest-xdist's tmp_path under this test's long name is longer (PowerDNS exits 1)
-    short = Path(tempfile.mkdtemp(prefix="fgdns-"))
-    request_cleanup(short)
+    """The local `dns` node as `make up` and `make gateway` drive it, its gateways listeners;
+    its state dir deeper than a Unix socket's path may be (107 bytes), as under pytest-xdist's
+    tmp_path: PowerDNS's control socket goes to a short folder of its own, gone after the stop."""
     settings = load_settings(
         env={},
-        state_dir=short / "state",
+        state_dir=tmp_path / ("deep-" * 6) / "state",
         port_base=TEST_PORT_BASE + 2800,
         regions=("local-eu", "local-us"),
         health_check_interval=1,
@@ -370,6 +360,9 @@ def test_the_federations_dns_node_answers_after_checking_settles_reloads_and_sto
     files = StateFiles(settings.state_dir)
     files.write_record(specs, settings.host)
     node = DnsNode(next(s for s in specs if s.role == "dns"), settings, secrets={}, epmd_port=0)
+    pdns = PowerDNS(node.config().folder, node.config().zone)
+    assert len(str(pdns.folder / "pdns.controlsocket")) > 107, "the case tried: too long a path"
+    assert len(str(pdns.socket_dir / "pdns.controlsocket")) <= 107
     listeners: list[Gateway] = []
 
     def gateways_of(specs: list) -> dict[str, str]:
@@ -411,3 +404,4 @@ def test_the_federations_dns_node_answers_after_checking_settles_reloads_and_sto
             g.stop()
     assert killed == [], "SIGTERM stopped the server and PowerDNS: nothing had to be killed"
     assert processes.marked_pids(node.marker) == [], "no process of the node is left"
+    assert not pdns.socket_dir.exists(), "the control socket's own folder is removed at the stop"
