@@ -218,6 +218,9 @@ def model(
         "assumptions": assumptions(),
         "fleets": [],
     }
+    if not costs:
+        # a busy machine may carry one step of the quick run's two (its p99 over 2 s)
+        out["why_not"] = f"{len(steps)} step(s) carried: fitting each hop's cost takes two"
     if costs and gateway_kb_per_device:
         for n in FLEETS:
             fleet = size_fleet(n, costs, gateway_kb_per_device, gateway_base_mb, backend_base_mb)
@@ -230,7 +233,7 @@ def model(
 def to_markdown(m: dict[str, Any]) -> list[str]:
     costs, lines = m["costs"], []
     if not costs:
-        return lines
+        return ["", f"Per-hop cost: not fitted ({m['why_not']})."] if m.get("why_not") else lines
     lines += [
         "",
         "Per-hop cost, fitted over fedgate's carried steps (cores = fixed + rate x µs per reading):",

@@ -100,9 +100,16 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
         # the quick run stops at its last step: a ceiling is named only when a step was not carried
         all_carried = all(army_bench.carried(s) for s in r[name]["steps"])
         assert (r[name]["ceiling"] == "not reached") == all_carried, name
+    # the cost lines are fitted over the steps carried (p99 under 2 s...): beside the suite's
+    # other lanes the quick run's 400/s step may not be, and the model then says why
+    carried = [s for s in r["fedgate"]["steps"] if army_bench.carried(s)]
     costs = r["sizing"]["costs"]
-    assert set(costs) == {"gateway", "backend", "routers", "kafka"}, "each hop's cost fitted"
-    assert r["sizing"]["fleets"][0]["per_region"]["nodes"] >= 3, "a fleet sized from them"
+    if len(carried) >= 2:
+        assert set(costs) == {"gateway", "backend", "routers", "kafka"}, "each hop's cost fitted"
+        assert r["sizing"]["fleets"][0]["per_region"]["nodes"] >= 3, "a fleet sized from them"
+    else:
+        assert costs == {} and r["sizing"]["fleets"] == []
+        assert f"{len(carried)} step(s) carried" in r["sizing"]["why_not"]
     assert r["kafka_produce_raw_per_s"] > 0 and r["rabbitmq_mqtt_raw"]["acked_per_s"] > 0
     assert len(r["plots"]) == 3 and all(Path(p).stat().st_size > 0 for p in r["plots"])
     cdf = r["fedgate"]["steps"][0]["latency_cdf_ms"]

@@ -92,3 +92,11 @@ def test_the_model_sizes_each_fleet_and_its_markdown_says_the_assumptions():
     assert "| 1,000,000 | 100,000 |" in md and "on average at 2000/s" in md
     assert "1 reading per 10 s per device, 3 regions" in md
     assert sizing.model(linear_steps(), None, 0, 0)["fleets"] == [], "no memory figure: no fleet sized"
+
+
+def test_with_one_step_carried_no_cost_is_fitted_and_the_model_says_why():
+    """A busy machine may carry one step of the quick run's two (the other's p99 over 2 s)."""
+    m = sizing.model(linear_steps()[:1], 28.0, gateway_base_mb=150, backend_base_mb=900)
+    assert m["costs"] == {} and m["fleets"] == []
+    assert m["why_not"] == "1 step(s) carried: fitting each hop's cost takes two"
+    assert "Per-hop cost: not fitted (1 step(s) carried" in "\n".join(sizing.to_markdown(m))
