@@ -212,8 +212,29 @@ def build_session(
             .config("spark.connect.grpc.binding.port", str(settings.connect_port))
         )
     builder = builder.config("spark.jars", ",".join(spark_jars(settings, kafka=kafka)))
-    for key, value in (iceberg_catalog_conf(settings) | s3a_conf(settings)).items():
+    catalog = iceberg_catalog_conf(settings)
+    for key, value in (catalog | s3a_conf(settings)).items():
         builder = builder.config(key, value)
+    refuse_another_catalogs_session(catalog)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def refuse_another_catalogs_session(catalog: dict[str, str]) -> None:
+    """getOrCreate hands back the session this process already runs, whatever its catalog: a
+    caller would read and write another warehouse's tables without a word (the benchmarks once
+    found the unit tests' tables so).  Its catalog must be the one asked for."""
+    # the session getOrCreate would return (private to PySpark, read as its builder reads it),
+    # or this thread's active one
+    existing = SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
+    if existing is None or existing.sparkContext._jsc is None:  # none, or stopped
+        return
+    keys = [k for k in catalog if k.endswith((".uri", ".warehouse"))]
+    have = {k: existing.conf.get(k, None) for k in keys}
+    want = {k: catalog[k] for k in keys}
+    if have != want:
+        raise SparkSetupError(
+            f"this process already runs a Spark session for another catalog ({have}); "
+            f"stop it (session.stop()) before one for {want}"
+        )
