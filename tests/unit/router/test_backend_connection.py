@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from types import SimpleNamespace
 
 import aio_pika.connection
 import pytest
 
 from router import backend_connection
 from router.backend_connection import connect_cluster
+from tests.unit.router.pauses import record_sleeps
 
 
 def _dead_port() -> int:
@@ -78,16 +78,7 @@ def backend(monkeypatch):
 
 
 def test_a_lost_connection_dials_the_next_nodes_at_once_and_sleeps_once_per_round(backend, monkeypatch):
-    # the pauses the connection asks for, not the time that passed: a loaded machine stretches
-    # every gap, a wrong policy asks for the wrong pause
-    asked: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def sleep(seconds: float) -> None:
-        asked.append(seconds)
-        await real_sleep(seconds)
-
-    monkeypatch.setattr(backend_connection, "asyncio", SimpleNamespace(**{**vars(asyncio), "sleep": sleep}))
+    asked = record_sleeps(monkeypatch, backend_connection)
 
     async def scenario():
         backend.up = {2}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 import router.uplink_connection as uc
+from tests.unit.router.pauses import record_sleeps
 
 
 class FakeChannel:
@@ -47,16 +47,7 @@ def test_a_lost_connection_tries_every_other_node_at_once_and_sleeps_once_per_ro
     async def scenario():
         backend = Backend(up={"b"})
         monkeypatch.setattr(uc.aiormq, "connect", backend.connect)
-        # the pauses the keeper asks for, not the time that passed: a loaded machine stretches
-        # every gap, a wrong policy asks for the wrong pause
-        asked: list[float] = []
-        real_sleep = asyncio.sleep
-
-        async def sleep(seconds: float) -> None:
-            asked.append(seconds)
-            await real_sleep(seconds)
-
-        monkeypatch.setattr(uc, "asyncio", SimpleNamespace(**{**vars(asyncio), "sleep": sleep}))
+        asked = record_sleeps(monkeypatch, uc)
         setups = []
 
         async def setup(channel):
