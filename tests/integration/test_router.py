@@ -729,7 +729,9 @@ def test_commands_sent_as_clean_session_devices_leave_follow_them_to_their_next_
 
     sender = threading.Thread(target=stream)
     sender.start()
-    time.sleep(0.1)
+    # they leave while commands reach them: once the first arrived (a fixed pause was too short
+    # on a loaded machine, and every device left before any command came)
+    wait_until(lambda: any(d.received for d in fleet), 30, 0.005)
     with ThreadPoolExecutor(len(fleet)) as pool:
         list(pool.map(lambda d: d.close(), fleet))
     sender.join()
