@@ -44,6 +44,9 @@ regions: ## the regions (local and cloud), their gateways and state
 query: ## Spark SQL over the analysts' tables: make query SQL="SELECT ..." (or SQL=top-talkers)
 	@$(FEDGATE) query "$(SQL)"
 
+count-now: ## count what the Spark job landed in the aggregates now, not at its next minute
+	@$(FEDGATE) count-now
+
 recompute: ## rebuild the aggregates from raw: make recompute SINCE=2026-11-20 UNTIL=2026-11-21
 	@$(FEDGATE) recompute --since "$(SINCE)" --until "$(UNTIL)"
 
@@ -79,4 +82,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions query recompute army demo cloud-rehearsal release spark-package test unit bench lint clean
+.PHONY: help setup up down status presence send gateway gateway-destroy regions query count-now recompute army demo cloud-rehearsal release spark-package test unit bench lint clean

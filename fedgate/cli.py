@@ -598,6 +598,20 @@ def cmd_query(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_count_now(ctx: Context, args: argparse.Namespace) -> int:
+    _progress("asking the Spark job to count what it landed in the aggregates")
+    t0 = time.monotonic()
+    timeout = args.timeout or DEFAULT_WAIT_S
+    through = ctx.fed.count_aggregates_now(timeout=timeout)
+    if through is None:
+        raise TimedOut(
+            f"the Spark job did not answer in {timeout:g} s",
+            "a count of a large backlog takes longer: --timeout; its log says what it does",
+        )
+    print(f"the aggregates count the micro-batches through {through} ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
 def cmd_recompute(ctx: Context, args: argparse.Namespace) -> int:
     from spark import query
 
@@ -777,6 +791,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="rows as JSON")
     q.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100)")
     q.set_defaults(fn=cmd_query)
+    cn = sub.add_parser(
+        "count-now",
+        help="count the readings landed so far in device_minute and region_minute now, not at the "
+        "Spark job's next aggregate_interval_s",
+    )
+    _timeout_option(cn)
+    cn.set_defaults(fn=cmd_count_now)
     rc = sub.add_parser("recompute", help="rebuild device_minute/region_minute from telemetry_raw for dates")
     rc.add_argument("--since", required=True, type=_date, help="first date, YYYY-MM-DD")
     rc.add_argument("--until", required=True, type=_date, help="last date, YYYY-MM-DD")

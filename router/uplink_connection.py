@@ -53,6 +53,7 @@ class UplinkConnection(Lifecycle):
         setup: Setup,
         *,
         timeout: float = 10.0,
+        setup_timeout: float = 30.0,
         interval: float = RECONNECT_INTERVAL_S,
     ):
         super().__init__()
@@ -64,6 +65,10 @@ class UplinkConnection(Lifecycle):
         self.name = name
         self.setup = setup
         self.timeout = timeout
+        #: the shards' consumes on a node that answered: longer than a connect, since a node
+        #: busy delivering a backlog (or on a loaded machine) answers them slowly, and a router
+        #: that gives up at its start exits (the quick benchmark's did, 10 s after asking)
+        self.setup_timeout = setup_timeout
         self.interval = interval
         #: how many times the connection was lost and made again (the router's metrics)
         self.reconnects = 0
@@ -96,7 +101,7 @@ class UplinkConnection(Lifecycle):
         )
         try:
             channel = await asyncio.wait_for(connection.channel(), self.timeout)
-            await asyncio.wait_for(self.setup(channel), self.timeout)
+            await asyncio.wait_for(self.setup(channel), self.setup_timeout)
         except BaseException:
             await _close_quietly(connection)
             raise

@@ -22,6 +22,12 @@ catch-all and dead-letter topics (settings `topics`, from
 router.topics.kafka_topics).  Every `compact_interval_s` the job rewrites the
 small files of the dates it wrote into large ones and expires old snapshots.
 
+SIGUSR1 asks for a count now: the batches landed so far are counted in the
+aggregates at the run loop's next round (within 2 s), whatever the clock says,
+as after a backfill an analyst wants its minutes at once
+(locally `fedgate count-now`; under systemd `systemctl kill --kill-whom=main -s
+USR1 fedgate-spark`: the main process only, since a JVM dies of a SIGUSR1).
+
 Each table's commit adds a key only once (Catalog.land): stop the job anywhere
 (SIGTERM, SIGKILL, a crash, between two tables' commits) and the next start
 resumes from the checkpoint, replays the batch it had not recorded, counts in
@@ -160,6 +166,8 @@ class TelemetryJob:
         self._stop = threading.Event()
         #: wakes run() before its next round: a stop, or enough rows waiting to be counted
         self._wake = threading.Event()
+        #: a count asked for (SIGUSR1): the next round counts what is pending, clock or not
+        self._count_asked = threading.Event()
         #: per table, the first date written since the last compaction
         self._uncompacted: dict[Table, dt.date] = {}
         self._compacted_at = time.monotonic()
@@ -167,6 +175,8 @@ class TelemetryJob:
         #: what each table's commit of the last batch took (ms)
         self.last_batch_ms: dict[str, int] = {}
         self.last_refresh: dict[str, Any] = {}
+        #: the last count asked for (SIGUSR1): when it was answered, through which batch
+        self.last_count_request: dict[str, Any] = {}
         #: the aggregates count the rows of batches up to this one; those after it are pending
         self._refreshed_through = -1
         #: per micro-batch landed and not counted yet, the rows it landed (a backlog's count
@@ -421,6 +431,7 @@ class TelemetryJob:
             "updated_ms": int(time.time() * 1000),
             "queries": self.progress(p),
             "aggregates": self.last_refresh,
+            "count_request": self.last_count_request,
             "compaction": self.last_compaction,
         }
         tmp.write_text(json.dumps(report))
@@ -443,16 +454,30 @@ class TelemetryJob:
                 self.write_progress("failed")
                 return 1
             p = last_progress(q)
+            asked = self._count_asked.is_set()
+            self._count_asked.clear()
             due = (
-                time.monotonic() - self._refreshed_at >= s.aggregate_interval_s
+                asked
+                or time.monotonic() - self._refreshed_at >= s.aggregate_interval_s
                 or self._counting_due_by_rows()
             )
+            if asked:
+                log.info("a count was asked for (SIGUSR1): batches through %s", self._pending_through())
             if due and self._pending_through() > self._refreshed_through:
                 # here, not in the batches: the next batches land telemetry_raw meanwhile
                 try:
                     self.refresh_aggregates()
                 except (PySparkException, Py4JError) as e:
                     log.error("counting batches in the aggregates: %s (tried again in the next round)", e)
+                    if asked:  # not answered: the next round tries again
+                        self._count_asked.set()
+                        asked = False
+            if asked:
+                # answered even with nothing pending: the asker learns the count is current
+                self.last_count_request = {
+                    "answered_ms": int(time.time() * 1000),
+                    "through_batch": self._refreshed_through,
+                }
             self.write_progress("running", p)
         self.stop()
         self.write_progress("stopped")
@@ -478,6 +503,11 @@ class TelemetryJob:
     def _a_backlog(self, rows: int) -> bool:
         """Whether `rows` to count are a backlog's (aggregate_after_rows or more; 0: never)."""
         return 0 < self.settings.aggregate_after_rows <= rows
+
+    def request_count(self) -> None:
+        """Count the pending batches in the aggregates at the next round (SIGUSR1)."""
+        self._count_asked.set()
+        self._wake.set()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -516,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     job = TelemetryJob(settings)
     signal.signal(signal.SIGTERM, lambda *_: job.request_stop())
     signal.signal(signal.SIGINT, lambda *_: job.request_stop())
+    signal.signal(signal.SIGUSR1, lambda *_: job.request_count())
     return job.run()
 
 

@@ -209,6 +209,30 @@ def run_fedgate(
     env = {**os.environ, "FEDGATE_STATE_DIR": str(state_dir), "FEDGATE_PORT_BASE": str(port_base)}
     if regions is not None:
         env["FEDGATE_REGIONS"] = regions
-    return subprocess.run(
-        [sys.executable, "-m", "fedgate.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_to_end([sys.executable, "-m", "fedgate.cli", *args], timeout, env=env)
+
+
+def run_to_end(
+    argv: list[str], timeout: float, *, grace: float = 90, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run a command that starts services (`fedgate up`, `fedgate cloud-rehearsal`) to its end;
+    its output captured.  Past `timeout` it gets SIGTERM, as an operator's Ctrl-C, and `grace`
+    seconds to stop what it started, then the test fails with its output.  (subprocess.run's
+    timeout SIGKILLs the command alone: the nodes it started, in sessions of their own, ran on
+    beside the rest of the suite -- a rehearsal's whole backend once, for 20 minutes.)"""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=grace)
+            ended = f"stopped by SIGTERM (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            ended = f"not stopped {grace:g} s after SIGTERM: SIGKILLed"
+        raise AssertionError(
+            f"{' '.join(argv[:4])} ... did not end in {timeout:g} s, {ended}; its output:\n{err[-4000:]}"
+        ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -20,13 +20,16 @@ holds the parts, each in a module of its own job:
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from backend.polling import wait_until
 from backend.rabbitmq_admin import AdminError
 from backend.wiring import AmqpEndpoint
 from infra.device_registry import DeviceRegistry
@@ -42,6 +45,7 @@ from infra.local.layout import (
     ROLE_KAFKA,
     ROLE_ROUTER,
     ROLE_SPARK,
+    SPARK_NODE,
     FederationError,
     NodeSpec,
     StateFiles,
@@ -294,6 +298,26 @@ class LocalFederation:
     def spark_settings(self) -> Any:
         """Settings for a Spark session next to the job (configs.spark_settings)."""
         return configs.spark_settings(self.files)
+
+    def count_aggregates_now(self, timeout: float = 120.0) -> int | None:
+        """Ask the Spark job to count the batches landed so far in the aggregates now
+        (SIGUSR1), not at its next aggregate_interval_s; wait for its answer.  The last batch
+        the aggregates count, or None without an answer in `timeout`; NodeError if the job
+        does not run."""
+        job = self.node(SPARK_NODE)
+        pid = job.pid()
+        if pid is None or not job.is_running():
+            raise NodeError(f"{job.name}: not running; `fedgate up` starts it")
+        assert isinstance(job, SparkNode)
+        asked_ms = int(time.time() * 1000)
+        os.kill(pid, signal.SIGUSR1)
+
+        def answer() -> dict[str, Any] | None:
+            a = job.progress().get("count_request") or {}
+            return a if a.get("answered_ms", 0) >= asked_ms else None
+
+        got = wait_until(answer, timeout, 0.2)
+        return None if got is None else int(got["through_batch"])
 
     def spark_config(self, nodes: list[Node], job: Node) -> dict[str, Any]:
         """What spark.toml holds (configs.spark_config)."""

@@ -30,6 +30,7 @@ from infra.cloud.rehearsal.run import RehearsalError, RehearsalOptions, boot_and
 from infra.cloud.rehearsal.services import systemd_env_file
 from infra.cloud.toolchain import ToolchainError, detect
 from infra.local.settings import PROJECT_ROOT, load_settings
+from tests.helpers import run_to_end
 
 # the first test also boots both clusters (the module fixture): ~4 min here, more beside the suite
 pytestmark = [
@@ -63,7 +64,9 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     if os.geteuid() != 0:
         pytest.skip("the rehearsal's instances are network namespaces, which need root")
     work = tmp_path_factory.mktemp("rehearsal")
-    done = subprocess.run(
+    # within the module's timeout (900 s): a rehearsal that overruns is stopped as an operator
+    # stops it, and what it started is gone before the next test
+    done = run_to_end(
         [
             str(FEDGATE),
             "cloud-rehearsal",
@@ -75,10 +78,9 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
             "--prefix",
             PREFIX,
         ],
+        780,
+        grace=90,
         cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout), work

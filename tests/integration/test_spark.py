@@ -47,20 +47,28 @@ def query(spark, federation, sql: str) -> list:
     return spark.sql(sql).collect()
 
 
-def wait_rows(spark, federation, sql: str, expect: int, timeout: float = 120.0) -> int:
-    """Poll a count(*) query until it reaches `expect`; return the last count."""
+def wait_rows(
+    spark, federation, sql: str, expect: int, timeout: float = 120.0, *, count_first: bool = False
+) -> int:
+    """Poll a count(*) query until it reaches `expect`; return the last count.  With
+    `count_first`, each look asks the job to count what it landed in the aggregates first."""
     n = -1
+
+    def look() -> int:
+        if count_first:
+            assert federation.count_aggregates_now(timeout=60) is not None, "the job did not answer"
+        return int(query(spark, federation, sql)[0][0])
 
     def reached() -> bool:
         nonlocal n
-        n = query(spark, federation, sql)[0][0]
+        n = look()
         return n >= expect
 
     if wait_until(reached, timeout, 2):
         # a little longer: a duplicate would land in a later micro-batch
         time.sleep(3)
-        return int(query(spark, federation, sql)[0][0])
-    return int(n)
+        return look()
+    return n
 
 
 def ms(t: dt.datetime) -> int:
@@ -68,21 +76,26 @@ def ms(t: dt.datetime) -> int:
 
 
 def wait_counted(spark, federation, device: str, expect: int, timeout: float = 120.0) -> int:
-    """Until device_minute counts `expect` of `device`'s messages; the count."""
+    """Until device_minute counts `expect` of `device`'s messages; the count.  The job counts
+    every aggregate_interval_s (a minute); each look asks it to count now (`fedgate count-now`),
+    as an analyst who wants the minutes of what just landed does."""
     sql = f"SELECT coalesce(sum(count), 0) FROM device_minute WHERE device = '{device}' AND field = '*'"
-    return wait_rows(spark, federation, sql, expect, timeout)
+    return wait_rows(spark, federation, sql, expect, timeout, count_first=True)
 
 
 def wait_aggregates(spark, federation, where: str, timeout: float = 90.0) -> None:
-    """Until the aggregates count the telemetry_raw rows `where` (the job counts them within
-    its aggregate_interval_s: the batch that landed them is refreshed through)."""
+    """Until the aggregates count the telemetry_raw rows `where`: the job, asked to count now,
+    answers that it counts the batch that landed them (and the aggregates' own mark says so)."""
     from spark.tables import Catalog
 
     ((landed,),) = query(spark, federation, f"SELECT max(ingest_batch) FROM telemetry_raw WHERE {where}")
     catalog = Catalog(spark, federation.spark_settings())
-    assert wait_until(lambda: catalog.refreshed_through() >= landed, timeout, 1), (
-        f"the aggregates did not count batch {landed} in {timeout:g} s"
-    )
+
+    def counted() -> bool:
+        through = federation.count_aggregates_now(timeout=60)
+        return through is not None and through >= landed and catalog.refreshed_through() >= landed
+
+    assert wait_until(counted, timeout, 1), f"the aggregates did not count batch {landed} in {timeout:g} s"
 
 
 def counts_per_minute(spark, federation, where: str) -> tuple[dict, dict]:
@@ -189,6 +202,37 @@ def test_fedgate_query_is_answered_by_the_jobs_own_session(federation, spark, ui
     (answer,) = json.loads(done.stdout)
     (now,) = query(spark, federation, sql)
     assert 0 < answer["n"] <= now[0], "the job's session reads the same tables"
+
+
+def test_fedgate_count_now_counts_what_landed_without_waiting_for_the_minute(
+    federation, endpoints, spark, uid
+):
+    """The job counts its batches in the aggregates every aggregate_interval_s (a minute);
+    `fedgate count-now` asks it to count now (SIGUSR1).  Tried: 30 readings land, then the
+    command: it ends once the job answered, naming the last batch counted, and device_minute
+    counts all 30 at that moment, without another look."""
+    from tests.conftest import TEST_PORT_BASE
+    from tests.helpers import run_fedgate
+
+    dev = f"count-now-{uid}"
+    now = ms(dt.datetime.now(dt.UTC))
+    produce_bridge_records(
+        endpoints["kafka"]["bootstrap"],
+        [(dev, json.dumps({"ts": now + i, "seq": i}).encode()) for i in range(30)],
+    )
+    sql = f"SELECT count(*), max(ingest_batch) FROM telemetry_raw WHERE device = '{dev}'"
+    assert wait_until(lambda: query(spark, federation, sql)[0][0] == 30, 60, 1), "30 rows in telemetry_raw"
+    ((_, landed),) = query(spark, federation, sql)
+    done = run_fedgate(federation.state_dir, TEST_PORT_BASE, "count-now", "--timeout", "60")
+    assert done.returncode == 0, done.stderr[-2000:]
+    through = int(re.search(r"through (\d+)", done.stdout).group(1))  # type: ignore[union-attr]
+    assert through >= landed, f"the batch that landed the readings ({landed}) is counted: {done.stdout}"
+    ((counted,),) = query(
+        spark,
+        federation,
+        f"SELECT coalesce(sum(count), 0) FROM device_minute WHERE device = '{dev}' AND field = '*'",
+    )
+    assert counted == 30, f"device_minute counts the 30 readings once count-now returned: {counted}"
 
 
 def test_duplicates_injected_into_kafka_appear_once(federation, endpoints, spark, uid):
@@ -312,13 +356,9 @@ def test_a_job_killed_between_landing_readings_and_counting_them_counts_them_onc
     reading = lambda i: json.dumps({"ts": ms(dt.datetime.now(dt.UTC)) + i, "seq": i}).encode()  # noqa: E731
     for attempt in range(3):
         dev = f"uncounted-{uid}-{attempt}"
-        # right after a refresh, the next is aggregate_interval_s (10 s) away: the window
-        refreshed = node.progress().get("aggregates", {}).get("at_ms")
-        produce_bridge_records(bootstrap, [(f"tick-{uid}", reading(attempt))])
+        # right after a count, the next is aggregate_interval_s (a minute) away: the window
+        assert federation.count_aggregates_now(timeout=60) is not None, "the job did not answer"
         deadline = time.monotonic() + 60
-        while node.progress().get("aggregates", {}).get("at_ms") == refreshed:
-            assert time.monotonic() < deadline, "the job did not refresh its aggregates in 60 s"
-            time.sleep(0.2)
         produce_bridge_records(bootstrap, [(dev, reading(i)) for i in range(40)])
         landed = None
         while landed is None:
@@ -410,11 +450,12 @@ def test_a_backlog_of_hours_read_unevenly_loses_no_row(federation, endpoints, sp
 
     def counted() -> bool:
         nonlocal raw, agg, messages
+        assert federation.count_aggregates_now(timeout=60) is not None, "the job did not answer"
         raw, agg = counts_per_minute(spark, federation, devices)
         (messages,) = query(spark, federation, region_sql)  # committed after device_minute
         return raw == agg and messages[0] == 721
 
-    wait_until(counted, 90, 2)  # the aggregates count them within aggregate_interval_s
+    wait_until(counted, 90, 2)
     print(f"backlog: {n} rows, {sum(agg.values())} counted in device_minute, {messages[0]} in region_minute")
     assert len(raw) == 720 and set(raw.values()) == {1}, "a row per device and minute"
     assert agg == raw, "device_minute counts every reading of the backlog in its minute"

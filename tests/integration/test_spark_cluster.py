@@ -296,6 +296,7 @@ def catalog_db() -> Iterator[PostgresServer]:
 
 
 @pytest.mark.postgres
+@pytest.mark.timeout(600)  # two submits (three when a kill comes between batches) of a cold job
 def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     federation, endpoints, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
 ):

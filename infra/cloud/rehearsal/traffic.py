@@ -253,7 +253,7 @@ def check_spark(
     report: Any,
     progress: Progress,
     expect: int = 2 * BATCH,
-    timeout: float = 300,
+    timeout: float = 480,
 ) -> None:
     """The Spark job the backend module deploys turns the readings the routers put in Kafka
     into telemetry_raw rows, its catalog in PostgreSQL where RDS would be, its tables in S3."""
@@ -288,7 +288,7 @@ def check_spark(
                     raise TrafficError(f"{host.netns}: the Spark job exited; see {instance.log}")
                 if time.monotonic() > deadline:
                     raise TrafficError(f"{rows} of {expect} readings in telemetry_raw after {timeout:.0f} s")
-                time.sleep(5)
+                time.sleep(10)  # each look is a Python process reading the catalog
                 # from inside the instance: the RDS endpoint's name resolves in the VPC only
                 done = subprocess.run(
                     host.command([sys.executable, "-c", _READ_ROWS, toml]),
