@@ -136,14 +136,26 @@ def run_fleet(
             target.restart(plan.kill_gateway[0])
 
     try:
-        # the run starts when every device is connected (or after two minutes, with those that are)
+        # the run starts when every device is connected and, with command subscriptions, holds
+        # them (its SUBACK: a gateway creating a queue per device on a loaded machine answers
+        # after the CONNACKs, and a command before it would find no queue); or after two
+        # minutes, with those that are
+        def held() -> bool:
+            if total("connected") < len(specs):
+                return False
+            answered = total("subscribed") + total("subscribe_refused")
+            return plan.command_qos is None or answered >= len(specs)
+
         deadline = time.monotonic() + 120
-        while total("connected") < len(specs) and time.monotonic() < deadline:
+        while not held() and time.monotonic() < deadline:
             pump(0.2)
             check_workers()
             tick_line("connecting")
-        if total("connected") < len(specs):
-            say(f"only {total('connected')} of {len(specs)} devices connected in 120 s; running with them")
+        if not held():
+            say(
+                f"only {total('connected')} of {len(specs)} devices connected, "
+                f"{total('subscribed')} subscribed in 120 s; running with them"
+            )
         t0 = shared_t0.value = time.time()
         go.set()
         if plan.commands_per_s > 0 and target.commands is not None:

@@ -296,7 +296,7 @@ def catalog_db() -> Iterator[PostgresServer]:
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(600)  # two submits (three when a kill comes between batches) of a cold job
+@pytest.mark.timeout(900)  # two submits (three when a kill comes between batches) of a cold job
 def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     federation, endpoints, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
 ):
@@ -338,12 +338,12 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     for attempt in range(3):
         submit = _submit(cluster, toml, tmp_path / f"submit-{attempt}.log")
         try:
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + 300  # a cold job's first batch, on a loaded machine
             while killed_mid_batch is None:
                 assert submit.poll() is None, (
                     f"spark-submit ended: {(tmp_path / f'submit-{attempt}.log').read_text()[-3000:]}"
                 )
-                assert time.monotonic() < deadline, "no batch of the backlog was ever in flight in 180 s"
+                assert time.monotonic() < deadline, "no batch of the backlog was ever in flight in 300 s"
                 started, done = _batch_ids(client, bucket, offsets), _batch_ids(client, bucket, commits)
                 if done and max(started) > max(done):  # a batch landed, the next in flight
                     os.killpg(submit.pid, signal.SIGKILL)  # no chance to finish the batch
