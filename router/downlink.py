@@ -48,6 +48,7 @@ from router.outcomes import CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
+from router.reask import REASK_EVERY_S, reask_held_every
 from router.registry import Registry
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.sending import RegionMissing, RegionSender, RegionUnreachable
@@ -127,6 +128,7 @@ class Downlink(Lifecycle):
         self._checks: set[asyncio.Task[None]] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._reasker: asyncio.Task[None] | None = None
         self._reconciler: asyncio.Task[None] | None = None
         #: devices that connected or subscribed with something waiting while this router stood by
         self._missed: dict[str, float] = {}
@@ -199,12 +201,17 @@ class Downlink(Lifecycle):
             queue = await channel.get_queue(name, ensure=True)
             self._consumers.append((queue, await queue.consume(handler)))
         self._sweeper = self.spawn(self.waiting.run_sweeper(self._lock, first_after=0.0), "sweeper")
+        held = reask_held_every(
+            REASK_EVERY_S, self.parking, self.presence, self.subscriptions, self._ask_filters_soon
+        )
+        self._reasker = self.spawn(held, "reask-held")
 
     async def stand_by(self) -> None:
         """The lease is lost (its connection with it): stop what only the leader does."""
         self.sender.use(None)
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._reasker):
+            if task is not None:
+                task.cancel()
         for check in list(self._checks):
             check.cancel()
         self._consumers = [
@@ -367,10 +374,10 @@ class Downlink(Lifecycle):
     # --- delivering what waited -----------------------------------------------------------
 
     def _ask_filters_soon(self, session: Session) -> bool:
-        """Once per connection, ask its gateway for subscriptions the router has not seen
-        being made (a persistent session's), off the lock, and deliver what they match;
-        False when that was done already."""
-        if not self.subscriptions.ask_once(session.connection):
+        """Ask a connection's gateway for subscriptions the router has not seen being made (a
+        persistent session's; a clean session's whose binding event was lost), off the lock,
+        and deliver what they match; False when it was asked less than REASK_EVERY_S ago."""
+        if not self.subscriptions.ask_due(session.connection, REASK_EVERY_S):
             return False
 
         async def ask() -> None:

@@ -42,6 +42,12 @@ from router.settings import RouterSettings
 
 log = logging.getLogger(__name__)
 
+#: A clean session's queue (exclusive, by client id) this long after its connection opened is
+#: that connection's: MQTT allows one connection per client id, and the one before took its
+#: exclusive queue with it when it closed.  RabbitMQ's management API names no owner for an
+#: MQTT connection's queues (owner_pid_details is null), so age is what tells.
+CLEAN_QUEUE_OWNED_AFTER_S = 5.0
+
 #: A returned command asks whether its gateway answers; the answer holds this long.
 GATEWAY_CHECK_EVERY_S = 5.0
 GATEWAY_CHECK_TIMEOUT_S = 3.0
@@ -168,9 +174,13 @@ class Gateways:
             raise
         return True
 
-    async def kept_filters(self, session: Session) -> list[str] | None:
-        """The subscriptions a persistent session kept on its gateway across connections;
+    async def kept_filters(self, session: Session, now: float | None = None) -> list[str] | None:
+        """The subscriptions the gateway holds for the session: a persistent session's kept
+        across connections; a clean session's once the session is CLEAN_QUEUE_OWNED_AFTER_S
+        old (its queue is then this connection's, not the previous one's on its way out).
         None when the gateway could not be asked."""
+        age_s = (time.time() if now is None else now) - session.connected_at / 1000
+        own_clean_queue = age_s >= CLEAN_QUEUE_OWNED_AFTER_S
         client = self.clients.get(session.region)
         if client is None:
             return None
@@ -179,7 +189,7 @@ class Gateways:
             queue = quote(mqtt_plugin.subscription_queue(session.client_id, qos), safe="")
             try:
                 info = await self._call(client.get, f"queues/%2F/{queue}")
-                if mqtt_plugin.is_clean_session_queue(info):
+                if mqtt_plugin.is_clean_session_queue(info) and not own_clean_queue:
                     # a clean session's queue: it may still be the previous connection's, on its
                     # way out; this connection's own subscriptions arrive as binding events
                     continue

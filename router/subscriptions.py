@@ -17,6 +17,8 @@ acknowledges itself (docs/router.md, "Acknowledged commands").
 
 from __future__ import annotations
 
+import time
+
 from router.routing import topic_matches
 
 
@@ -24,8 +26,8 @@ class Subscriptions:
     def __init__(self) -> None:
         #: connection -> filters seen, with their QoS; a connection missing here counts as subscribed
         self._filters: dict[str, dict[str, int]] = {}
-        #: connections whose existing subscriptions (a persistent session's) were asked for
-        self._asked: set[str] = set()
+        #: connection -> when (monotonic) its gateway was last asked for its subscriptions
+        self._asked: dict[str, float] = {}
         #: connection -> desired-state topics already replayed to it
         self._replayed: dict[str, set[str]] = {}
 
@@ -71,15 +73,18 @@ class Subscriptions:
         matching = [q for f, q in (filters or {}).items() if topic_matches(f, topic)]
         return f"qos{max(matching)}" if matching else ""
 
-    def ask_once(self, connection: str) -> bool:
-        """True the first time: the caller asks the gateway for the connection's kept filters."""
-        if connection in self._asked:
+    def ask_due(self, connection: str, every_s: float, now: float | None = None) -> bool:
+        """True the first time, and again once `every_s` passed since the last ask: the caller
+        asks the gateway for the connection's filters (and marks the ask)."""
+        now = time.monotonic() if now is None else now
+        last = self._asked.get(connection)
+        if last is not None and now - last < every_s:
             return False
-        self._asked.add(connection)
+        self._asked[connection] = now
         return True
 
     def mark_asked(self, connection: str) -> None:
-        self._asked.add(connection)
+        self._asked[connection] = time.monotonic()
 
     def replayed(self, connection: str, topic: str) -> bool:
         return topic in self._replayed.get(connection, ())
@@ -91,4 +96,4 @@ class Subscriptions:
         """The connection ended."""
         self._replayed.pop(connection, None)
         self._filters.pop(connection, None)
-        self._asked.discard(connection)
+        self._asked.pop(connection, None)
