@@ -48,14 +48,14 @@ from router.outcomes import CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
-from router.reask import REASK_EVERY_S, reask_held_every
+from router.reask import REASK_EVERY_S, reask_round
 from router.registry import Registry
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.sending import RegionMissing, RegionSender, RegionUnreachable
 from router.settings import RouterSettings
 from router.stores import DesiredState, PresenceStore, all_confirmed, confirm_later
 from router.subscriptions import Subscriptions
-from router.tasks import watch
+from router.tasks import every, watch
 from router.waiting import Waiting
 
 log = logging.getLogger(__name__)
@@ -201,10 +201,14 @@ class Downlink(Lifecycle):
             queue = await channel.get_queue(name, ensure=True)
             self._consumers.append((queue, await queue.consume(handler)))
         self._sweeper = self.spawn(self.waiting.run_sweeper(self._lock, first_after=0.0), "sweeper")
-        held = reask_held_every(
-            REASK_EVERY_S, self.parking, self.presence, self.subscriptions, self._ask_filters_soon
+
+        async def reask() -> None:
+            reask_round(self.parking, self.presence, self.subscriptions, self._ask_filters_soon)
+
+        failed = "asking again for held sessions' subscriptions failed"
+        self._reasker = self.spawn(
+            every(REASK_EVERY_S, reask, failed, logger=log, traceback=True), "reask-held"
         )
-        self._reasker = self.spawn(held, "reask-held")
 
     async def stand_by(self) -> None:
         """The lease is lost (its connection with it): stop what only the leader does."""

@@ -12,7 +12,6 @@ management calls).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from router.parking import ParkingLot
@@ -36,19 +35,6 @@ def held_sessions(
         if session is not None and subscriptions.filters(session.connection) == []:
             held.append(session)
     return held
-
-
-async def reask_held_every(
-    interval: float,
-    parking: ParkingLot,
-    presence: PresenceTable,
-    subscriptions: Subscriptions,
-    ask: Callable[[Session], bool],
-) -> None:
-    """Forever (the leader's task): a round (reask_round) each `interval`."""
-    while True:
-        await asyncio.sleep(interval)
-        reask_round(parking, presence, subscriptions, ask)
 
 
 def reask_round(
