@@ -48,7 +48,7 @@ from router.outcomes import CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
 from router.presence_feed import PRESENCE_KEYS, PresenceFeed
-from router.reask import REASK_EVERY_S, reask_round
+from router.reask import REASK_EVERY_S, REASK_ROUND_S, reask_round
 from router.registry import Registry
 from router.routing import Action, Command, Decision, View, decide, must_ask_gateway
 from router.sending import RegionMissing, RegionSender, RegionUnreachable
@@ -207,7 +207,7 @@ class Downlink(Lifecycle):
 
         failed = "asking again for held sessions' subscriptions failed"
         self._reasker = self.spawn(
-            every(REASK_EVERY_S, reask, failed, logger=log, traceback=True), "reask-held"
+            every(REASK_ROUND_S, reask, failed, logger=log, traceback=True), "reask-held"
         )
 
     async def stand_by(self) -> None:

@@ -7,7 +7,8 @@ the gateway node leading the presence link's queue dies is gone (docs/reliabilit
 node of every engine killed at once held a moved device's commands until they expired).  So
 while commands are held for a connected session, the leader asks its gateway again, every
 REASK_EVERY_S per connection, at most REASK_PER_ROUND sessions a round (each ask is two
-management calls).
+management calls).  A round runs every REASK_ROUND_S, so that a held command waits about
+REASK_EVERY_S after the first ask, not up to twice that.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from router.subscriptions import Subscriptions
 
 #: How often one connection's gateway is asked again while commands are held for it.
 REASK_EVERY_S = 10.0
+#: How often the leader looks for held sessions due an ask (a walk of the parked devices).
+REASK_ROUND_S = 2.0
 #: Sessions asked in one round at most: a fleet holding commands for devices that never
 #: subscribe must not turn into a storm of management calls.
 REASK_PER_ROUND = 20

@@ -99,6 +99,54 @@ def test_commands_sent_between_connect_and_subscribe_wait_for_the_subscription(e
         d.close()
 
 
+def test_a_subscription_whose_binding_event_was_lost_still_gets_the_commands_held_for_it(
+    federation, endpoints, uid
+):
+    """A gateway's binding events are at most once: its event exchange publishes them without
+    confirms, and one in flight when the gateway node leading the presence link's queue dies
+    is gone (the HA chaos suite lost 65 commands that way, 1 run in 9).  Here the event is
+    lost for certain: the backend's presence exchange routes no `binding.created` to the
+    routers while a clean-session device subscribes.  A command sent just after is held (the
+    router saw no subscription) and must still arrive long before the parking TTL: the router
+    asks the gateway again (router/reask.py).  Before, it asked once, skipped a clean
+    session's queue, and dead-lettered the command at the TTL: 0 of 1."""
+    from tests.conftest import PARK_TTL_S
+
+    dev_id = f"unbound-{uid}"
+    backend = federation.backend().admin()
+    exchange = quote(c.PRESENCE_EXCHANGE, safe="")
+    queues = [q["name"] for q in backend.queues() if q["name"].startswith("fedgate.router.presence.")]
+    assert queues, "no router presence queue on the backend"
+    unbound: list[str] = []
+    d = device(endpoints, "local-eu", dev_id)
+    try:
+        wait_present(endpoints, dev_id, "local-eu")
+        for queue in queues:
+            backend.delete(f"bindings/%2F/e/{exchange}/q/{quote(queue, safe='')}/binding.created")
+            unbound.append(queue)
+        d.subscribe(c.device_command_topic(dev_id, "#"))  # its binding event goes nowhere
+        held = router_metrics(endpoints).get('fedgate_router_held_total{region="local-eu"}', 0)
+        topic = send(endpoints, dev_id, "reboot", "after-a-lost-event")
+        sent_at = time.monotonic()
+        wait_metric(endpoints, 'fedgate_router_held_total{region="local-eu"}', held + 1)
+        got = [(r.topic, r.payload) for r in d.wait_for(1, timeout=PARK_TTL_S + 5)]
+        waited = time.monotonic() - sent_at
+        time.sleep(1.0)
+        record_counts(
+            sent=1, held=1, delivered=len(d.received), lost=1 - len(d.received), waited_s=round(waited, 1)
+        )
+        assert got == [(topic, b"after-a-lost-event")] and len(d.received) == 1
+        assert waited < PARK_TTL_S, "delivered only after the parking TTL"
+    finally:
+        d.close()
+        for queue in unbound:
+            backend.request(
+                "POST",
+                f"bindings/%2F/e/{exchange}/q/{quote(queue, safe='')}",
+                {"routing_key": "binding.created"},
+            )
+
+
 def test_desired_state_sent_between_connect_and_subscribe_reaches_that_connection_once(endpoints, uid):
     """A retained command (`fedgate send --retain`) for a device that has connected but not
     subscribed yet.  Before, the router sent it at once (MQTT dropped it: nothing subscribed)
