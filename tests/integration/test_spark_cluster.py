@@ -1,6 +1,7 @@
 """The Spark job on a cluster: packaged by `make spark-package`, submitted with spark-submit
 to a standalone master and a worker that this module starts (pyspark's own Spark), against
-the session federation's Kafka.
+a Kafka broker of its own (one broker, SASL_SSL as MSK offers it: a lane of its own,
+tests/conftest.py OWN_ENGINES).
 
 What a user checks: the job runs as an application of the cluster (its executor on the
 worker, not in the driver), every record becomes a row once and is counted in the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,7 +29,9 @@ import pytest
 
 from backend.polling import wait_until
 from bench.spark_bench import BACKLOG_PREFIX, produce_records
+from infra.cloud.rehearsal.services import RehearsalKafka
 from infra.local.postgres import PostgresServer
+from infra.local.settings import load_settings
 from infra.local.toml_out import toml_lines
 from router.kafka import ensure_topics
 from spark import package
@@ -35,7 +39,7 @@ from spark.reading import duckdb_with_tables
 from spark.session import spark_jars
 from spark.settings import SparkSettings
 from tests.conftest import TEST_PORT_BASE
-from tests.helpers import produce_bridge_records, sasl_security
+from tests.helpers import produce_bridge_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 
@@ -198,17 +202,39 @@ def _tables(settings: SparkSettings, prefix: str) -> tuple[int, int, int]:
     return int(rows), int(ids), int(counted)
 
 
-def test_the_packaged_job_runs_on_a_standalone_cluster(federation, endpoints, cluster, tmp_path, uid):
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RehearsalKafka]:
+    """One Kafka broker of this module's own, as an operator's MSK: its SASL_SSL listener
+    (SCRAM over TLS, a CA of its own) for the job, the plain one for the test's producers."""
+    folder = tmp_path_factory.mktemp("kafka")
+    settings = load_settings(env={}, state_dir=folder, kafka_opts=os.environ["FEDGATE_KAFKA_OPTS"])
+    node = RehearsalKafka.create(settings, "127.0.0.1", folder / "kafka", secrets.token_urlsafe(18))
+    node.start()
+    try:
+
+        def ready() -> bool:
+            if node.exited() is not None:
+                raise RuntimeError(f"Kafka exited at start: see {node.logs_to_read()}")
+            return node.ready()
+
+        if not wait_until(ready, 120, 1):
+            raise RuntimeError(f"Kafka not ready in 120 s: see {node.logs_to_read()}")
+        yield node
+    finally:
+        node.stop(30)
+
+
+def test_the_packaged_job_runs_on_a_standalone_cluster(kafka, cluster, tmp_path, uid):
     """Tried: 2,000 bridge records into a topic of the job's own, the job submitted to the
     cluster with its package, reading Kafka as on MSK: over TLS with SASL/SCRAM (the local
     Kafka's SASL_SSL listener, the local CA); then SIGTERM to its driver."""
-    bootstrap = endpoints["kafka"]["bootstrap"]
+    bootstrap = kafka.bootstrap
     topic = f"cluster.telemetry-{uid}"
     ensure_topics(bootstrap, [topic], 2, 1)
-    security = sasl_security(federation)
+    security = kafka.security
     toml = _job_config(
         cluster,
-        endpoints["kafka"]["sasl_bootstrap"],
+        kafka.sasl_bootstrap,
         topic,
         tmp_path,
         kafka_security_protocol=security.protocol,
@@ -298,7 +324,7 @@ def catalog_db() -> Iterator[PostgresServer]:
 @pytest.mark.postgres
 @pytest.mark.timeout(900)  # two submits (three when a kill comes between batches) of a cold job
 def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
-    federation, endpoints, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
+    kafka, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
 ):
     """Tried: the job on the cluster with its warehouse and checkpoints in an S3 bucket and
     its catalog in PostgreSQL (the cloud's shape: S3 and RDS), a backlog of 3,000 readings
@@ -307,7 +333,7 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     again, the job submitted again."""
     for key, value in S3_ENV.items():
         monkeypatch.setenv(key, value)  # this process reads the tables from S3 too (pyarrow)
-    bootstrap = endpoints["kafka"]["bootstrap"]
+    bootstrap = kafka.bootstrap
     topic = f"s3.telemetry-{uid}"
     ensure_topics(bootstrap, [topic], 2, 1)
     bucket = f"fedgate-{uid}".lower()
