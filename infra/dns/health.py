@@ -93,8 +93,12 @@ async def probe(address: str, port: int, timeout_s: float) -> str | None:
     finally:
         if writer is not None:
             writer.close()
-            with contextlib.suppress(OSError):
-                await asyncio.wait_for(writer.wait_closed(), 1)
+            # the check's outcome is known: a close that fails or hangs is not its failure (a
+            # TimeoutError out of here ended the address's watch for good).  asyncio.timeout,
+            # not wait_for: Python 3.11's wait_for loses a cancel that comes as the wait ends
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(1):
+                    await writer.wait_closed()
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,9 @@ class Prober:
     async def _watch(self, address: str) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + self.checks.interval_s
-        while True:
+        # while it is the address's watch: a cancel from stop() or watch() can be lost (a
+        # library's wait that swallows it), and stop() would then wait for this loop forever
+        while self._tasks.get(address) is asyncio.current_task():
             await asyncio.sleep(max(0.0, due - loop.time()))
             started = loop.time()
             self._record(address, await self._check(address))
