@@ -42,7 +42,7 @@ from gateways.mqtt_plugin import text
 from router.commands import BadCommand, check_size, parse_command
 from router.gateways import Gateways
 from router.kafka import AsyncProducer
-from router.lifecycle import Lifecycle
+from router.lifecycle import Lifecycle, cancel_task
 from router.metrics import Metrics
 from router.outcomes import CommandOutcomes
 from router.parking import ParkingLot
@@ -214,8 +214,7 @@ class Downlink(Lifecycle):
         """The lease is lost (its connection with it): stop what only the leader does."""
         self.sender.use(None)
         for task in (self._sweeper, self._reasker):
-            if task is not None:
-                task.cancel()
+            await cancel_task(task)  # ended, not only cancelled: a stand-by router sends nothing
         for check in list(self._checks):
             check.cancel()
         self._consumers = [
@@ -238,9 +237,8 @@ class Downlink(Lifecycle):
 
     async def _stop(self) -> None:
         """Stop intake: what is not acked by now RabbitMQ redelivers to the next router."""
-        for task in (self._sweeper, self._reconciler):
-            if task is not None:
-                task.cancel()
+        for task in (self._sweeper, self._reasker, self._reconciler):
+            await cancel_task(task)
         for check in list(self._checks):
             check.cancel()
         self.gateways.stop()

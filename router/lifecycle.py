@@ -93,9 +93,21 @@ class Lifecycle:
         raise NotImplementedError
 
 
+#: How long a cancelled task has to end before it is cancelled again.
+RECANCEL_AFTER_S = 1.0
+
+
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:
-    """Cancel a part's background task and wait until it has ended (None: there was none)."""
-    if task is not None:
+    """Cancel a part's background task and wait until it has ended (None: there was none).
+
+    A cancel can be lost: Python 3.11's asyncio.wait_for returns a wait that ends as it is
+    cancelled and drops the cancel, and a loop around it (tasks.every) then runs on.  The task
+    is cancelled again every RECANCEL_AFTER_S until it ends, so that a stop never waits for
+    it forever (the DNS server's prober did: infra/dns/health.py)."""
+    if task is None:
+        return
+    while not task.done():
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait({task}, timeout=RECANCEL_AFTER_S)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
