@@ -288,7 +288,13 @@ class SimDevice:
         `properties` (MQTT 5 devices only): see publish_properties."""
         if isinstance(payload, dict):
             payload = json.dumps(payload)
-        info = self.client.publish(topic, payload, qos=qos, properties=properties)
+        try:
+            info = self.client.publish(topic, payload, qos=qos, properties=properties)
+        except OSError as e:
+            # paho wakes its network thread through a socket pair that a reconnect replaces:
+            # a publish from another thread meanwhile can meet the old one closed (ECONNRESET).
+            # The message is queued, may go after the reconnect, and was never acknowledged
+            raise DeviceError(f"{self.device_id}: {topic}: {e}") from e
         if qos > 0:
             try:
                 info.wait_for_publish(timeout)
