@@ -49,6 +49,8 @@ def ha_federation(fed: LocalFederation, workdir: Path) -> LocalFederation:
         spark=0,
         kafka_opts=s.kafka_opts,
         profile="ha",
+        # 16 processes booting at once on two cores: a JVM took over 90 s beside the test suite
+        boot_timeout=max(s.boot_timeout, 180.0),
     )
     return LocalFederation(settings, progress=progress)
 

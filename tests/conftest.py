@@ -130,6 +130,12 @@ OWN_ENGINES = {
 PLACE_IN_LANE = {
     "tests/integration/test_spark.py": 1,
     **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
+    # the Spark cluster between the second Terraform lane's files: in the run's quieter middle,
+    # not in its last third, where the cloud rehearsal, the benchmarks' HA federation and the
+    # session federation's faults already load the cores (run r12: its restarted job then
+    # counted 400 of 3,000 rows within its 240 s)
+    "tests/integration/test_spark_cluster.py": 1,
+    **dict.fromkeys(sorted(TERRAFORM_2 - {"tests/unit/cloud/test_driver_state_s3.py"}), 2),
 }
 
 
