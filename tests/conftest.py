@@ -102,19 +102,13 @@ def missing_postgres() -> str | None:
 #:   `fedgate up` and `down` from nothing (test_up_down.py);
 #: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
 #:   (a federation of its own; its checks count rather than time);
-#: - "terraform" and "terraform-2": Terraform's AWS provider against moto (a provider's
-#:   waiters sleep 10-60 s between polls: these lanes wait, they hardly compute), split in two
-#:   (TERRAFORM_2) so that neither waits longer than the federation's lane runs; the second
-#:   then runs the Spark cluster's tests (a standalone cluster and a Kafka broker of their own).
-LANES = ("federation", "ha", "unit", "terraform", "terraform-2")
-#: The Terraform files of the second Terraform lane: the gateway region applied against moto
-#: with its state in S3 (~8 min of the lane's waits) and the other applies against moto.
-TERRAFORM_2 = {
-    "tests/unit/cloud/test_driver_state_s3.py",
-    "tests/unit/cloud/test_terraform_apply_moto.py",
-    "tests/unit/cloud/test_route53_and_regions.py",
-    "tests/unit/cloud/test_terraform_modules.py",
-}
+#: - "terraform": Terraform's AWS provider against moto (a provider's waiters sleep 10-60 s
+#:   between polls: the lane waits, it hardly computes).
+#: The Spark cluster's tests need no federation (a Kafka broker of their own) but run in the
+#: federation's lane, after Spark's: five lanes (Terraform split in two, the cluster beside
+#: it) ran in 22:47 when the machine was fast, but when it was slow the extra lane's load made
+#: the run's busiest third overrun (3 tests failed on time in one run, dozens in the next).
+LANES = ("federation", "ha", "unit", "terraform")
 OWN_ENGINES = {
     "tests/chaos/test_ha_node_loss.py": "ha",
     "tests/integration/test_dns.py": "ha",
@@ -122,27 +116,20 @@ OWN_ENGINES = {
     "tests/integration/test_up_down.py": "ha",
     "tests/integration/test_cloud_rehearsal.py": "ha",
     "tests/integration/test_bench.py": "unit",
-    # a standalone Spark cluster and a Kafka broker of its own: ~5 min beside Terraform's waits
-    "tests/integration/test_spark_cluster.py": "terraform-2",
 }
 #: Where a file runs within its lane (0: in collection order; tests/chaos 2, place_in_lane):
 #: OWN_ENGINES in its order, after the unit tests in theirs.
 PLACE_IN_LANE = {
     "tests/integration/test_spark.py": 1,
-    **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
-    # the Spark cluster between the second Terraform lane's files: in the run's quieter middle,
-    # not in its last third, where the cloud rehearsal, the benchmarks' HA federation and the
-    # session federation's faults already load the cores (run r12: its restarted job then
-    # counted 400 of 3,000 rows within its 240 s)
     "tests/integration/test_spark_cluster.py": 1,
-    **dict.fromkeys(sorted(TERRAFORM_2 - {"tests/unit/cloud/test_driver_state_s3.py"}), 2),
+    **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
 }
 
 
 def lane_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/unit/cloud/"):
-        return "terraform-2" if path in TERRAFORM_2 else "terraform"
+        return "terraform"
     if path.startswith("tests/unit/"):
         return "unit"
     return OWN_ENGINES.get(path, "federation")

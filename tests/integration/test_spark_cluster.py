@@ -1,7 +1,7 @@
 """The Spark job on a cluster: packaged by `make spark-package`, submitted with spark-submit
 to a standalone master and a worker that this module starts (pyspark's own Spark), against
-a Kafka broker of its own (one broker, SASL_SSL as MSK offers it: a lane of its own,
-tests/conftest.py OWN_ENGINES).
+a Kafka broker of its own (one broker, SASL_SSL as MSK offers it), not the session
+federation's.
 
 What a user checks: the job runs as an application of the cluster (its executor on the
 worker, not in the driver), every record becomes a row once and is counted in the
