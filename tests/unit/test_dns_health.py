@@ -181,7 +181,7 @@ def test_stop_ends_the_checks_even_when_a_check_loses_its_cancel(broker, monkeyp
     async def check(self: Prober, address: str) -> str | None:
         task = asyncio.current_task()
         try:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(10)  # where every cancel comes: the watch waits 0.01 s between checks
         except asyncio.CancelledError:
             if task in lost:
                 raise
