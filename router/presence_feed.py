@@ -327,9 +327,15 @@ class PresenceFeed:
                 if ended is not None:
                     self.subscriptions.forget(ended.connection)
                     if self._ended is not None and not change.ignored:
-                        # a displaced session ended, at the latest, when the device connected anew
-                        new = change.session if ended is not change.session else None
-                        at = new.connected_at / 1000 if new is not None else closed_at
+                        # A displaced session (another node's, no close seen) ended between the
+                        # last list that showed it and the new connect: its node may have died
+                        # with commands on their way, routed after the death (a loaded run had
+                        # one 0.56 s after it, the device back 2.2 s after it).  What was sent
+                        # since that list goes to the new session, as when a list ends it.
+                        if ended is change.session:
+                            at = closed_at
+                        else:
+                            at = max(self._listed_at.get(ended.region, 0.0), ended.connected_at / 1000)
                         await self._ended(ended, at)
             if change.displaced is not None:
                 self.gateways.close_soon(change.displaced, self.presence)

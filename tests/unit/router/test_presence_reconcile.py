@@ -271,3 +271,42 @@ def test_a_session_gone_unseen_gives_back_only_what_was_sent_after_the_last_list
         assert [p.payload for p in waiting.parking.for_device("pump-1")] == [b"late"]
 
     asyncio.run(scenario())
+
+
+def test_commands_sent_to_a_session_its_device_left_for_another_node_unseen_go_to_the_new_one():
+    """The other way a node's death shows: the device's connect at another node (an event)
+    displaces its old session before any list runs.  A loaded run (r13) lost one command
+    routed 0.56 s after the node died, the device back 2.2 s after it: only what was sent
+    in the 1 s before the new connect went to it.  Now everything sent since the last list
+    that showed the old session does, as when a list ends it."""
+
+    async def scenario() -> None:
+        old = Session("pump-1", "local-us", NODE, "p:1 -> a:1883", _ago(600))
+        feed, presence, waiting = _waiting_feed([_conn("pump-1", "p:1 -> a:1883")])
+        presence.connected(old)
+        await feed.reconcile()  # the list shows the session: it was alive then
+        cmd = Command("pump-1", "devices/pump-1/commands/set")
+        await waiting.sent(old, cmd, b'{"n": 7}')  # after the list: its node dies, unseen
+        # the device connects at another node of the region 3 s later; no close ever came
+        new_at = int(time.time() * 1000) + 3000
+        await feed._apply(
+            _Event(
+                "connection.created",
+                {
+                    "x-received-from": [{"cluster-name": "local-us"}],
+                    "node": "rabbit@gw-b",
+                    "name": "p:9 -> b:1883",
+                    "protocol": "{'MQTT',\"3.1.1\"}",
+                    "variable_map": '#{<<"client_id">> => <<"pump-1">>}',
+                    "connected_at": new_at,
+                },
+            )  # type: ignore[arg-type]
+        )
+        new = presence.get("pump-1")
+        assert new is not None and new.connection == "p:9 -> b:1883", "the new session taken in"
+        parked = waiting.parking.for_device("pump-1")
+        assert [(p.topic, p.payload) for p in parked] == [(cmd.topic, b'{"n": 7}')], (
+            "the command sent to the displaced session waits for the device's next one"
+        )
+
+    asyncio.run(scenario())
