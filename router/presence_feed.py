@@ -265,9 +265,12 @@ class PresenceFeed:
         """A session that ended unseen (its gateway died): forgotten, what was sent to it since
         its gateway last listed it sent to its next session, and saved before returning.  The
         caller holds the lock."""
-        await self._end_unseen(s, max(self._listed_at.get(s.region, 0.0), s.connected_at / 1000))
+        await self._end_unseen(s, self._last_alive(s))
         if self.store is not None:
             await self.store.offline(s.client_id)
+
+    def _last_alive(self, s: Session) -> float:
+        return max(self._listed_at.get(s.region, 0.0), s.connected_at / 1000)
 
     async def _end_unseen(self, s: Session, ended_at: float) -> None:
         self._forget(s)
@@ -327,15 +330,10 @@ class PresenceFeed:
                 if ended is not None:
                     self.subscriptions.forget(ended.connection)
                     if self._ended is not None and not change.ignored:
-                        # A displaced session (another node's, no close seen) ended between the
-                        # last list that showed it and the new connect: its node may have died
-                        # with commands on their way, routed after the death (a loaded run had
-                        # one 0.56 s after it, the device back 2.2 s after it).  What was sent
-                        # since that list goes to the new session, as when a list ends it.
-                        if ended is change.session:
-                            at = closed_at
-                        else:
-                            at = max(self._listed_at.get(ended.region, 0.0), ended.connected_at / 1000)
+                        # a displaced session (another node's, no close seen) may have died with
+                        # its node, before the router knew: what was sent since the last list
+                        # that showed it goes to the new session, as when a list ends it
+                        at = closed_at if ended is change.session else self._last_alive(ended)
                         await self._ended(ended, at)
             if change.displaced is not None:
                 self.gateways.close_soon(change.displaced, self.presence)
