@@ -17,6 +17,7 @@ from router.routing import Command
 from router.stores import DesiredState
 from router.subscriptions import Subscriptions
 from router.waiting import Waiting
+from tests.unit.router.test_presence import created
 from tests.unit.router.test_waiting import _table
 
 NODE = "fedgate-gw-local-us@localhost"
@@ -223,6 +224,27 @@ def _waiting_feed(listing: list[dict[str, str]]) -> tuple[PresenceFeed, Presence
     return feed, presence, waiting
 
 
+async def _sent_after_the_last_list() -> tuple[PresenceFeed, PresenceTable, Waiting, Command]:
+    """A session of a node that then dies unseen: the region's list showed it, and a command
+    was sent to it after that list."""
+    old = Session("pump-1", "local-us", NODE, "p:1 -> a:1883", _ago(600))
+    feed, presence, waiting = _waiting_feed([_conn("pump-1", "p:1 -> a:1883")])
+    presence.connected(old)
+    await feed.reconcile()  # the list shows the session: it was alive then
+    cmd = Command("pump-1", "devices/pump-1/commands/set")
+    await waiting.sent(old, cmd, b'{"n": 7}')  # on its way when the node dies
+    return feed, presence, waiting, cmd
+
+
+def _taken_in_and_parked_again(presence: PresenceTable, waiting: Waiting, cmd: Command) -> None:
+    new = presence.get("pump-1")
+    assert new is not None and new.connection == "p:9 -> b:1883", "the new session taken in"
+    parked = waiting.parking.for_device("pump-1")
+    assert [(p.topic, p.payload) for p in parked] == [(cmd.topic, b'{"n": 7}')], (
+        "the command sent to the dead node's session waits for the device's next one"
+    )
+
+
 def test_commands_sent_to_a_session_whose_node_died_unseen_go_to_the_devices_next_session():
     """A node of a gateway cluster is SIGKILLed: its devices' sessions end with no close event,
     and they reconnect at another node of the region.  When the router's check of the region's
@@ -233,23 +255,13 @@ def test_commands_sent_to_a_session_whose_node_died_unseen_go_to_the_devices_nex
     commands once.)"""
 
     async def scenario() -> None:
-        old = Session("pump-1", "local-us", NODE, "p:1 -> a:1883", _ago(600))
-        feed, presence, waiting = _waiting_feed([_conn("pump-1", "p:1 -> a:1883")])
-        presence.connected(old)
-        await feed.reconcile()  # the list shows the session: it was alive then
-        cmd = Command("pump-1", "devices/pump-1/commands/set")
-        await waiting.sent(old, cmd, b'{"n": 7}')  # on its way when the node dies
+        feed, presence, waiting, cmd = await _sent_after_the_last_list()
         # the node is gone: the region's list shows the device at another node, no event yet
         feed.gateways.clients["local-us"].listing = [  # type: ignore[attr-defined]
             {**_conn("pump-1", "p:9 -> b:1883"), "node": "rabbit@gw-b"}
         ]
         await feed.reconcile()
-        new = presence.get("pump-1")
-        assert new is not None and new.connection == "p:9 -> b:1883", "the new session taken in"
-        parked = waiting.parking.for_device("pump-1")
-        assert [(p.topic, p.payload) for p in parked] == [(cmd.topic, b'{"n": 7}')], (
-            "the command sent to the dead node's session waits for the device's next one"
-        )
+        _taken_in_and_parked_again(presence, waiting, cmd)
 
     asyncio.run(scenario())
 
@@ -281,32 +293,11 @@ def test_commands_sent_to_a_session_its_device_left_for_another_node_unseen_go_t
     that showed the old session does, as when a list ends it."""
 
     async def scenario() -> None:
-        old = Session("pump-1", "local-us", NODE, "p:1 -> a:1883", _ago(600))
-        feed, presence, waiting = _waiting_feed([_conn("pump-1", "p:1 -> a:1883")])
-        presence.connected(old)
-        await feed.reconcile()  # the list shows the session: it was alive then
-        cmd = Command("pump-1", "devices/pump-1/commands/set")
-        await waiting.sent(old, cmd, b'{"n": 7}')  # after the list: its node dies, unseen
+        feed, presence, waiting, cmd = await _sent_after_the_last_list()
         # the device connects at another node of the region 3 s later; no close ever came
         new_at = int(time.time() * 1000) + 3000
-        await feed._apply(
-            _Event(
-                "connection.created",
-                {
-                    "x-received-from": [{"cluster-name": "local-us"}],
-                    "node": "rabbit@gw-b",
-                    "name": "p:9 -> b:1883",
-                    "protocol": "{'MQTT',\"3.1.1\"}",
-                    "variable_map": '#{<<"client_id">> => <<"pump-1">>}',
-                    "connected_at": new_at,
-                },
-            )  # type: ignore[arg-type]
-        )
-        new = presence.get("pump-1")
-        assert new is not None and new.connection == "p:9 -> b:1883", "the new session taken in"
-        parked = waiting.parking.for_device("pump-1")
-        assert [(p.topic, p.payload) for p in parked] == [(cmd.topic, b'{"n": 7}')], (
-            "the command sent to the displaced session waits for the device's next one"
-        )
+        event = created("pump-1", "local-us", "p:9 -> b:1883", new_at, node="rabbit@gw-b")
+        await feed._apply(_Event("connection.created", event))  # type: ignore[arg-type]
+        _taken_in_and_parked_again(presence, waiting, cmd)
 
     asyncio.run(scenario())
