@@ -114,8 +114,13 @@ def write_goals(out: dict[str, dict[str, Any]], quick: bool) -> None:
         progress(f"goals: {files[1]}")
 
 
-def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dict[str, dict[str, Any]]:
-    """Run the benchmarks on one federation; write each one's results/<name>-<stamp>.json and .md."""
+def run_suite(
+    names: Iterable[str] | None = None, *, quick: bool = False, ha_federation: LocalFederation | None = None
+) -> dict[str, dict[str, Any]]:
+    """Run the benchmarks on one federation; write each one's results/<name>-<stamp>.json and .md.
+
+    `ha_federation`: one of the HA profile already up, for the HA benchmark to measure rather
+    than boot its own (bench/ha_bench.run)."""
     chosen = choose(names)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
@@ -130,7 +135,8 @@ def run_suite(names: Iterable[str] | None = None, *, quick: bool = False) -> dic
             progress(f"{name} benchmark ({'quick' if quick else 'full'})")
             set_services(fed, **module.SERVICES)
             (workdir / name).mkdir()
-            results = module.run(fed, workdir / name, quick=quick)
+            extra = {"ha": ha_federation} if module is ha_bench else {}
+            results = module.run(fed, workdir / name, quick=quick, **extra)
             results["duration_s"] = round(time.monotonic() - started, 1)
             files = result_files(name)
             results["files"] = [str(f) for f in files]

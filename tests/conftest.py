@@ -94,14 +94,15 @@ def missing_postgres() -> str | None:
 #: collection order but for PLACE_IN_LANE; the lanes run side by side.  Most of a lane's time
 #: is waiting, not CPU (a run of three lanes kept two cores 68% busy), but two federations
 #: under fault at once overload two cores: the order within the lanes keeps the session
-#: federation's fault scenarios for after the HA profile's module.
+#: federation's fault scenarios for after the HA profile's scenarios.
 #: - "federation": every test of the session federation: the plain ones first, then Spark's,
-#:   then the fault scenarios (tests/chaos), by when the HA profile's module is done;
-#: - "ha": the HA profile's module (its own federation), then what starts engines of its own
-#:   on ports and addresses of its own: PowerDNS, a benchmark stopped, the cloud rehearsal,
-#:   `fedgate up` and `down` from nothing (test_up_down.py);
+#:   then the fault scenarios (tests/chaos), by when the HA profile's are done;
+#: - "ha": tests/ha on the HA profile's federation (the node-loss scenarios, then the HA
+#:   benchmark's quick run), then what starts engines of its own on ports and addresses of its
+#:   own: PowerDNS, a benchmark stopped, the cloud rehearsal, `fedgate up` and `down` from
+#:   nothing (test_up_down.py);
 #: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
-#:   (a federation of its own; its checks count rather than time);
+#:   but the HA one's (a federation of its own; its checks count rather than time);
 #: - "terraform": Terraform's AWS provider against moto (a provider's waiters sleep 10-60 s
 #:   between polls: the lane waits, it hardly computes).
 #: The Spark cluster's tests need no federation (a Kafka broker of their own) but run in the
@@ -110,7 +111,8 @@ def missing_postgres() -> str | None:
 #: the run's busiest third overrun (3 tests failed on time in one run, dozens in the next).
 LANES = ("federation", "ha", "unit", "terraform")
 OWN_ENGINES = {
-    "tests/chaos/test_ha_node_loss.py": "ha",
+    "tests/ha/test_ha_node_loss.py": "ha",
+    "tests/ha/test_ha_bench.py": "ha",
     "tests/integration/test_dns.py": "ha",
     "tests/integration/test_bench_stop.py": "ha",
     "tests/integration/test_up_down.py": "ha",

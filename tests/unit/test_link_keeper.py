@@ -1,6 +1,6 @@
 """The leader's watch over the federation links (router/link_keeper.py), against a fake
 management API; the real fault (RabbitMQ 4.0 losing a link's record) is in
-tests/chaos/test_ha_node_loss.py."""
+tests/ha/test_ha_node_loss.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """One node of a cluster dies while the rest carry on: the HA profile (FEDGATE_PROFILE=ha).
 
-Every test here shares one HA federation (module scope), Spark job included;
-`make test` runs this module in a lane of its own while the session
-federation's lane runs its plain tests, before its fault scenarios
-(tests/conftest.py LANES).  Each test has real devices publishing QoS 1
+Every test here shares the HA federation of tests/ha (tests/ha/conftest.py),
+Spark job included; `make test` runs this package in a lane of its own while
+the session federation's lane runs its plain tests, before its fault
+scenarios (tests/conftest.py LANES).  Each test has real devices publishing QoS 1
 readings on both gateways, kills one node with SIGKILL, keeps it down, and counts: sent
 (acknowledged by the gateway), in Kafka, in telemetry_raw, lost, duplicated,
 and the longest time Kafka took no record of theirs after the kill.  Lost
@@ -23,7 +23,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -39,43 +38,15 @@ from infra.local.nodes import Node
 from router.presence_feed import LISTING_LAG_S
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
 from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval
-from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation
-from tests.helpers import DeviceCredentials, _metrics, device, leader_url, record_counts, wait_present
+from tests.helpers import _metrics, device, leader_url, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.kafka]
 
-HA_PORT_BASE = TEST_PORT_BASE + 2000
 #: Seconds between one device's readings.  The HA federation is 16 processes on two cores,
 #: each reading replicated three times in RabbitMQ and in Kafka: at full speed (0.01) the
 #: machine is saturated and a SIGKILLed JVM took over 90 s to boot again on CI.  The claims
 #: here are about faults, not throughput: ~100 readings/s are in flight at every kill.
 HA_PUBLISH_INTERVAL = 0.04
-#: A node restarted after SIGKILL recovers its logs (Kafka) or its quorum members (RabbitMQ)
-#: under the devices' load: more than a clean boot's 90 s on a slow machine.
-HA_BOOT_TIMEOUT_S = 180.0
-
-
-@pytest.fixture(scope="module")
-def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
-    fed = make_federation(
-        tmp_path_factory.mktemp("ha-federation"),
-        HA_PORT_BASE,
-        profile="ha",
-        router=ROUTER_TABLE,
-        boot_timeout=HA_BOOT_TIMEOUT_S,
-    )
-    try:
-        fed.up()
-        yield fed
-    finally:
-        fed.down()
-        left = fed.leftover_pids()
-        assert not left, f"processes left behind by down: {left}"
-
-
-@pytest.fixture
-def ha_endpoints(ha_federation: LocalFederation) -> dict:
-    return {**ha_federation.endpoints(), "credentials": DeviceCredentials(ha_federation)}
 
 
 def _leading_broker(fed: LocalFederation, ep: dict) -> tuple[dict[int, int], int, Node]:

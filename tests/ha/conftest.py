@@ -1,0 +1,45 @@
+"""The HA profile's federation (FEDGATE_PROFILE=ha), one for every test of this package.
+
+Sixteen processes (three RabbitMQ nodes per cluster, three Kafka brokers, two routers,
+the Spark job) take two cores a minute to boot: the node-loss scenarios and the HA
+benchmark's quick run share one.  Package scope: it stops once the package's last test
+ran, not at the end of the session, since `make test` runs other tests in this lane after
+it (tests/conftest.py LANES)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from infra.local.driver import LocalFederation
+from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation
+from tests.helpers import DeviceCredentials
+
+HA_PORT_BASE = TEST_PORT_BASE + 2000
+#: A node restarted after SIGKILL recovers its logs (Kafka) or its quorum members (RabbitMQ)
+#: under the devices' load: more than a clean boot's 90 s on a slow machine.
+HA_BOOT_TIMEOUT_S = 180.0
+
+
+@pytest.fixture(scope="package")
+def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    fed = make_federation(
+        tmp_path_factory.mktemp("ha-federation"),
+        HA_PORT_BASE,
+        profile="ha",
+        router=ROUTER_TABLE,
+        boot_timeout=HA_BOOT_TIMEOUT_S,
+    )
+    try:
+        fed.up()
+        yield fed
+    finally:
+        fed.down()
+        left = fed.leftover_pids()
+        assert not left, f"processes left behind by down: {left}"
+
+
+@pytest.fixture
+def ha_endpoints(ha_federation: LocalFederation) -> dict:
+    return {**ha_federation.endpoints(), "credentials": DeviceCredentials(ha_federation)}

@@ -1,0 +1,50 @@
+"""`make bench BENCH=ha QUICK=1` runs end to end on the HA federation of these tests.
+
+The HA benchmark boots a federation of the HA profile of its own; here it
+measures the one the node-loss scenarios used (tests/ha/conftest.py), after
+them, so that the suite boots one HA federation, not two.  The single
+profile's side is the benchmarks' own federation, booted by the run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import ha_bench
+from bench.suite import run_suite
+from infra.local.driver import LocalFederation
+from tests.conftest import TEST_JVM_OPTIONS
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.mark.timeout(600)
+def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
+    ha_federation: LocalFederation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the single profile's block clear of `make up` (17000), `make bench` (19000, 21000), the
+    # quick benchmarks' (23000) and the federations of the lanes beside it (tests/conftest.py
+    # LANES): the session's (27000), test_lifecycle's (28000), this package's (29000)
+    monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "25000")
+    monkeypatch.setenv("FEDGATE_BENCH_JVM_OPTIONS", TEST_JVM_OPTIONS)  # its checks count, not time
+    results = run_suite(["ha"], quick=True, ha_federation=ha_federation)
+    assert list(results) == ["ha"]
+    r = results["ha"]
+    files = [Path(f) for f in r["files"]]
+    assert json.loads(files[0].read_text())["quick"] is True
+    assert files[1].read_text().startswith("# The HA profile's cost"), "the Markdown table"
+
+    for profile in ("single", "ha"):
+        p = r[profile]
+        assert [s["offered"] for s in p["steps"]] == [200, 400], profile
+        assert all(s["lost"] == 0 and s["acked"] > 0 for s in p["steps"]), f"{profile} lost readings"
+        assert p["downlink"]["received"] == p["downlink"]["sent"] > 0, f"{profile}: every command arrived"
+        assert p["rss_idle_mb"] > 0
+        assert p["steps"][0]["cpu_cores"]["gateway"] > 0, f"{profile}: the CPU each kind of node used"
+    assert r["ha"]["nodes"] > r["single"]["nodes"]
+    assert r["ratios"]["rss_idle_ha_vs_single"] > 1, "three nodes of each engine hold more memory than one"
+    md = ha_bench.to_markdown(r)
+    assert "| sustained QoS 1" in md and "was up before the benchmark" in md
