@@ -91,39 +91,46 @@ def missing_postgres() -> str | None:
 
 
 #: `make test`'s lanes, one pytest-xdist worker each.  A lane's tests run one at a time, in
-#: collection order but for PLACE_IN_LANE; the lanes run side by side.  Most of a lane's time
-#: is waiting, not CPU (a run of three lanes kept two cores 68% busy), but two federations
-#: under fault at once overload two cores: the order within the lanes keeps the session
-#: federation's fault scenarios for after the HA profile's scenarios.
+#: collection order but for PLACE_IN_LANE; the lanes run side by side.  The suite is CPU-bound
+#: (two cores ~1.8 busy), and two federations under fault at once overload them: the order
+#: within the lanes keeps the session federation's fault scenarios for after the HA profile's.
 #: - "federation": every test of the session federation: the plain ones first, then Spark's,
 #:   then the fault scenarios (tests/chaos), by when the HA profile's are done;
 #: - "ha": tests/ha on the HA profile's federation (the node-loss scenarios, then the HA
-#:   benchmark's quick run), then what starts engines of its own on ports and addresses of its
-#:   own: PowerDNS, a benchmark stopped, the cloud rehearsal, `fedgate up` and `down` from
-#:   nothing (test_up_down.py);
+#:   benchmark's quick run), then the cloud rehearsal (nodes in network namespaces);
 #: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
 #:   but the HA one's (a federation of its own; its checks count rather than time);
-#: - "terraform": Terraform's AWS provider against moto (a provider's waiters sleep 10-60 s
-#:   between polls: the lane waits, it hardly computes).
-#: The Spark cluster's tests need no federation (a Kafka broker of their own) but run in the
-#: federation's lane, after Spark's: five lanes (Terraform split in two, the cluster beside
-#: it) ran in 22:47 when the machine was fast, but when it was slow the extra lane's load made
-#: the run's busiest third overrun (3 tests failed on time in one run, dozens in the next).
-LANES = ("federation", "ha", "unit", "terraform")
+#: - "terraform" and "terraform-2": Terraform's AWS provider against moto (its waiters sleep
+#:   10-60 s between polls: these lanes wait, they hardly compute), split in two
+#:   (TERRAFORM_2), each then running what starts engines of its own: the Spark cluster's
+#:   tests (a standalone cluster and a Kafka broker of their own, ~5 min) after the first;
+#:   PowerDNS, a benchmark stopped, `fedgate up` and `down` from nothing after the second.
+#: Four lanes (Terraform in one, the Spark cluster after Spark's tests in the federation's)
+#: took 25:48 on 2026-11-29 (r15), the federation's lane the longest (25.6 min; the others
+#: 17.8-20.0).
+LANES = ("federation", "ha", "unit", "terraform", "terraform-2")
+#: The Terraform files of the second Terraform lane (~9 of the ~20 min of their waits).
+TERRAFORM_2 = {
+    "tests/unit/cloud/test_backend_routers.py",
+    "tests/unit/cloud/test_fedgate_service.py",
+    "tests/unit/cloud/test_route53_and_regions.py",
+    "tests/unit/cloud/test_terraform_apply_moto.py",
+    "tests/unit/cloud/test_terraform_modules.py",
+}
 OWN_ENGINES = {
     "tests/ha/test_ha_node_loss.py": "ha",
     "tests/ha/test_ha_bench.py": "ha",
-    "tests/integration/test_dns.py": "ha",
-    "tests/integration/test_bench_stop.py": "ha",
-    "tests/integration/test_up_down.py": "ha",
     "tests/integration/test_cloud_rehearsal.py": "ha",
     "tests/integration/test_bench.py": "unit",
+    "tests/integration/test_spark_cluster.py": "terraform",
+    "tests/integration/test_dns.py": "terraform-2",
+    "tests/integration/test_bench_stop.py": "terraform-2",
+    "tests/integration/test_up_down.py": "terraform-2",
 }
 #: Where a file runs within its lane (0: in collection order; tests/chaos 2, place_in_lane):
 #: OWN_ENGINES in its order, after the unit tests in theirs.
 PLACE_IN_LANE = {
     "tests/integration/test_spark.py": 1,
-    "tests/integration/test_spark_cluster.py": 1,
     **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
 }
 
@@ -131,7 +138,7 @@ PLACE_IN_LANE = {
 def lane_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/unit/cloud/"):
-        return "terraform"
+        return "terraform-2" if path in TERRAFORM_2 else "terraform"
     if path.startswith("tests/unit/"):
         return "unit"
     return OWN_ENGINES.get(path, "federation")
