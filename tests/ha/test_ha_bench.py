@@ -41,7 +41,9 @@ def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
         p = r[profile]
         assert [s["offered"] for s in p["steps"]] == [200, 400], profile
         assert all(s["lost"] == 0 and s["acked"] > 0 for s in p["steps"]), f"{profile} lost readings"
-        assert p["downlink"]["received"] == p["downlink"]["sent"] > 0, f"{profile}: every command arrived"
+        d = p["downlink"]
+        # at least once: a command may come twice (the received count has the copies)
+        assert d["lost"] == 0 and d["received"] - d["duplicated"] == d["sent"] > 0, f"{profile}: {d}"
         assert p["rss_idle_mb"] > 0
         assert p["steps"][0]["cpu_cores"]["gateway"] > 0, f"{profile}: the CPU each kind of node used"
     assert r["ha"]["nodes"] > r["single"]["nodes"]
