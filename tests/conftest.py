@@ -200,21 +200,12 @@ def release_override() -> dict[str, str]:
     return {"rabbitmq_release": release} if release else {}
 
 
-#: The test federations' Spark jobs batch every 4 s rather than every 2 (the default): most of
-#: a micro-batch's CPU is fixed (its Iceberg MERGE and commit, ~1 CPU s), and the session's and
-#: the HA profile's jobs run beside devices that publish for most of the run (0.22 and 0.15
-#: cores at 2 s in r15).  What the tests check -- each reading a row, once -- holds at any
-#: trigger; freshness at the default is the benchmarks' to measure (bench/spark_bench.py).
-TEST_SPARK_TRIGGER_S = 4.0
-
-
 def make_federation(state_dir: Path, port_base: int, **overrides: object) -> LocalFederation:
-    defaults = {
+    jvm = {
         "kafka_opts": os.environ["FEDGATE_KAFKA_OPTS"],
         "spark_java_options": os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],
-        "spark_trigger_s": TEST_SPARK_TRIGGER_S,
     }
-    overrides = {**release_override(), **defaults, **overrides}
+    overrides = {**release_override(), **jvm, **overrides}
     settings = load_settings(env={}, state_dir=state_dir, port_base=port_base, **overrides)
     return LocalFederation(settings, progress=lambda msg: print(f"[federation] {msg}", flush=True))
 
