@@ -13,6 +13,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,18 @@ def make_federation(state_dir: Path, port_base: int, **overrides: object) -> Loc
     return LocalFederation(settings, progress=lambda msg: print(f"[federation] {msg}", flush=True))
 
 
+@contextmanager
+def running(fed: LocalFederation) -> Iterator[LocalFederation]:
+    """`fed` up for the block, then down, with none of its processes left behind."""
+    try:
+        fed.up()
+        yield fed
+    finally:
+        fed.down()
+        left = fed.leftover_pids()
+        assert not left, f"processes left behind by down: {left}"
+
+
 @pytest.fixture(scope="session")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
     fed = make_federation(
@@ -222,13 +235,8 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         # 10 s while the tests send was the session job's largest cost
         spark_compact_interval_s=300,
     )
-    try:
-        fed.up()
+    with running(fed):
         yield fed
-    finally:
-        fed.down()
-        left = fed.leftover_pids()
-        assert not left, f"processes left behind by down: {left}"
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from infra.local.driver import LocalFederation
-from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation
+from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation, running
 from tests.helpers import DeviceCredentials
 
 HA_PORT_BASE = TEST_PORT_BASE + 2000
@@ -31,13 +31,8 @@ def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFed
         router=ROUTER_TABLE,
         boot_timeout=HA_BOOT_TIMEOUT_S,
     )
-    try:
-        fed.up()
+    with running(fed):
         yield fed
-    finally:
-        fed.down()
-        left = fed.leftover_pids()
-        assert not left, f"processes left behind by down: {left}"
 
 
 @pytest.fixture
