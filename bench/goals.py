@@ -90,6 +90,17 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 _div(0.25, abs(check["error"])) if check.get("error") else (1.0 if check else None),
             )
         )
+    cost = results.get("cost")
+    for g in (cost or {}).get("goals", []):
+        rows.append(
+            _row(
+                f"the whole federation's CPU at {g['rate']}/s, warm (gateway, backend, routers, Kafka)",
+                f"<= {g['goal_cores']} cores",
+                f"{g['fedgate_cores']} cores, {g['fedgate_us']} µs a reading (baseline: "
+                f"{g['baseline_cores']} cores, {g['baseline_us']} µs)",
+                g["ratio_to_goal"],
+            )
+        )
     router = results.get("router")
     if router is not None:
         rate = router.get("router_bridged_per_s")

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import army_bench, goals, ha_bench, router_bench, scale_bench, spark_bench
+from bench import army_bench, cost_bench, goals, ha_bench, router_bench, scale_bench, spark_bench
 from bench.router_bench import progress
 from infra.local.driver import LocalFederation
 from infra.local.nodes import ROLE_ROUTER, ROLE_SPARK
@@ -33,6 +33,7 @@ from infra.local.settings import PROJECT_ROOT, load_settings
 BENCHMARKS: dict[str, ModuleType] = {
     "spark": spark_bench,
     "router": router_bench,
+    "cost": cost_bench,
     "army": army_bench,
     "scale": scale_bench,
     # last: it boots a federation of the HA profile of its own beside this one

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import army_bench, router_bench, scale_bench, spark_bench
+from bench import army_bench, cost_bench, router_bench, scale_bench, spark_bench
 from bench.suite import run_suite
 from tests.conftest import TEST_JVM_OPTIONS
 
@@ -27,8 +27,8 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     # (27000), test_lifecycle's (28000), the HA profile's (29000); below the ephemeral ports
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "23000")
     monkeypatch.setenv("FEDGATE_BENCH_JVM_OPTIONS", TEST_JVM_OPTIONS)  # its checks count, not time
-    results = run_suite(["spark", "router", "army", "scale"], quick=True)
-    assert list(results) == ["spark", "router", "army", "scale"]
+    results = run_suite(["spark", "router", "cost", "army", "scale"], quick=True)
+    assert list(results) == ["spark", "router", "cost", "army", "scale"]
     for name, r in results.items():
         files = [Path(f) for f in r["files"]]
         assert json.loads(files[0].read_text())["quick"] is True, name
@@ -63,6 +63,20 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert r["router_profile_top"], "the profiled run says where the time goes"
     md = router_bench.to_markdown(r)
     assert "fedgate router" in md and "| direct |" in md
+
+    # cost: each part's cores at one step, fedgate and the baseline, and the idle federation's
+    r = results["cost"]
+    for name, parts in {
+        "fedgate": ("gateway", "backend", "routers", "kafka"),
+        "baseline": ("mosquitto", "bridge"),
+    }.items():
+        (step,) = r[name]["steps"]
+        assert step["lost"] == 0 and step["acked"] > 0, f"{name} lost acknowledged readings"
+        assert all(step["cpu_cores"][p] > 0 for p in parts), f"{name}: every part's CPU measured"
+        assert step["system_us_per_reading"] > 0
+        assert set(r[name]["idle_cores"]) >= set(parts), f"{name}: the idle cost, part by part"
+    assert r["goals"] == [], "the quick run's 200/s is no goal's rate"
+    assert "| idle |" in cost_bench.to_markdown(r)
 
     # army: the routers are back for it
     r = results["army"]

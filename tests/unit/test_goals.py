@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import cost_bench
 from bench.goals import goals, to_markdown
 
 
@@ -54,3 +55,21 @@ def test_a_ceiling_the_army_set_is_not_the_baselines_and_an_unmeasured_figure_is
     assert "router" not in rows, "the router benchmark did not run"
     md = to_markdown(list(rows.values()), quick=False)
     assert "| fedgate's p99 at 2000/s | <= 25 ms | not measured | None | not measured |" in md
+
+
+def cost_step(rate: int, cores: float, lost: int = 0) -> dict[str, Any]:
+    return {"offered": rate, "system_cores": cores, "system_us_per_reading": cores * 1e6 / rate, "lost": lost}
+
+
+def test_the_federations_cpu_per_rate_is_held_to_its_goal_beside_the_baseline():
+    r = {
+        "fedgate": {"steps": [cost_step(500, 0.7), cost_step(2000, 0.5)]},
+        "baseline": {"steps": [cost_step(500, 0.35), cost_step(2000, 0.6)]},
+    }
+    g = {row["rate"]: row for row in cost_bench.goal_rows(r)}
+    assert g[500]["ratio_to_goal"] == 0.5 and g[500]["ratio_to_baseline"] == 0.5, "0.35 of 0.7 cores"
+    assert g[2000]["ratio_to_goal"] == 1.2 and g[2000]["fedgate_us"] == 250.0
+    rows = by_goal(goals({"cost": {"goals": list(g.values())}}))
+    at500 = rows["the whole federation's CPU at 500/s"]
+    assert at500["met"] is False and "baseline: 0.35 cores" in at500["measured"]
+    assert rows["the whole federation's CPU at 2000/s"]["met"] is True
