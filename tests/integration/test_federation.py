@@ -139,7 +139,9 @@ def test_devices_need_credentials(endpoints):
         "device",
         "wrong",
     )
-    with pytest.raises(DeviceError, match="refused|no CONNACK"):
+    # refused with its CONNACK's code, or (seen under load) the socket closed before the client
+    # read that CONNACK: either way the intruder never gets a session
+    with pytest.raises(DeviceError, match="refused|no CONNACK|closed before its CONNACK"):
         d.connect(timeout=5)
 
 
