@@ -3,11 +3,11 @@ to a standalone master and a worker that this module starts (pyspark's own Spark
 a Kafka broker of its own (one broker, SASL_SSL as MSK offers it), not the session
 federation's.
 
-What a user checks: the job runs as an application of the cluster (its executor on the
-worker, not in the driver), every record becomes a row once and is counted in the
-aggregates, and SIGTERM ends it cleanly; with its warehouse and checkpoints on S3 (moto's
-S3 server, reached through Hadoop's s3a as AWS would be), a job killed in the middle of a
-batch and submitted again leaves every table complete, without duplicates.
+What a user checks, in the cloud's shape (warehouse and checkpoints on S3 -- moto's S3
+server, reached through Hadoop's s3a as AWS would be -- the catalog in PostgreSQL, Kafka over
+SASL_SSL): the job runs as an application of the cluster (its executor on the worker, not in
+the driver); killed in the middle of a batch and submitted again, it leaves every table
+complete, each record one row counted once; SIGTERM ends it cleanly.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import psycopg2
 import pytest
 
 from backend.polling import wait_until
-from bench.spark_bench import BACKLOG_PREFIX, produce_records
 from infra.cloud.rehearsal.services import RehearsalKafka
 from infra.local.postgres import PostgresServer
 from infra.local.settings import load_settings
@@ -46,7 +45,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 SPARK_BIN = Path(__import__("pyspark").__file__).resolve().parent / "bin"
 #: the cluster's ports: after the federation's own (infra/local/layout.py), before its gateways'
 PORTS = TEST_PORT_BASE + 90
-RECORDS = 2000
 
 
 @dataclass
@@ -224,60 +222,6 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RehearsalKafka]:
         node.stop(30)
 
 
-def test_the_packaged_job_runs_on_a_standalone_cluster(kafka, cluster, tmp_path, uid):
-    """Tried: 2,000 bridge records into a topic of the job's own, the job submitted to the
-    cluster with its package, reading Kafka as on MSK: over TLS with SASL/SCRAM (the local
-    Kafka's SASL_SSL listener, the local CA); then SIGTERM to its driver."""
-    bootstrap = kafka.bootstrap
-    topic = f"cluster.telemetry-{uid}"
-    ensure_topics(bootstrap, [topic], 2, 1)
-    security = kafka.security
-    toml = _job_config(
-        cluster,
-        kafka.sasl_bootstrap,
-        topic,
-        tmp_path,
-        kafka_security_protocol=security.protocol,
-        kafka_sasl_mechanism=security.sasl_mechanism,
-        kafka_sasl_username=security.username,
-        kafka_sasl_password=security.password,
-        kafka_ca_file=security.ca_file,
-    )
-    settings = SparkSettings.load(toml)
-    submit = _submit(cluster, toml, tmp_path / "submit.log")
-    try:
-        produce_records(bootstrap, topic, RECORDS)
-        rows = counted = 0
-        apps: list = []
-
-        def counted_or_ended() -> bool:
-            nonlocal rows, counted, apps
-            if submit.poll() is not None:
-                return True
-            apps = apps or [a for a in cluster.state().get("activeapps", []) if a["name"] == "fedgate-tables"]
-            rows, _, counted = _tables(settings, BACKLOG_PREFIX)
-            return rows >= RECORDS and counted >= RECORDS
-
-        wait_until(counted_or_ended, 240, 3)
-        print(f"cluster job: {rows} rows, {counted} counted in device_minute; app {apps[:1]}")
-        assert submit.poll() is None, (
-            f"spark-submit ended early: {(tmp_path / 'submit.log').read_text()[-3000:]}"
-        )
-        assert apps and apps[0]["cores"] >= 1, (
-            "the job ran as an application of the cluster, with executor cores"
-        )
-        assert (rows, counted) == (RECORDS, RECORDS), "every record a row, counted once"
-
-        driver = _driver_pid(submit)
-        assert driver is not None, "spark-submit runs the Python driver as its child"
-        os.kill(driver, signal.SIGTERM)
-        assert submit.wait(90) == 0, "SIGTERM ends the job cleanly (exit 0)"
-        finished = [a for a in cluster.state().get("completedapps", []) if a["name"] == "fedgate-tables"]
-        assert finished, "the cluster lists the job as finished"
-    finally:
-        _end(submit)
-
-
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
     """moto's S3 server on loopback, with a bucket for the warehouse: its endpoint URL."""
@@ -323,14 +267,18 @@ def catalog_db() -> Iterator[PostgresServer]:
 
 @pytest.mark.postgres
 @pytest.mark.timeout(900)  # two submits (three when a kill comes between batches) of a cold job
-def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
+def test_the_packaged_job_on_a_cluster_killed_mid_batch_leaves_complete_tables_on_s3(
     kafka, cluster, s3, catalog_db, tmp_path, uid, monkeypatch
 ):
-    """Tried: the job on the cluster with its warehouse and checkpoints in an S3 bucket and
-    its catalog in PostgreSQL (the cloud's shape: S3 and RDS), a backlog of 3,000 readings
-    in batches of 400; SIGKILL to spark-submit and its driver while a batch is in flight
-    (its offsets written to the checkpoint, its commit not), 1,000 of the readings produced
-    again, the job submitted again."""
+    """Tried: the packaged job submitted to the cluster in the cloud's shape -- its warehouse
+    and checkpoints in an S3 bucket, its catalog in PostgreSQL (S3 and RDS), Kafka read as on
+    MSK: over TLS with SASL/SCRAM (the local Kafka's SASL_SSL listener, the local CA) -- a
+    backlog of 3,000 readings in batches of 400; SIGKILL to spark-submit and its driver while
+    a batch is in flight (its offsets written to the checkpoint, its commit not), 1,000 of the
+    readings produced again, the job submitted again; then SIGTERM to its driver.
+
+    One test rather than two (the job on the cluster, then killed on S3): each submit of a
+    cold job costs a driver and an executor JVM, ~1.5 min of a loaded machine."""
     for key, value in S3_ENV.items():
         monkeypatch.setenv(key, value)  # this process reads the tables from S3 too (pyarrow)
     bootstrap = kafka.bootstrap
@@ -339,11 +287,17 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     bucket = f"fedgate-{uid}".lower()
     client = _s3_client(s3)
     client.create_bucket(Bucket=bucket)
+    security = kafka.security
     toml = _job_config(
         cluster,
-        bootstrap,
+        kafka.sasl_bootstrap,
         topic,
         tmp_path,
+        kafka_security_protocol=security.protocol,
+        kafka_sasl_mechanism=security.sasl_mechanism,
+        kafka_sasl_username=security.username,
+        kafka_sasl_password=security.password,
+        kafka_ca_file=security.ca_file,
         warehouse=f"s3a://{bucket}/warehouse",
         # the catalog is a database every job and reader reaches: PostgreSQL, as on RDS
         catalog_uri=catalog_db.jdbc_uri,
@@ -391,22 +345,37 @@ def test_a_job_killed_mid_batch_on_s3_leaves_complete_tables_without_duplicates(
     submit = _submit(cluster, toml, tmp_path / "submit-again.log")
     try:
         rows = ids = counted = 0
+        apps: list = []
 
         def counted_or_ended() -> bool:
-            nonlocal rows, ids, counted
+            nonlocal rows, ids, counted, apps
             if submit.poll() is not None:
                 return True
+            apps = apps or [a for a in cluster.state().get("activeapps", []) if a["name"] == "fedgate-tables"]
             rows, ids, counted = _tables(settings, dev)
             return rows >= 3000 and counted >= 3000
 
         wait_until(counted_or_ended, 360, 2)  # a cold submit again: on a loaded run 240 s were not enough
         print(
             f"S3 job killed with batch {killed_mid_batch} in flight ({rows_at_kill} rows landed); "
-            f"after the restart: {rows} rows, {ids} message ids, {counted} counted"
+            f"after the restart: {rows} rows, {ids} message ids, {counted} counted; app {apps[:1]}"
+        )
+        assert submit.poll() is None, (
+            f"spark-submit ended early: {(tmp_path / 'submit-again.log').read_text()[-3000:]}"
         )
         assert (rows, ids, counted) == (3000, 3000, 3000), (
             "4,000 records of 3,000 readings, the job killed mid-batch: each reading one row, counted once"
         )
+        assert apps and apps[0]["cores"] >= 1, (
+            "the job ran as an application of the cluster, with executor cores"
+        )
+
+        driver = _driver_pid(submit)
+        assert driver is not None, "spark-submit runs the Python driver as its child"
+        os.kill(driver, signal.SIGTERM)
+        assert submit.wait(90) == 0, "SIGTERM ends the job cleanly (exit 0)"
+        finished = [a for a in cluster.state().get("completedapps", []) if a["name"] == "fedgate-tables"]
+        assert finished, "the cluster lists the job as finished"
     finally:
         _end(submit)
     data = _keys(client, bucket, "warehouse/telemetry/telemetry_raw/data/")
