@@ -20,6 +20,12 @@ from fedgate.devices import SimDevice
 from fedgate.dns_resolver import resolver_for
 from infra.local.driver import LocalFederation
 
+#: What a device that the gateway will not let in is told (fedgate.devices.SimDevice.connect):
+#: refused with the CONNACK's code, no CONNACK in time, or -- seen under load in full runs --
+#: the socket closed by the gateway before the client read the CONNACK.  Either way it never
+#: gets a session.
+REFUSED = "refused|no CONNACK|closed before its CONNACK"
+
 
 class DeviceCredentials:
     """Secrets of the devices the tests use, registered on first use (`fedgate devices add`)."""
