@@ -12,9 +12,13 @@ from typing import Any
 
 #: fedgate's p99 at this offered rate is held to P99_TARGET_MS.
 P99_AT = 2000
-P99_TARGET_MS = 25.0
+P99_TARGET_MS = 50.0
+#: QoS 1 readings/s carried with nothing lost and a p99 under 2 s, the army on this machine.
+SUSTAINED_PER_S = 8_000.0
 GATEWAY_KB_PER_DEVICE = 30.0
 ROUTER_MSGS_PER_S = 30_000.0
+#: devices connected to one region at once (`BENCH=scale`).
+SCALE_DEVICES = 100_000
 
 
 def _row(goal: str, target: str, measured: Any, ratio: float | None) -> dict[str, Any]:
@@ -42,6 +46,14 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "a step the army offered in full that the baseline did not carry",
                 f"{b.get('ceiling')} ({b.get('ceiling_offered')}/s)",
                 1.0 if b.get("ceiling") == "target" else 0.0,
+            )
+        )
+        rows.append(
+            _row(
+                "sustained QoS 1 rate, nothing lost",
+                f">= {SUSTAINED_PER_S:,.0f}/s",
+                f"{f.get('sustained_per_s')}/s",
+                _div(f.get("sustained_per_s"), SUSTAINED_PER_S),
             )
         )
         rows.append(
@@ -110,6 +122,19 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f">= {ROUTER_MSGS_PER_S:,.0f}",
                 f"{rate}/s",
                 _div(rate, ROUTER_MSGS_PER_S),
+            )
+        )
+    scale = results.get("scale")
+    if scale is not None:
+        held = scale.get("held") or {}
+        uplink = held.get("uplink") or {}
+        rows.append(
+            _row(
+                "devices connected to one region at once, every reading counted in Kafka",
+                f">= {SCALE_DEVICES:,}",
+                f"{held.get('held')} held of {scale.get('devices_wanted')} "
+                f"({held.get('connect_per_s')} connects/s; readings lost {uplink.get('lost')})",
+                _div(held.get("held"), SCALE_DEVICES) if not uplink.get("lost") else 0.0,
             )
         )
     return rows

@@ -286,7 +286,7 @@ class LocalFederation:
         return wiring.link_endpoint(self.settings, self.tls_dir, node)
 
     def link_states(self) -> dict[str, list[tuple[str, str]]]:
-        """Federation links per RabbitMQ node: (upstream/exchange, status)."""
+        """Federation links per RabbitMQ cluster, keyed by its first node: (link, status)."""
         return wiring.link_states(self.nodes())
 
     def wait_for_links(self, timeout: float = 60) -> None:

@@ -128,30 +128,40 @@ def wait_for_cluster(first: RabbitNode, members: list[str], progress: Callable[[
 
 
 def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
-    """Federation links per RabbitMQ node: (upstream/exchange, status)."""
+    """Federation links per RabbitMQ cluster, keyed by its first node's name:
+    (upstream:exchange@node that runs it, status).  A cluster's management API lists the links
+    of all its nodes, so each cluster is asked once, through its first node, or the next member
+    when that one does not answer (a node just restarted can refuse or time out for a while)."""
     out: dict[str, list[tuple[str, str]]] = {}
+    firsts = {BACKEND_NODE} | {m[0].name for m in gateway_clusters(n.spec for n in nodes).values()}
     for n in nodes:
-        if isinstance(n, RabbitNode):
-            try:
-                links = n.admin(timeout=3).federation_links()
-            except AdminError:
-                links = []
-            out[n.name] = [
-                (
-                    f"{lk.get('upstream')}:{lk.get('upstream_exchange') or lk.get('exchange')}",
-                    lk.get("status", "?"),
-                )
-                for lk in links
-            ]
+        if not isinstance(n, RabbitNode) or n.name not in firsts:
+            continue
+        try:
+            links = n.cluster_admin(timeout=5).federation_links()
+        except AdminError as e:
+            # the cause belongs in a timeout's message: a cluster that does not answer and
+            # one that lists no link are two different faults
+            out[n.name] = [(f"no answer: {e}", "unknown")]
+            continue
+        out[n.name] = [
+            (
+                f"{lk.get('upstream')}:{lk.get('upstream_exchange') or lk.get('exchange')}"
+                f"@{str(lk.get('node', '?')).split('@')[0]}",
+                lk.get("status", "?"),
+            )
+            for lk in links
+        ]
     return out
 
 
 def wait_for_links(nodes: list[Node], timeout: float = 60) -> None:
     """Block until every federation link is running: 2 per region on the backend, 1 on each
-    region's gateways (a cluster's management API lists the links of all its nodes: asked once)."""
+    region's gateways."""
     gateways = [members[0].name for members in gateway_clusters(n.spec for n in nodes).values()]
     want = {BACKEND_NODE: 2 * len(gateways), **dict.fromkeys(gateways, 1)}
     missing: dict[str, str] = {}
+    last_states: dict[str, list[tuple[str, str]]] = {}
 
     def all_running() -> bool:
         nonlocal missing
@@ -161,7 +171,11 @@ def wait_for_links(nodes: list[Node], timeout: float = 60) -> None:
             for node, n in want.items()
             if sum(1 for _, s in states.get(node, []) if s == "running") < n
         }
+        last_states.update(states)
         return not missing
 
     if not wait_until(all_running, timeout, 0.25):
-        raise TimeoutError(f"federation links not running after {timeout:.0f}s: {missing}")
+        raise TimeoutError(
+            f"federation links not running after {timeout:.0f}s: {missing}"
+            f" (links listed: { {n: last_states.get(n) for n in missing} })"
+        )
