@@ -341,13 +341,6 @@ class RabbitNode(Node):
         url = f"http://{self.host}:{self.spec.ports['management']}"
         return RabbitAdmin(url, ADMIN_USER, self.secrets["admin"], timeout=timeout)
 
-    def cluster_admin(self, timeout: float = 10.0) -> RabbitAdmin:
-        """The management API of this node's cluster: this node first, the next member when it
-        does not answer (as the router and `fedgate status` ask a cluster)."""
-        members = [self.spec, *(m for m in self.cluster_members() if m.name != self.name)]
-        urls = [f"http://{self.host}:{m.ports['management']}" for m in members]
-        return RabbitAdmin(urls, ADMIN_USER, self.secrets["admin"], timeout=timeout)
-
     def preflight(self) -> None:
         check_runtime(self.settings, self.name)
         super().preflight()

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from backend import region_registry
+from backend.contract import ADMIN_USER
 from backend.devices import device_users
 from backend.polling import wait_until
-from backend.rabbitmq_admin import AdminError
+from backend.rabbitmq_admin import AdminError, RabbitAdmin
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 from infra.device_registry import DeviceRegistry
@@ -127,6 +128,14 @@ def wait_for_cluster(first: RabbitNode, members: list[str], progress: Callable[[
     progress(f"{first.name}: a cluster of {len(want)} running nodes")
 
 
+def cluster_admin(node: RabbitNode, timeout: float = 10.0) -> RabbitAdmin:
+    """The management API of `node`'s cluster: that node first, the next member when it does
+    not answer (as the router and `fedgate status` ask a cluster)."""
+    members = [node.spec, *(m for m in node.cluster_members() if m.name != node.name)]
+    urls = [f"http://{node.host}:{m.ports['management']}" for m in members]
+    return RabbitAdmin(urls, ADMIN_USER, node.secrets["admin"], timeout=timeout)
+
+
 def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
     """Federation links per RabbitMQ cluster, keyed by its first node's name:
     (upstream:exchange@node that runs it, status).  A cluster's management API lists the links
@@ -138,7 +147,7 @@ def link_states(nodes: list[Node]) -> dict[str, list[tuple[str, str]]]:
         if not isinstance(n, RabbitNode) or n.name not in firsts:
             continue
         try:
-            links = n.cluster_admin(timeout=5).federation_links()
+            links = cluster_admin(n, timeout=5).federation_links()
         except AdminError as e:
             # the cause belongs in a timeout's message: a cluster that does not answer and
             # one that lists no link are two different faults
