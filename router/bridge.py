@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import aiormq.abc
 from aiormq.abc import DeliveredMessage
 from confluent_kafka import KafkaError, Message
 
 from backend import contract as c
+from backend import uplink_batch
 from backend.polling import await_until
 from gateways import mqtt_plugin
 from router.kafka import AsyncProducer
@@ -53,6 +56,9 @@ from router.uplink_acks import CoalescedAcks
 from router.uplink_connection import UplinkConnection
 
 log = logging.getLogger(__name__)
+
+#: called once with whether a reading's record is stored (Kafka's report, or its dead-letter's)
+Settle = Callable[[bool], None]
 
 
 #: How long a shutdown waits for the last acks to be written.
@@ -141,7 +147,9 @@ class UplinkBridge(Lifecycle):
 
     # --- per message -------------------------------------------------------------
 
-    def route(self, message: DeliveredMessage) -> tuple[str, str | None, list[tuple[str, bytes]]]:
+    def route(
+        self, message: DeliveredMessage | BatchedReading
+    ) -> tuple[str, str | None, list[tuple[str, bytes]]]:
         """(Kafka topic, key, headers) for a message; raises Poison."""
         props = message.header.properties
         region = c.region_from_headers(props.headers) or ""
@@ -184,6 +192,40 @@ class UplinkBridge(Lifecycle):
         channel = message.channel
         if channel.is_closed:
             return  # its channel closed before this delivery ran: RabbitMQ redelivers it
+        tag = self.acks.track(channel, message.delivery_tag)
+        if message.header.properties.content_type != uplink_batch.BATCH_CONTENT_TYPE:
+            self._bridge(message, lambda ok: self.acks.settled(channel, tag, message, ok=ok))
+            return
+        try:
+            readings = [BatchedReading(r, message) for r in uplink_batch.decode(message.body)]
+        except uplink_batch.MalformedBatch as e:
+            self.metrics.inc("fedgate_router_batches_malformed_total")
+            self._deadletter(
+                message,
+                f"malformed uplink batch: {e}",
+                lambda ok: self.acks.settled(channel, tag, message, ok=ok),
+            )
+            return
+        self.metrics.inc("fedgate_router_batches_total")
+        # the batch is acked once every reading's record is in Kafka (or dead-lettered); one
+        # that is not goes back to RabbitMQ whole, and the readings already stored are duplicates
+        left, all_ok = len(readings), True
+
+        def settle(ok: bool) -> None:
+            nonlocal left, all_ok
+            left -= 1
+            all_ok = all_ok and ok
+            if not left:
+                self.acks.settled(channel, tag, message, ok=all_ok)
+
+        if not readings:
+            self.acks.settled(channel, tag, message, ok=True)
+        for reading in readings:
+            self._bridge(reading, settle)
+
+    def _bridge(self, message: DeliveredMessage | BatchedReading, settle: Settle) -> None:
+        """Produce one reading; `settle(ok)` once Kafka stored its record (or its dead-letter
+        record), or not (back to RabbitMQ)."""
         try:
             topic, key, headers = self.route(message)
             counter = BRIDGED
@@ -194,30 +236,27 @@ class UplinkBridge(Lifecycle):
         started = time.monotonic()
         self.inflight += 1
 
-        tag = self.acks.track(channel, message.delivery_tag)
-
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.inflight -= 1
             if err is not None:
                 log.error("Kafka refused a record for %s: %s", topic, err)
                 self.metrics.inc("fedgate_router_kafka_errors_total")
                 if refused_for_good(err) and topic != self.settings.deadletter_topic:
-                    self._send_alone(channel, tag, message, topic, key, headers, counter, started)
+                    self._send_alone(message, settle, topic, key, headers, counter, started)
                     return
                 # a fatal producer error (message.timeout.ms=0: nothing else ends here):
                 # back to RabbitMQ rather than lost (fedgate.poison after 20 times)
             else:
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
                 self.metrics.inc(counter, topic=topic)
-            self.acks.settled(channel, tag, message, ok=err is None)
+            settle(err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
 
     def _send_alone(
         self,
-        channel: object,
-        tag: int,
-        message: DeliveredMessage,
+        message: DeliveredMessage | BatchedReading,
+        settle: Settle,
         topic: str,
         key: str | None,
         headers: list[tuple[str, bytes]],
@@ -234,36 +273,50 @@ class UplinkBridge(Lifecycle):
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
                 self.metrics.inc(counter, topic=topic)
             elif refused_for_good(err):
-                self._deadletter_refused(channel, tag, message, topic, err)
+                # larger than the topic takes, invalid: to the dead-letter topic with the
+                # reason, settled once that is stored; before, it went back to RabbitMQ for ever
+                self._deadletter(
+                    message, f"Kafka refused the record for {topic}: {err.name()} ({err.str()})", settle
+                )
                 return
             else:
                 log.error("Kafka refused a record sent alone for %s: %s", topic, err)
-            self.acks.settled(channel, tag, message, ok=err is None)
+            settle(err is None)
 
         self.alone.produce(topic, message.body, key, headers, answered)
 
-    def _deadletter_refused(
-        self, channel: object, tag: int, message: DeliveredMessage, topic: str, err: KafkaError
-    ) -> None:
-        """A record Kafka refused for good, alone (larger than the topic takes, invalid), goes to the
-        dead-letter topic with the reason, and the message is acked once that is stored;
-        before, it went back to RabbitMQ again and again."""
-        headers = deadletter_headers(
-            message, f"Kafka refused the record for {topic}: {err.name()} ({err.str()})"
-        )
+    def _deadletter(self, message: DeliveredMessage | BatchedReading, reason: str, settle: Settle) -> None:
+        """`message` to the dead-letter topic with `reason`; settled once that is stored."""
+        headers = deadletter_headers(message, reason)
         self.inflight += 1
 
         def stored(err: KafkaError | None, msg: Message) -> None:
             self.inflight -= 1
             if err is None:
                 self.metrics.inc(DEADLETTERED, topic=self.settings.deadletter_topic)
-            self.acks.settled(channel, tag, message, ok=err is None)
+            settle(err is None)
 
         self.producer.produce(self.settings.deadletter_topic, message.body, None, headers, stored)
 
     async def drain_acks(self) -> None:
         """Send the acks still queued (shutdown)."""
         await self.acks.drain(SHUTDOWN_ACK_TIMEOUT_S)
+
+
+class BatchedReading:
+    """A reading of an uplink batch, shaped as route() reads a delivery: its own routing key,
+    body and properties, with the batch's hop header (`x-received-from`: the region)."""
+
+    __slots__ = ("routing_key", "body", "header")
+
+    def __init__(self, reading: uplink_batch.Reading, batch: DeliveredMessage):
+        props = reading.properties
+        hops = (batch.header.properties.headers or {}).get(c.RECEIVED_FROM_HEADER)
+        if hops is not None:
+            props.headers = {**(props.headers or {}), c.RECEIVED_FROM_HEADER: hops}
+        self.routing_key = reading.routing_key
+        self.body = reading.body
+        self.header = SimpleNamespace(properties=props)
 
 
 def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
@@ -278,7 +331,7 @@ def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
     return out
 
 
-def deadletter_headers(message: DeliveredMessage, reason: str) -> list[tuple[str, bytes]]:
+def deadletter_headers(message: DeliveredMessage | BatchedReading, reason: str) -> list[tuple[str, bytes]]:
     """The dead-letter record's headers for a device message that cannot be bridged (logged)."""
     routing_key = message.routing_key or ""
     log.warning("dead-lettering a message on %s: %s", routing_key, reason)
