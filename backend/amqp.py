@@ -18,6 +18,7 @@ import pika
 import pika.exceptions
 
 from backend import contract as c
+from backend import uplink_batch
 from backend.errors import FedgateError
 
 
@@ -54,6 +55,45 @@ def to_uplink(method: Any, props: pika.BasicProperties, body: bytes) -> UplinkMe
         correlation_id=props.correlation_id,
         content_type=props.content_type,
     )
+
+
+def unbatched(method: Any, props: pika.BasicProperties, body: bytes) -> list[UplinkMessage]:
+    """The device messages of one backend message: itself, or each reading of an uplink batch
+    (backend/uplink_batch.py) with the batch's hop (the region)."""
+    if props.content_type != uplink_batch.BATCH_CONTENT_TYPE:
+        return [to_uplink(method, props, body)]
+    hops = (props.headers or {}).get(c.RECEIVED_FROM_HEADER)
+    out = []
+    for r in uplink_batch.decode(body):
+        headers = dict(r.properties.headers or {})
+        if hops is not None:
+            headers[c.RECEIVED_FROM_HEADER] = hops
+        out.append(
+            UplinkMessage(
+                region=c.region_from_headers(headers),
+                topic=c.routing_key_to_mqtt_topic(r.routing_key),
+                payload=r.body,
+                headers=headers,
+                delivery_tag=method.delivery_tag,
+                received_at=time.time(),
+                correlation_id=r.properties.correlation_id,
+                content_type=r.properties.content_type,
+            )
+        )
+    return out
+
+
+def topic_key_matches(pattern: str, key: str) -> bool:
+    """Whether an AMQP topic binding key matches a routing key (`*` one word, `#` any)."""
+    return _words_match(pattern.split("."), key.split("."))
+
+
+def _words_match(p: list[str], k: list[str]) -> bool:
+    if not p:
+        return not k
+    if p[0] == "#":
+        return _words_match(p[1:], k) or (bool(k) and _words_match(p, k[1:]))
+    return bool(k) and p[0] in ("*", k[0]) and _words_match(p[1:], k[1:])
 
 
 #: One backend node's AMQP URL, or every node's of a backend cluster (tried in order).
@@ -131,6 +171,9 @@ class Tap:
     Use as a context manager; the queue is exclusive and vanishes with the
     connection.  With `durable_name`, a durable queue of that name is used
     instead (and survives a backend restart; delete it with `delete()`).
+    On `fedgate.telemetry` it reads the batches of batching regions too
+    (backend/uplink_batch.py), and gives the readings in them that `keys`
+    match (every one without keys), one message each.
     """
 
     def __init__(
@@ -158,6 +201,9 @@ class Tap:
             self.queue = ch.queue_declare("", exclusive=True).method.queue
         for key in self.keys:
             ch.queue_bind(self.queue, self.exchange, routing_key=key)
+        if self.exchange == c.TELEMETRY_EXCHANGE:
+            # batching regions' readings come in batches: read them all, keep what `keys` match
+            ch.queue_bind(self.queue, self.exchange, routing_key=f"{c.UPLINK_BATCH_KEY_PREFIX}.#")
         self.ch = ch
         return self
 
@@ -177,7 +223,12 @@ class Tap:
                     break
                 self.conn.process_data_events(time_limit=0.05)
                 continue
-            out.append(to_uplink(method, props, body))
+            out += [
+                m
+                for m in unbatched(method, props, body)
+                if not self.keys
+                or any(topic_key_matches(k, c.mqtt_topic_to_routing_key(m.topic)) for k in self.keys)
+            ]
             self.ch.basic_ack(method.delivery_tag)
             last = time.monotonic()
             if expect is not None and len(out) >= expect:

@@ -41,6 +41,14 @@ TELEMETRY_EXCHANGE = "fedgate.telemetry"
 #: so that the federation keeps a binding on every gateway even while no
 #: router runs: device messages wait in the shard queues.
 UPLINK_EXCHANGE = "fedgate.uplink"
+#: With uplink batching (backend/uplink_batch.py): the gateway's queue of device messages its
+#: batcher reads (gateways/uplink_batcher_plugin), and the exchange it publishes the batches
+#: to, which the backend's uplink link federates in place of the MQTT exchange.
+UPLINK_BATCH_IN_QUEUE = "fedgate.uplink.batch-in"
+UPLINK_BATCHES_EXCHANGE = "fedgate.uplink.batches"
+#: A batch's routing key: this prefix, its region, its bucket (a device's readings keep one
+#: bucket).  No device can publish under it (devices write under devices/<id>/ only).
+UPLINK_BATCH_KEY_PREFIX = "fedgate-batch"
 
 #: Default number of uplink shards.  Fixed when the backend is created:
 #: changing it re-hashes topics onto other shards.

@@ -74,6 +74,9 @@ class BackendNodeConfig:
     def enabled_plugins(self) -> Path:
         return TEMPLATES / "enabled_plugins"
 
+    def enabled_plugins_text(self) -> str:
+        return self.enabled_plugins.read_text()
+
     def rabbitmq_conf(self) -> str:
         """The node's rabbitmq.conf (without TLS listeners)."""
         p = self.ports

@@ -79,6 +79,9 @@ class GatewayLink:
     #: the other nodes of the region's gateway cluster: the backend's links to the region
     #: connect to any of them and move on when theirs dies
     others: tuple[AmqpEndpoint, ...] = ()
+    #: the gateways batch their readings (gateways/uplink_batcher_plugin): the uplink link
+    #: federates their batches' exchange rather than the MQTT exchange
+    uplink_batching: bool = False
 
     def upstream(self, backend_link_password: str) -> dict[str, object]:
         """The backend's federation upstream for this region: every node's URI, and on a
@@ -220,7 +223,9 @@ def backend_definitions(
                 {**gw.upstream(backend_link_password), **LINK_SETTINGS},
             )
         )
-        uplink_set.append({"upstream": upstream, "exchange": c.MQTT_EXCHANGE})
+        # batching gateways publish their readings' batches to an exchange of their own
+        uplink = c.UPLINK_BATCHES_EXCHANGE if gw.uplink_batching else c.MQTT_EXCHANGE
+        uplink_set.append({"upstream": upstream, "exchange": uplink})
         presence_set.append({"upstream": upstream, "exchange": c.EVENT_EXCHANGE})
 
         downlink = c.downlink_exchange(region)

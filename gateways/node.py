@@ -21,6 +21,8 @@ from backend.rabbitmq_admin import AdminError, RabbitAdmin
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: fedgate's authentication backend of gateways (an Erlang plugin, built by whoever runs the node)
 MQTT_AUTH_PLUGIN = Path(__file__).resolve().parent / "mqtt_auth_plugin"
+#: the batcher of a gateway's readings, with uplink batching (backend/uplink_batch.py)
+UPLINK_BATCHER_PLUGIN = Path(__file__).resolve().parent / "uplink_batcher_plugin"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class GatewayNodeConfig:
     #: the Erlang node names of every node of the region's gateway cluster, this one included;
     #: with more than one, the nodes find each other by this list (peer discovery's classic config)
     cluster_nodes: tuple[str, ...] = ()
+    #: the node runs fedgate's uplink batcher (gateways/uplink_batcher_plugin)
+    uplink_batching: bool = False
 
     @property
     def cluster_name(self) -> str:
@@ -69,6 +73,12 @@ class GatewayNodeConfig:
     def enabled_plugins(self) -> Path:
         return TEMPLATES / "enabled_plugins"
 
+    def enabled_plugins_text(self) -> str:
+        text = self.enabled_plugins.read_text()
+        if not self.uplink_batching:
+            return text
+        return text.replace("].", ",fedgate_uplink_batcher].", 1)
+
     @property
     def plugin_sources(self) -> list[Path]:
         """fedgate's own plugins the node loads (enabled in enabled_plugins): each a folder
@@ -76,8 +86,9 @@ class GatewayNodeConfig:
 
         mqtt_auth_plugin: the gateway's authentication backend, RabbitMQ's internal
         users with one more check: a device connects with its own MQTT client id only
-        (rabbitmq.conf's auth_backends; docs/security.md)."""
-        return [MQTT_AUTH_PLUGIN]
+        (rabbitmq.conf's auth_backends; docs/security.md).  uplink_batcher_plugin: with
+        uplink batching, the batcher of the node's device readings."""
+        return [MQTT_AUTH_PLUGIN, *([UPLINK_BATCHER_PLUGIN] if self.uplink_batching else [])]
 
     def rabbitmq_conf(self) -> str:
         """The node's rabbitmq.conf (without TLS listeners)."""

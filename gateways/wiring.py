@@ -33,6 +33,7 @@ from backend.definitions import (
     Parameter,
     Permission,
     Policy,
+    Queue,
     User,
 )
 from backend.wiring import LINK_SETTINGS, AmqpEndpoint
@@ -51,6 +52,8 @@ def gateway_definitions(
     *,
     backend_others: Sequence[AmqpEndpoint] = (),
     upstream_queue_type: str = "classic",
+    uplink_batching: bool = False,
+    gateway_queue_type: str = "classic",
     admin_password: str,
     backend_link_password: str,
     gateway_password: str,
@@ -68,7 +71,20 @@ def gateway_definitions(
         d.permissions.append(permission)
 
     fed = "federation: .*"
-    sources = "|".join(re.escape(x) for x in (c.MQTT_EXCHANGE, c.EVENT_EXCHANGE))
+    uplink = c.UPLINK_BATCHES_EXCHANGE if uplink_batching else c.MQTT_EXCHANGE
+    sources = "|".join(re.escape(x) for x in (uplink, c.EVENT_EXCHANGE))
+    if uplink_batching:
+        # every device message into the batcher's queue (gateways/uplink_batcher_plugin): one
+        # node's batcher reads it at a time, in order; a quorum queue on a gateway cluster
+        # (gateway_queue_type), so that a reading a device was PUBACKed for outlives its node
+        d.queues.append(
+            Queue(
+                c.UPLINK_BATCH_IN_QUEUE,
+                arguments={"x-queue-type": gateway_queue_type, "x-single-active-consumer": True},
+            )
+        )
+        d.bindings.append(Binding(c.MQTT_EXCHANGE, c.UPLINK_BATCH_IN_QUEUE, "queue", "#"))
+        d.exchanges.append(Exchange(c.UPLINK_BATCHES_EXCHANGE, type="topic"))
     d.users.append(User(c.BACKEND_LINK_USER, backend_link_password))
     d.permissions.append(
         Permission(

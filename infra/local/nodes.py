@@ -19,7 +19,6 @@ Node kinds:
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -313,6 +312,7 @@ class RabbitNode(Node):
                 max_fds=s.gateway_max_fds,
                 broker_release=s.rabbitmq_release,
                 cluster_nodes=self.cluster_node_names(),
+                uplink_batching=s.uplink_batching,
             )
         return BackendNodeConfig(
             host=self.host,
@@ -357,7 +357,7 @@ class RabbitNode(Node):
                 mqtts = (self.spec.bind_address("mqtts", self.host), p["mqtts"]) if "mqtts" in p else None
                 conf.write(tls_listeners_conf(self.host, cert, p["amqps"], p["management_tls"], mqtts))
         (self.dir / "rabbitmq.conf").chmod(0o600)
-        shutil.copyfile(config.enabled_plugins, self.dir / "enabled_plugins")
+        (self.dir / "enabled_plugins").write_text(config.enabled_plugins_text())
         if isinstance(config, GatewayNodeConfig):
             for source in config.plugin_sources:
                 runtime_of(self.settings).build_plugin(source, self.dir / "plugins")

@@ -156,6 +156,9 @@ class LocalSettings:
         default=4,
         metadata={"doc": "Uplink shard queues on the backend (fixed once the backend exists)."},
     )
+    uplink_batching: bool = field(
+        default=True, metadata={"doc": "Gateways batch their readings (gateways/uplink_batcher_plugin)."}
+    )
     router: dict[str, Any] = field(
         default_factory=dict,
         metadata={

@@ -71,6 +71,8 @@ def wire(
                 backend_eps[0],
                 backend_others=backend_eps[1:],
                 upstream_queue_type="quorum" if len(backend_eps) > 1 else "classic",
+                uplink_batching=settings.uplink_batching,
+                gateway_queue_type="quorum" if len(members) > 1 else "classic",
                 admin_password=sec["admin"],
                 backend_link_password=sec["backend_link"],
                 gateway_password=sec["gateways"][region],
@@ -85,6 +87,7 @@ def wire(
                 link_endpoint(settings, tls_dir, gw),
                 sec["gateways"][region],
                 others=tuple(link_endpoint(settings, tls_dir, m) for m in members[1:]),
+                uplink_batching=settings.uplink_batching,
             )
         )
     backend.admin().apply(

@@ -3,6 +3,7 @@
 import re
 
 from backend import contract as c
+from backend import uplink_batch
 from backend.wiring import AmqpEndpoint, GatewayLink, backend_definitions
 from gateways.wiring import gateway_definitions
 
@@ -170,3 +171,56 @@ def test_a_tls_link_checks_the_peers_certificate_and_name():
     assert uri.startswith("amqps://u:p@127.0.0.1:5671?")
     assert "cacertfile=/state/tls/ca.pem" in uri and "verify=verify_peer" in uri
     assert "server_name_indication=localhost" in uri
+
+
+def test_a_batching_region_federates_its_batches_and_its_gateways_queue_every_device_message():
+    links = [
+        GatewayLink("local-eu", AmqpEndpoint("127.0.0.1", 5000), "pw", uplink_batching=True),
+        GatewayLink("local-us", AmqpEndpoint("127.0.0.1", 5001), "pw"),
+    ]
+    d = backend_definitions(links, admin_password="adm", backend_link_password="bl")
+    sets = {p.name: p.value for p in d.parameters if p.component == "federation-upstream-set"}
+    assert {e["upstream"]: e["exchange"] for e in sets["fedgate-uplink"]} == {
+        "gw-local-eu": c.UPLINK_BATCHES_EXCHANGE,
+        "gw-local-us": c.MQTT_EXCHANGE,
+    }
+    gw = gateway_definitions(
+        "local-eu",
+        AmqpEndpoint("127.0.0.1", 6000),
+        uplink_batching=True,
+        gateway_queue_type="quorum",
+        admin_password="adm",
+        backend_link_password="bl",
+        gateway_password="gwpw",
+    )
+    (queue,) = [q for q in gw.queues if q.name == c.UPLINK_BATCH_IN_QUEUE]
+    assert queue.arguments == {"x-queue-type": "quorum", "x-single-active-consumer": True}
+    assert (c.MQTT_EXCHANGE, c.UPLINK_BATCH_IN_QUEUE, "#") in {
+        (b.source, b.destination, b.routing_key) for b in gw.bindings
+    }
+    (link_user,) = [p for p in gw.permissions if p.user == c.BACKEND_LINK_USER]
+    assert re.match(link_user.read, c.UPLINK_BATCHES_EXCHANGE), "the backend's link reads the batches"
+    assert not re.match(link_user.read, c.MQTT_EXCHANGE), "and no longer the device messages one by one"
+    assert not _gateway().queues, "without batching the backend's link declares the gateway's queue"
+
+
+def test_the_batcher_plugin_reads_and_writes_what_the_wiring_declares():
+    from pathlib import Path
+
+    app = (
+        Path(__file__).resolve().parents[2] / "gateways/uplink_batcher_plugin/fedgate_uplink_batcher.app"
+    ).read_text()
+    assert f'{{queue, <<"{c.UPLINK_BATCH_IN_QUEUE}">>}}' in app
+    assert f'{{exchange, <<"{c.UPLINK_BATCHES_EXCHANGE}">>}}' in app
+    erl = (
+        Path(__file__).resolve().parents[2] / "gateways/uplink_batcher_plugin/src/fedgate_uplink_batcher.erl"
+    ).read_text()
+    assert f'-define(BATCH_CONTENT_TYPE, <<"{uplink_batch.BATCH_CONTENT_TYPE}">>).' in erl, (
+        "the router reads them"
+    )
+    assert f'-define(RECEIVED_FROM, <<"{c.RECEIVED_FROM_HEADER}">>).' in erl
+    assert f'-define(BATCH_KEY_PREFIX, "{c.UPLINK_BATCH_KEY_PREFIX}").' in erl
+    ack_key = c.mqtt_topic_to_routing_key(c.device_ack_topic("*"))
+    assert f'{{pass_through, [<<"{ack_key}">>]}}' in app, (
+        "command acks travel alone, as the backend routes them"
+    )
