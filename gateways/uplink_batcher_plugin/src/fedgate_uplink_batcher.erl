@@ -105,6 +105,9 @@ handle_info(#'basic.nack'{}, S) ->
 handle_info({'DOWN', _Ref, process, Pid, Reason}, S = #st{conn = Pid}) ->
     rabbit_log:warning("fedgate uplink batcher: connection closed (~tp); reconnecting", [Reason]),
     {noreply, reconnect_later(S)};
+handle_info({'DOWN', _Ref, process, Pid, Reason}, S = #st{ch = Pid}) ->
+    rabbit_log:warning("fedgate uplink batcher: channel closed (~tp); reconnecting", [Reason]),
+    {noreply, reconnect_later(close(S))};
 handle_info(#'basic.cancel'{}, S) ->
     rabbit_log:warning("fedgate uplink batcher: consumer cancelled (its queue deleted?); reconnecting"),
     {noreply, reconnect_later(close(S))};
@@ -117,24 +120,35 @@ terminate(_Reason, S) ->
 
 %% --- connection ------------------------------------------------------------------------
 
-connect(S = #st{cfg = Cfg = #{queue := Q, prefetch := Prefetch}}) ->
-    try
-        {ok, Conn} = amqp_connection:start(#amqp_params_direct{}),
-        erlang:monitor(process, Conn),
-        {ok, Ch} = amqp_connection:open_channel(Conn),
-        #'confirm.select_ok'{} = amqp_channel:call(Ch, #'confirm.select'{}),
-        ok = amqp_channel:register_confirm_handler(Ch, self()),
-        #'basic.qos_ok'{} = amqp_channel:call(Ch, #'basic.qos'{prefetch_count = Prefetch}),
-        #'basic.consume_ok'{} = amqp_channel:subscribe(Ch, #'basic.consume'{queue = Q}, self()),
-        rabbit_log:info("fedgate uplink batcher: reading ~ts", [Q]),
-        S#st{conn = Conn, ch = Ch, cfg = Cfg#{cluster_name => rabbit_nodes:cluster_name()}}
-    catch
-        _:Why ->
-            %% the virtual host or the queue is not there yet: the definitions come
-            %% after the node's boot
-            rabbit_log:debug("fedgate uplink batcher: not reading ~ts yet: ~tp", [Q, Why]),
-            reconnect_later(close(S))
+connect(S = #st{cfg = Cfg = #{queue := Q}}) ->
+    case amqp_connection:start(#amqp_params_direct{}) of
+        {ok, Conn} ->
+            erlang:monitor(process, Conn),
+            try consume(Conn, Cfg) of
+                Ch ->
+                    rabbit_log:info("fedgate uplink batcher: reading ~ts", [Q]),
+                    S#st{conn = Conn, ch = Ch, cfg = Cfg#{cluster_name => rabbit_nodes:cluster_name()}}
+            catch
+                _:Why ->
+                    %% the queue is not there yet: the definitions come after the node's boot
+                    rabbit_log:debug("fedgate uplink batcher: not reading ~ts yet: ~tp", [Q, Why]),
+                    reconnect_later(close(S#st{conn = Conn}))
+            end;
+        {error, Why} ->
+            %% the virtual host is not up yet
+            rabbit_log:debug("fedgate uplink batcher: no connection yet: ~tp", [Why]),
+            reconnect_later(S)
     end.
+
+consume(Conn, #{queue := Q, prefetch := Prefetch}) ->
+    {ok, Ch} = amqp_connection:open_channel(Conn),
+    %% a channel error (the batches' exchange deleted) closes the channel, not the connection
+    erlang:monitor(process, Ch),
+    #'confirm.select_ok'{} = amqp_channel:call(Ch, #'confirm.select'{}),
+    ok = amqp_channel:register_confirm_handler(Ch, self()),
+    #'basic.qos_ok'{} = amqp_channel:call(Ch, #'basic.qos'{prefetch_count = Prefetch}),
+    #'basic.consume_ok'{} = amqp_channel:subscribe(Ch, #'basic.consume'{queue = Q}, self()),
+    Ch.
 
 close(S = #st{conn = Conn}) ->
     _ = case Conn of
