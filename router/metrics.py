@@ -51,6 +51,8 @@ HELP = {
     ),
     "fedgate_router_bridged_total": "Device messages stored in Kafka, per topic.",
     "fedgate_router_deadlettered_total": "Device messages sent to the dead-letter topic.",
+    "fedgate_router_batches_total": "Uplink batches taken apart (backend/uplink_batch.py).",
+    "fedgate_router_batches_malformed_total": "Uplink batches that did not parse, dead-lettered whole.",
     "fedgate_router_kafka_errors_total": "Records Kafka refused (returned to RabbitMQ).",
     "fedgate_router_kafka_sent_alone_total": (
         "Records sent again in a batch of their own after Kafka refused the batch they were in."
