@@ -55,11 +55,12 @@ class Producer:
         self.reports.append(on_delivery)
 
 
-def _bridge(tmp_path) -> tuple[UplinkBridge, Producer]:
+def _bridge(tmp_path, producer: Any = None) -> tuple[UplinkBridge, Any]:
+    """A bridge whose producer (and second opinion) is `producer`: a Producer by default."""
     p = tmp_path / "router.toml"
     p.write_text('amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:1"\n')
-    producer = Producer()
-    bridge = UplinkBridge(load_router_settings(p, env={}), producer, Metrics(), producer)  # type: ignore[arg-type]
+    producer = producer or Producer()
+    bridge = UplinkBridge(load_router_settings(p, env={}), producer, Metrics(), producer)
     return bridge, producer
 
 

@@ -16,9 +16,7 @@ from pamqp.header import ContentHeader
 from backend import contract as c
 from backend import uplink_batch
 from router.bridge import UplinkBridge
-from router.metrics import Metrics
-from router.settings import load_router_settings
-from tests.unit.router.test_bridge_acks import Channel
+from tests.unit.router.test_bridge_acks import Channel, _bridge
 
 HOPS = [{"cluster-name": "local-eu", "exchange": "amq.topic"}]
 
@@ -36,11 +34,7 @@ class Producer:
 
 
 def bridge(tmp_path) -> tuple[UplinkBridge, Producer]:
-    p = tmp_path / "router.toml"
-    p.write_text('amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:1"\n')
-    producer = Producer()
-    b = UplinkBridge(load_router_settings(p, env={}), producer, Metrics(), producer)  # type: ignore[arg-type]
-    return b, producer
+    return _bridge(tmp_path, Producer())
 
 
 def reading(device: str, body: bytes, **props: Any) -> uplink_batch.Reading:
