@@ -43,11 +43,13 @@ class UplinkMessage:
         return parts[1] if len(parts) >= 2 and parts[0] == "devices" else None
 
 
-def to_uplink(method: Any, props: pika.BasicProperties, body: bytes) -> UplinkMessage:
+def to_uplink(method: Any, props: Any, body: bytes, routing_key: str | None = None) -> UplinkMessage:
+    """A device message as read from the backend; `props` is pika's or a batch reading's
+    (pamqp's: the same fields)."""
     headers = dict(props.headers or {})
     return UplinkMessage(
         region=c.region_from_headers(headers),
-        topic=c.routing_key_to_mqtt_topic(method.routing_key),
+        topic=c.routing_key_to_mqtt_topic(routing_key or method.routing_key),
         payload=body,
         headers=headers,
         delivery_tag=method.delivery_tag,
@@ -62,25 +64,10 @@ def unbatched(method: Any, props: pika.BasicProperties, body: bytes) -> list[Upl
     (backend/uplink_batch.py) with the batch's hop (the region)."""
     if props.content_type != uplink_batch.BATCH_CONTENT_TYPE:
         return [to_uplink(method, props, body)]
-    hops = (props.headers or {}).get(c.RECEIVED_FROM_HEADER)
-    out = []
-    for r in uplink_batch.decode(body):
-        headers = dict(r.properties.headers or {})
-        if hops is not None:
-            headers[c.RECEIVED_FROM_HEADER] = hops
-        out.append(
-            UplinkMessage(
-                region=c.region_from_headers(headers),
-                topic=c.routing_key_to_mqtt_topic(r.routing_key),
-                payload=r.body,
-                headers=headers,
-                delivery_tag=method.delivery_tag,
-                received_at=time.time(),
-                correlation_id=r.properties.correlation_id,
-                content_type=r.properties.content_type,
-            )
-        )
-    return out
+    return [
+        to_uplink(method, r.properties, r.body, r.routing_key)
+        for r in uplink_batch.readings(body, props.headers)
+    ]
 
 
 def topic_key_matches(pattern: str, key: str) -> bool:

@@ -26,8 +26,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pamqp.commands import Basic
+
+from backend.contract import RECEIVED_FROM_HEADER
 
 BATCH_CONTENT_TYPE = "application/vnd.fedgate.uplink-batch.v1"
 
@@ -58,6 +61,16 @@ def encode(readings: Iterable[Reading]) -> bytes:
         out += _U32.pack(len(props)) + props
         out += _U32.pack(len(r.body)) + r.body
     return bytes(out)
+
+
+def readings(batch_body: bytes, batch_headers: dict[str, Any] | None) -> Iterator[Reading]:
+    """The readings of a batch as device messages: each with the batch's hop header
+    (`x-received-from`, hence its region) added to its own headers."""
+    hops = (batch_headers or {}).get(RECEIVED_FROM_HEADER)
+    for r in decode(batch_body):
+        if hops is not None:
+            r.properties.headers = {**(r.properties.headers or {}), RECEIVED_FROM_HEADER: hops}
+        yield r
 
 
 def decode(body: bytes) -> Iterator[Reading]:

@@ -197,7 +197,10 @@ class UplinkBridge(Lifecycle):
             self._bridge(message, lambda ok: self.acks.settled(channel, tag, message, ok=ok))
             return
         try:
-            readings = [BatchedReading(r, message) for r in uplink_batch.decode(message.body)]
+            readings = [
+                BatchedReading(r)
+                for r in uplink_batch.readings(message.body, message.header.properties.headers)
+            ]
         except uplink_batch.MalformedBatch as e:
             self.metrics.inc("fedgate_router_batches_malformed_total")
             self._deadletter(
@@ -304,19 +307,15 @@ class UplinkBridge(Lifecycle):
 
 
 class BatchedReading:
-    """A reading of an uplink batch, shaped as route() reads a delivery: its own routing key,
-    body and properties, with the batch's hop header (`x-received-from`: the region)."""
+    """A reading of an uplink batch (with the batch's hop: uplink_batch.readings), shaped as
+    route() reads a delivery."""
 
     __slots__ = ("routing_key", "body", "header")
 
-    def __init__(self, reading: uplink_batch.Reading, batch: DeliveredMessage):
-        props = reading.properties
-        hops = (batch.header.properties.headers or {}).get(c.RECEIVED_FROM_HEADER)
-        if hops is not None:
-            props.headers = {**(props.headers or {}), c.RECEIVED_FROM_HEADER: hops}
+    def __init__(self, reading: uplink_batch.Reading):
         self.routing_key = reading.routing_key
         self.body = reading.body
-        self.header = SimpleNamespace(properties=props)
+        self.header = SimpleNamespace(properties=reading.properties)
 
 
 def mqtt5_headers(p: mqtt_plugin.Mqtt5Properties) -> list[tuple[str, bytes]]:
