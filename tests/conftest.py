@@ -201,12 +201,18 @@ def release_override() -> dict[str, str]:
     return {"rabbitmq_release": release} if release else {}
 
 
+#: Seconds a test federation's node may take to be ready: a node booted while the other
+#: lanes load the machine took over 90 s (the default) on CI, where the same tests took
+#: 1.5-5 times as long as on the developers' machines.  Only a boot that fails waits it out.
+SUITE_BOOT_TIMEOUT_S = 180.0
+
+
 def make_federation(state_dir: Path, port_base: int, **overrides: object) -> LocalFederation:
     jvm = {
         "kafka_opts": os.environ["FEDGATE_KAFKA_OPTS"],
         "spark_java_options": os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],
     }
-    overrides = {**release_override(), **jvm, **overrides}
+    overrides = {"boot_timeout": SUITE_BOOT_TIMEOUT_S, **release_override(), **jvm, **overrides}
     settings = load_settings(env={}, state_dir=state_dir, port_base=port_base, **overrides)
     return LocalFederation(settings, progress=lambda msg: print(f"[federation] {msg}", flush=True))
 

@@ -9,9 +9,10 @@ from infra.local.driver import LocalFederation
 from infra.local.nodes import RabbitNode, runtime_of
 
 
-def rabbitmq_eval(fed: LocalFederation, node: str, expr: str, timeout: float = 60.0) -> str:
+def rabbitmq_eval(fed: LocalFederation, node: str, expr: str, timeout: float = 180.0) -> str:
     """`rabbitmqctl eval expr` on one RabbitMQ node of `fed` (its own Erlang, cookie and
-    epmd: the environment the node runs with); its output."""
+    epmd: the environment the node runs with); its output.  A CLI's BEAM on a loaded CI
+    machine took over 60 s to answer."""
     rabbit = fed.node(node)
     assert isinstance(rabbit, RabbitNode), f"{node} is not a RabbitMQ node"
     _, env, _ = rabbit.command()
