@@ -57,12 +57,13 @@ def producer_config(client: KafkaClient, **extra: Any) -> dict[str, Any]:
         # Never give up on a record while Kafka is away: the AMQP message it
         # came from stays unacked, and intake pauses at the prefetch bound.
         "message.timeout.ms": 0,
-        # A produce request every 25 ms per partition at most, not every 5: at the rates a
-        # region runs (hundreds to thousands of readings/s over two routers) each request
-        # carried one or two records, and Kafka's request handling was its main cost.  Measured
-        # warm, 500 devices (by hand, 2026-11-29): Kafka 0.228 -> 0.184 cores at 500/s and
-        # 0.232 -> 0.170 at 2,000/s, both routers 0.49 -> 0.42 at 2,000/s, p99 62 -> 57 ms.
-        "linger.ms": 25,
+        # A produce request every 5 ms per partition at most (the router's kafka_linger_ms).
+        # The gateways' batches arrive as bursts of records that fill a request anyway, and
+        # what a longer linger added was latency: 25 -> 5 ms, interleaved A/B with batching,
+        # 500 devices (2026-11-30): p50 45 -> 24 ms, p99 65 -> 39 at 500/s and 68 -> 44 at
+        # 2,000/s, the CPU of routers and Kafka within the runs' spread.  Unbatched (one
+        # message a reading), 25 ms took Kafka 0.228 -> 0.184 cores at 500/s (2026-11-29).
+        "linger.ms": 5,
         "compression.type": "lz4",
         # A producer that cached partition leaders while the broker restarted
         # can keep them stale until the next full refresh (5 min by default;

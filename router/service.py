@@ -71,7 +71,10 @@ class Router(Lifecycle):
         self.settings = settings
         self.metrics = Metrics()
         self.presence = PresenceTable()
-        config = with_debug_log(producer_config(settings.kafka_client), settings.kafka_debug)
+        config = with_debug_log(
+            producer_config(settings.kafka_client, **{"linger.ms": settings.kafka_linger_ms}),
+            settings.kafka_debug,
+        )
 
         def producer(config: dict[str, object]) -> AsyncProducer:
             return AsyncProducer(

@@ -156,6 +156,15 @@ class RouterSettings:
             "fresh one (its shards go to the other routers meanwhile).  0: off."
         },
     )
+    kafka_linger_ms: int = field(
+        default=5,
+        metadata={
+            "doc": "How long the producers wait to fill a request to Kafka (librdkafka linger.ms).  With "
+            "the gateways' batches a record arrives with the rest of its batch, and a longer wait only "
+            "adds latency; unbatched uplinks (one AMQP message a reading) at hundreds of readings/s fill "
+            "fuller requests at 25, for ~20 ms more (docs/benchmarks.md)."
+        },
+    )
     kafka_debug: str = field(
         default="",
         metadata={
@@ -285,7 +294,13 @@ class RouterSettings:
         ):
             if getattr(self, name) <= 0:
                 raise RouterSettingsError(f"{name}: must be positive, got {getattr(self, name)}")
-        for name in ("link_repair_after_s", "presence_reconcile_s", "regions_poll_s", "kafka_stall_s"):
+        for name in (
+            "link_repair_after_s",
+            "presence_reconcile_s",
+            "regions_poll_s",
+            "kafka_stall_s",
+            "kafka_linger_ms",
+        ):
             if getattr(self, name) < 0:
                 raise RouterSettingsError(f"{name}: must be 0 (off) or positive, got {getattr(self, name)}")
         if not 0 <= self.metrics_port <= 65535:
