@@ -33,3 +33,23 @@ def test_librdkafkas_lines_reach_the_routers_log_at_its_info_level(caplog, monke
     debug = [r.getMessage() for r in caplog.records if r.name == "librdkafka" and r.levelno == logging.DEBUG]
     assert any("127.0.0.1:1" in line for line in debug), debug[:5]
     producer.purge()
+
+
+def test_the_producers_linger_is_the_routers_setting(tmp_path, monkeypatch):
+    """kafka_linger_ms (5 by default: the gateways' batches fill a request at once) reaches the
+    router's producer; the producer of records sent alone never lingers."""
+    import router.service as service
+
+    p = tmp_path / "router.toml"
+    p.write_text('amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:1"\n')
+    real = service.AsyncProducer
+    lingers: list[int] = []
+
+    def recording(config, *args, **kwargs):
+        lingers.append(config["linger.ms"])
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(service, "AsyncProducer", recording)
+    service.Router(load_router_settings(p, env={}))
+    service.Router(load_router_settings(p, env={"FEDGATE_ROUTER_KAFKA_LINGER_MS": "25"}))
+    assert lingers == [5, 0, 25, 0]
