@@ -157,13 +157,7 @@ class RouterSettings:
         },
     )
     kafka_linger_ms: int = field(
-        default=5,
-        metadata={
-            "doc": "How long the producers wait to fill a request to Kafka (librdkafka linger.ms).  With "
-            "the gateways' batches a record arrives with the rest of its batch, and a longer wait only "
-            "adds latency; unbatched uplinks (one AMQP message a reading) at hundreds of readings/s fill "
-            "fuller requests at 25, for ~20 ms more (docs/benchmarks.md)."
-        },
+        default=5, metadata={"doc": "The producers' linger.ms: 5 for the gateways' batches, 25 unbatched."}
     )
     kafka_debug: str = field(
         default="",
@@ -294,15 +288,11 @@ class RouterSettings:
         ):
             if getattr(self, name) <= 0:
                 raise RouterSettingsError(f"{name}: must be positive, got {getattr(self, name)}")
-        for name in (
-            "link_repair_after_s",
-            "presence_reconcile_s",
-            "regions_poll_s",
-            "kafka_stall_s",
-            "kafka_linger_ms",
-        ):
+        for name in ("link_repair_after_s", "presence_reconcile_s", "regions_poll_s", "kafka_stall_s"):
             if getattr(self, name) < 0:
                 raise RouterSettingsError(f"{name}: must be 0 (off) or positive, got {getattr(self, name)}")
+        if self.kafka_linger_ms < 0:
+            raise RouterSettingsError(f"kafka_linger_ms: must be 0 or positive, got {self.kafka_linger_ms}")
         if not 0 <= self.metrics_port <= 65535:
             raise RouterSettingsError(f"metrics_port: {self.metrics_port} is not a TCP port")
         return self
@@ -310,6 +300,8 @@ class RouterSettings:
 
 #: The router's own behaviour: every field but the wiring (the [router] table's keys).
 BEHAVIOUR = tuple(f.name for f in fields(RouterSettings) if not f.metadata.get("wiring"))
+#: Every field's type, as the layers' coercion names it.
+_KINDS = {f.name: str(f.type) for f in fields(RouterSettings)}
 #: Tables: only a config file can hold them, not a FEDGATE_ROUTER_* variable.
 _TABLES = ("gateways", "backend_management", "rules")
 _ENV_PREFIX = "FEDGATE_ROUTER_"
@@ -322,9 +314,8 @@ _STAND_IN_WIRING = {"amqp_url": "amqp://stand-in", "kafka_bootstrap": "stand-in:
 
 def load_router_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> RouterSettings:
     """The settings of one router process: its router.toml, then FEDGATE_ROUTER_<NAME> variables."""
-    known = {f.name: str(f.type) for f in fields(RouterSettings)}
     values = read_layers(
-        known,
+        _KINDS,
         path=path,
         env=os.environ if env is None else env,
         env_prefix=_ENV_PREFIX,
@@ -353,7 +344,6 @@ def router_table(table: Mapping[str, Any], env: Mapping[str, str] | None = None)
                     f"{key}: set by the deployment for each router process, not in the router table"
                 )
             raise RouterSettingsError(f"unknown setting {key!r}")
-    kinds = {f.name: str(f.type) for f in fields(RouterSettings)}
     from_env = read_layers(
         BEHAVIOUR,
         path=None,
@@ -362,22 +352,18 @@ def router_table(table: Mapping[str, Any], env: Mapping[str, str] | None = None)
         error=RouterSettingsError,
         skip_env=_TABLES,
     )
-    out = {**table, **{k: coerce(k, kinds[k], raw, RouterSettingsError) for k, raw in from_env.items()}}
+    out = {**table, **{k: coerce(k, _KINDS[k], raw, RouterSettingsError) for k, raw in from_env.items()}}
     check_router_table(out)
     return out
 
 
 def check_router_table(table: Mapping[str, Any]) -> RouterSettings:
-    """The router settings `table` gives, checked (RouterSettingsError names the field).
-
-    The wiring fields hold stand-ins: read only the table's own fields (rules, topics,
-    limits) from the result.
-    """
+    """The router settings `table` gives, checked (RouterSettingsError names the field); its
+    wiring fields hold stand-ins: read only the table's own (rules, topics, limits)."""
     return _settings({**dict(table), **_STAND_IN_WIRING})
 
 
 def _settings(values: dict[str, Any]) -> RouterSettings:
-    known = {f.name: str(f.type) for f in fields(RouterSettings)}
     try:
         if "rules" in values:
             values["rules"] = parse_rules(values["rules"])
@@ -389,7 +375,7 @@ def _settings(values: dict[str, Any]) -> RouterSettings:
         values["gateways"] = parse_gateways(values["gateways"])
     if "backend_management" in values:
         values["backend_management"] = parse_management(values["backend_management"])
-    for key, kind in known.items():
+    for key, kind in _KINDS.items():
         if key in values and kind in ("int", "float", "bool", "tuple[str, ...]"):
             values[key] = coerce(key, kind, values[key], RouterSettingsError)
     for required in ("amqp_url", "kafka_bootstrap"):
