@@ -208,7 +208,9 @@ def release_override() -> dict[str, str]:
 
 #: Seconds a test federation's node may take to be ready: a node booted while the other
 #: lanes load the machine took over 90 s (the default) on CI, where the same tests took
-#: 1.5-5 times as long as on the developers' machines.  Only a boot that fails waits it out.
+#: 1.5-5 times as long as on the developers' machines, and an HA node restarted after SIGKILL
+#: recovers its logs (Kafka) or quorum members (RabbitMQ) under the devices' load first.
+#: Only a boot that fails waits it out.
 SUITE_BOOT_TIMEOUT_S = 180.0
 
 

@@ -13,13 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from infra.local.driver import LocalFederation
-from tests.conftest import ROUTER_TABLE, SUITE_BOOT_TIMEOUT_S, TEST_PORT_BASE, make_federation, running
+from tests.conftest import ROUTER_TABLE, TEST_PORT_BASE, make_federation, running
 from tests.helpers import DeviceCredentials
 
 HA_PORT_BASE = TEST_PORT_BASE + 2000
-#: A node restarted after SIGKILL recovers its logs (Kafka) or its quorum members (RabbitMQ)
-#: under the devices' load: more than a clean boot's 90 s on a slow machine.
-HA_BOOT_TIMEOUT_S = max(180.0, SUITE_BOOT_TIMEOUT_S)
 
 
 @pytest.fixture(scope="package")
@@ -29,7 +26,6 @@ def ha_federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFed
         HA_PORT_BASE,
         profile="ha",
         router=ROUTER_TABLE,
-        boot_timeout=HA_BOOT_TIMEOUT_S,
     )
     with running(fed):
         yield fed
