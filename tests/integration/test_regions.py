@@ -56,8 +56,10 @@ def test_a_region_registered_in_the_backend_reaches_running_routers_and_a_malfor
     # empty, nothing is sent there while it is registered
     extra = {"management_url": ["http://127.0.0.1:9"], "user": "fedgate-admin", "password": "x"}
     try:
-        region_registry.register(admin, "local-zz", extra)
+        # the malformed entry first: a poll that sees local-zz has read local-bad too (one
+        # read lists both), so the wait below cannot end before a router met the bad entry
         region_registry.register(admin, "local-bad", {"management_url": 42})
+        region_registry.register(admin, "local-zz", extra)
         have = wait_routers_regions(federation, before | {"local-zz"})
         assert all(set(h or ()) == before | {"local-zz"} for h in have.values()), (
             f"every router added the registered region and skipped the malformed one: {have}"
