@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import aiormq.abc
 from aiormq.abc import DeliveredMessage
@@ -89,6 +90,8 @@ class UplinkBridge(Lifecycle):
         self.held = 0
         self._holding = False
         self.connection: UplinkConnection | None = None
+        #: (properties, region, MQTT 5 headers) of the last message routed (_from_properties)
+        self._last_properties: tuple[Any, bytes, list[tuple[str, bytes]]] | None = None
         #: acks coalesced per channel (router/uplink_acks.py)
         self.acks = CoalescedAcks()
 
@@ -152,11 +155,11 @@ class UplinkBridge(Lifecycle):
     ) -> tuple[str, str | None, list[tuple[str, bytes]]]:
         """(Kafka topic, key, headers) for a message; raises Poison."""
         props = message.header.properties
-        region = c.region_from_headers(props.headers) or ""
+        region, mqtt5 = self._from_properties(props)
         mqtt_topic = c.routing_key_to_mqtt_topic(message.routing_key or "")
         received_ms = int(time.time() * 1000)
         headers = [
-            (c.KAFKA_REGION_HEADER, region.encode()),
+            (c.KAFKA_REGION_HEADER, region),
             (c.KAFKA_MQTT_TOPIC_HEADER, mqtt_topic.encode()),
             (c.KAFKA_RECEIVED_AT_HEADER, str(received_ms).encode()),
         ]
@@ -167,9 +170,7 @@ class UplinkBridge(Lifecycle):
         if not mqtt_topic:
             raise Poison("message without an MQTT topic")
         headers.append((c.KAFKA_MESSAGE_ID_HEADER, c.message_id(mqtt_topic, message.body).encode()))
-        headers += mqtt5_headers(
-            mqtt_plugin.properties_of(props.headers, props.content_type, props.correlation_id)
-        )
+        headers += mqtt5
         m = self.mapper.map(mqtt_topic)
         if m is None:
             empty = self.mapper.empty_variable(mqtt_topic)
@@ -184,6 +185,19 @@ class UplinkBridge(Lifecycle):
         except UnicodeDecodeError as e:
             raise Poison(f"payload is not valid UTF-8 ({e.reason} at byte {e.start})") from e
         return m.kafka_topic, m.key, headers
+
+    def _from_properties(self, props: Any) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """(region, MQTT 5 headers) of a message's properties; the last answer again for the
+        same properties object, which a batch's readings share (uplink_batch.readings)."""
+        last = self._last_properties
+        if last is not None and last[0] is props:
+            return last[1], last[2]
+        region = (c.region_from_headers(props.headers) or "").encode()
+        mqtt5 = mqtt5_headers(
+            mqtt_plugin.properties_of(props.headers, props.content_type, props.correlation_id)
+        )
+        self._last_properties = (props, region, mqtt5)
+        return region, mqtt5
 
     async def on_message(self, message: DeliveredMessage) -> None:
         if self._holding:

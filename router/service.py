@@ -31,6 +31,7 @@ from backend.errors import FedgateError
 from router.backend_connection import CONNECTION_ERRORS, QuietChannelRestore, connect_cluster
 from router.bridge import UplinkBridge
 from router.downlink import Downlink
+from router.garbage import collect_garbage_for_throughput
 from router.kafka import (
     AsyncProducer,
     KafkaUnavailable,
@@ -362,6 +363,7 @@ async def run(settings: RouterSettings, config: Path | None = None) -> int:
         log.error("cannot start: %s", e)
         await router.stop()
         return 1
+    collect_garbage_for_throughput()
     stopped, failed = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(router.failed_event.wait())
     await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
     for waiting in (stopped, failed):

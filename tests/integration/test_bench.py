@@ -57,12 +57,14 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     for key in ("kafka_produce_raw_per_s", "amqp_consume_raw_per_s", "router_bridged_per_s"):
         assert r[key] > 0, key
     assert r["router_vs_slowest_reference"] > 0
+    batched = r["router_batched"]  # the same readings in the gateways' batches
+    assert batched["per_s"] > 0 and batched["readings_per_batch"] > 1
     d = r["downlink"]
     assert d["router"]["received"] == d["router"]["sent"], "every command reached the device"
     assert d["direct"]["received"] == d["direct"]["sent"]
     assert r["router_profile_top"], "the profiled run says where the time goes"
     md = router_bench.to_markdown(r)
-    assert "fedgate router" in md and "| direct |" in md
+    assert "fedgate router" in md and "| direct |" in md and "gateways' batches" in md
 
     # cost: each part's cores at one step, fedgate and the baseline, and the idle federation's
     r = results["cost"]

@@ -153,3 +153,31 @@ def test_a_batch_body_reads_back_as_the_readings_written():
     assert back[0].properties.content_type == "text/plain" and back[0].properties.correlation_id == "c1"
     assert back[1].properties.headers == {"x-mqtt-publish-qos": 1}
     assert list(uplink_batch.decode(b"")) == []
+
+
+def test_readings_that_share_their_properties_and_readings_that_do_not_each_get_their_own_headers(tmp_path):
+    """Tried: a batch alternating a plain reading and one with an MQTT 5 user property, as two
+    devices' readings interleave (identical property bytes are parsed once a batch, and the
+    router reuses what it derived from the last properties).  Each record carries exactly its
+    own reading's properties, and every one the batch's region."""
+    user = {"unit": "celsius"}  # how RabbitMQ hands an MQTT 5 user property to AMQP
+    readings = [
+        reading("d1", b'{"seq": 1}'),
+        reading("d2", b'{"seq": 1}', headers=user),
+        reading("d1", b'{"seq": 2}'),
+        reading("d2", b'{"seq": 2}', headers=user),
+        reading("d1", b'{"seq": 3}'),
+    ]
+
+    async def scenario() -> Producer:
+        b, producer = bridge(tmp_path)
+        await b.on_message(batch(Channel(), 1, uplink_batch.encode(readings)))  # type: ignore[arg-type]
+        return producer
+
+    records = asyncio.run(scenario()).records
+    prop = c.KAFKA_USER_PROPERTY_PREFIX + "unit"
+    assert [r["headers"].get(prop) for r in records] == [None, b"celsius", None, b"celsius", None]
+    assert {r["headers"][c.KAFKA_REGION_HEADER] for r in records} == {b"local-eu"}
+    decoded = list(uplink_batch.decode(uplink_batch.encode(readings)))
+    assert decoded[0].properties is decoded[2].properties, "the same bytes parsed once a batch"
+    assert decoded[0].properties is not decoded[1].properties
