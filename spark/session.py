@@ -15,6 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from backend.errors import FedgateError
+from spark.class_archive import driver_options
 from spark.settings import SparkSettings
 
 _RESOURCES: dict[str, Path] = {}
@@ -138,9 +139,10 @@ def s3a_conf(settings: SparkSettings) -> dict[str, str]:
 
 
 def build_session(
-    settings: SparkSettings, app: str, *, kafka: bool = True, serve: bool = False
+    settings: SparkSettings, app: str, *, kafka: bool = True, serve: bool = False, class_archive: bool = True
 ) -> SparkSession:
-    """A session configured for fedgate's tables.
+    """A session configured for fedgate's tables; its driver maps the classes `make setup`
+    archived (spark/class_archive.py) unless `class_archive` is False.
 
     ANSI mode is off on purpose: device payloads are untrusted, and under ANSI
     a single bad cast would fail the whole micro-batch and stop the job; the
@@ -155,7 +157,11 @@ def build_session(
         .config("spark.driver.memory", settings.driver_memory)
         .config(
             "spark.driver.extraJavaOptions",
-            f"{log4j} {settings.java_options}".rstrip(),
+            " ".join(
+                o
+                for o in (log4j, driver_options(settings) if class_archive else "", settings.java_options)
+                if o
+            ),
         )
         .config("spark.executor.memory", settings.executor_memory)
         .config("spark.driver.host", settings.bind_host)
