@@ -66,7 +66,7 @@ def driver_options(settings: SparkSettings) -> str:
     return f"-XX:SharedArchiveFile={path} {_QUIET}" if path.is_file() else ""
 
 
-def _exercise(warehouse: str, java_options: str) -> None:
+def _exercise(warehouse: str, java_options: str, jars_dir: str) -> None:
     """In a child process: a session that opens the tables and queries them, so that the
     classes every driver loads are loaded, then a clean stop (the JVM writes the archive as
     it exits)."""
@@ -79,6 +79,7 @@ def _exercise(warehouse: str, java_options: str) -> None:
         master="local[1]",
         shuffle_partitions=1,
         java_options=java_options,
+        jars_dir=jars_dir,
     )
     spark = build_session(settings, "fedgate-class-archive", kafka=False, class_archive=False)
     use_tables(spark, settings)
@@ -97,17 +98,24 @@ def make(settings: SparkSettings, *, progress=print) -> Path | None:  # type: ig
     with tempfile.TemporaryDirectory(prefix="fedgate-cds-") as tmp:
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         options = f"-XX:ArchiveClassesAtExit={partial} {_QUIET}"
-        code = "import sys; from spark.class_archive import _exercise; _exercise(sys.argv[1], sys.argv[2])"
-        done = subprocess.run(
-            [sys.executable, "-c", code, tmp, options],
-            cwd=Path(__file__).resolve().parent.parent,
-            capture_output=True,
-            text=True,
-            timeout=600,
+        code = (
+            "import sys; from spark.class_archive import _exercise; "
+            "_exercise(sys.argv[1], sys.argv[2], sys.argv[3])"
         )
-    if done.returncode != 0 or not partial.is_file():
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", code, tmp, options, settings.jars_dir],
+                cwd=Path(__file__).resolve().parent.parent,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            why = "" if done.returncode == 0 else done.stderr.strip()[-500:]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = str(e)
+    if why or not partial.is_file():
         partial.unlink(missing_ok=True)
-        progress(f"no class archive, drivers start as before: {done.stderr.strip()[-500:]}")
+        progress(f"no class archive, drivers start as before: {why or 'the JVM wrote none'}")
         return None
     partial.replace(path)
     for old in path.parent.glob("spark-*-driver.jsa"):  # an earlier release's or Java's

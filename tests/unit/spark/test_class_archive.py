@@ -87,3 +87,15 @@ def test_a_stale_archive_costs_nothing_but_the_speed(spark_settings, tmp_path):
 def test_without_an_archive_a_driver_gets_no_option_for_one(spark_settings, tmp_path):
     settings = settings_with(spark_settings, tmp_path, jars_dir=str(tmp_path / "jars" / "spark-x"))
     assert driver_options(settings) == ""
+
+
+def test_a_driver_that_cannot_start_leaves_no_archive_and_says_why(spark_settings, tmp_path):
+    """Tried: `make setup`'s step with jars missing (the driver refuses to start).  No archive,
+    not even a partial one a later driver would map; the reason is printed, and setup goes on."""
+    from spark.class_archive import make
+
+    settings = settings_with(spark_settings, tmp_path, jars_dir=str(tmp_path / "cache" / "jars" / "spark-x"))
+    said: list[str] = []
+    assert make(settings, progress=said.append) is None
+    assert not list((tmp_path / "cache" / "cds").glob("*")), "nothing left behind"
+    assert "no class archive" in said[-1] and "make setup" in said[-1], said
