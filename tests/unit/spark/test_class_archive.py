@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ def start_driver(settings: SparkSettings) -> subprocess.CompletedProcess[str]:
     )
 
 
-def settings_with(spark_settings: SparkSettings, tmp_path: Path, **changes: str) -> SparkSettings:
+def settings_with(spark_settings: SparkSettings, tmp_path: Path, **changes: Any) -> SparkSettings:
     return dataclasses.replace(
         spark_settings, warehouse=str(tmp_path / "warehouse"), master="local[1]", **changes
     )
