@@ -5,7 +5,7 @@ classes of pyspark's jars: 10-11 CPU s for a session that opens the tables
 and answers one query, on this project's 2-core machines.  The JVM's class
 data sharing (a dynamic archive, JDK 13+) keeps those classes pre-parsed in a
 file that the next JVM maps instead: the same session then starts in 6-7 CPU s
-(2026-11-30, docs/spark.md).  Every driver gains: the job's (re)starts,
+(2026-11-30, docs/operations.md).  Every driver gains: the job's (re)starts,
 `fedgate query` and `recompute` without the job's Spark Connect, the tests'
 sessions.
 
@@ -14,9 +14,9 @@ run to its end with `-XX:ArchiveClassesAtExit`, written beside the cached jars
 under a temporary name and renamed once the JVM exited cleanly, so a driver
 never maps a half-written file.  A driver uses it when it is there.  The
 archive is named by the pyspark release and the Java build it is good for;
-one that does not match all the same (a file from elsewhere) is no error: the
-JVM says nothing (the options silence it) and loads its classes as before.  Only the classes of
-the driver's class path go in (pyspark's jars); the jars Spark adds at run
+one that does not match all the same (a file from elsewhere) is no error:
+the JVM says nothing (the options silence it) and loads its classes as
+before.  Only the classes of the driver's class path go in (pyspark's jars); the jars Spark adds at run
 time (`spark.jars`: Iceberg, the Kafka source) load as before.
 """
 

@@ -6,6 +6,7 @@ are fixed by its first session (the package's, in this process)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -37,8 +38,6 @@ spark.stop()
 
 def start_driver(settings: SparkSettings) -> subprocess.CompletedProcess[str]:
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.init}
-    import json
-
     return subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(fields, default=str)],
         cwd=ROOT,
