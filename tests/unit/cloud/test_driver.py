@@ -15,6 +15,7 @@ import pytest
 from moto import mock_aws
 
 from infra.cloud.driver import CloudDriver, CloudError
+from infra.cloud.toolchain import Toolchain
 from infra.local.settings import load_settings
 
 from .fakes import fake_management_api, region_dns, terraform_calls, write_fake_terraform
@@ -203,6 +204,16 @@ def test_missing_terraform_is_named(tmp_path: Path, aws_env: None) -> None:
     driver = _driver(tmp_path, "Z1", terraform_bin=str(tmp_path / "no-such-terraform"))
     with pytest.raises(CloudError, match="terraform not installed"):
         driver.add(REGION)
+
+
+def test_terraform_runs_with_a_lazier_go_collector_unless_the_operator_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toolchain = Toolchain(Path("/usr/bin/terraform"), "1.11.4", None, tmp_path / "terraformrc")
+    monkeypatch.delenv("GOGC", raising=False)
+    assert toolchain.env()["GOGC"] == "400", "the AWS provider's schemas are rebuilt at each start"
+    monkeypatch.setenv("GOGC", "150")
+    assert toolchain.env()["GOGC"] == "150"
 
 
 def test_missing_credentials_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
