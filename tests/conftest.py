@@ -136,6 +136,10 @@ OWN_ENGINES = {
 #: Where a file runs within its lane (0: in collection order; tests/chaos 2, place_in_lane):
 #: OWN_ENGINES in its order, after the unit tests in theirs.
 PLACE_IN_LANE = {
+    # the session federation's Spark job starts with the first of these (`spark_job`)
+    "tests/integration/test_demo.py": 1,
+    "tests/integration/test_lifecycle.py": 1,
+    "tests/integration/test_mapping_rules.py": 1,
     "tests/integration/test_spark.py": 1,
     **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
 }
@@ -225,10 +229,10 @@ def make_federation(state_dir: Path, port_base: int, **overrides: object) -> Loc
 
 
 @contextmanager
-def running(fed: LocalFederation) -> Iterator[LocalFederation]:
+def running(fed: LocalFederation, spark_job: bool = True) -> Iterator[LocalFederation]:
     """`fed` up for the block, then down, with none of its processes left behind."""
     try:
-        fed.up()
+        fed.up(spark_job=spark_job)
         yield fed
     finally:
         fed.down()
@@ -248,8 +252,19 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         # 10 s while the tests send was the session job's largest cost
         spark_compact_interval_s=300,
     )
-    with running(fed):
+    # the Spark job starts with the first test that needs it (`spark_job`): landing the
+    # plain tests' readings batch by batch as they came was the job's largest cost, one
+    # batch of them all at its start is a fraction of it
+    with running(fed, spark_job=False):
         yield fed
+
+
+@pytest.fixture
+def spark_job(federation: LocalFederation) -> LocalFederation:
+    """The session federation with its Spark job running: each test finds it so, even after
+    one that killed it and failed before starting it again."""
+    federation.start_node("spark")  # nothing when it runs
+    return federation
 
 
 @pytest.fixture

@@ -135,12 +135,14 @@ class LocalFederation:
 
     # --- up ------------------------------------------------------------------------
 
-    def up(self) -> list[NodeStatus]:
+    def up(self, spark_job: bool = True) -> list[NodeStatus]:
         """Start whatever is not running, wire the federation, wait until it carries traffic.
 
         Idempotent: with everything running it only re-checks the wiring. On
         any failure every node this call started is stopped again and
-        FederationError names the node and its log.
+        FederationError names the node and its log.  `spark_job=False` renders the
+        Spark job's config but leaves it stopped, for `start_node` to start when
+        its tables are wanted (the job reads Kafka from where it left off).
         """
         t0 = time.monotonic()
         specs = port_layout(self.settings, self.recorded())
@@ -148,6 +150,8 @@ class LocalFederation:
         self.files.prepare_home(sec["erlang_cookie"])
         nodes = self.nodes(specs)
         to_start = [n for n in nodes if not n.is_running()]
+        held = [] if spark_job else [n for n in to_start if isinstance(n, SparkNode)]
+        to_start = [n for n in to_start if n not in held]
         if not to_start:
             self.progress("federation already up")
             return self.status()
@@ -185,9 +189,12 @@ class LocalFederation:
             self._start_and_wait(routers, started)
             # The Spark job reads what the routers write (it picks up topics as they appear).
             jobs: list[Node] = [n for n in to_start if isinstance(n, SparkNode)]
-            for j in jobs:
+            for j in [*jobs, *held]:
                 assert isinstance(j, SparkNode)
                 j.config = self.spark_config(nodes, j)
+            for j in held:
+                j.dir.mkdir(parents=True, exist_ok=True)
+                j.prepare()
             self._start_and_wait(jobs, started)
         except (NodeError, AdminError, TimeoutError) as e:
             self.progress(f"error: {e}; stopping what this run started")

@@ -29,6 +29,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.chaos,
     pytest.mark.spark,
+    pytest.mark.usefixtures("spark_job"),
 ]
 
 

@@ -26,7 +26,13 @@ from backend.polling import wait_until
 from tests.chaos.counting import spark_rows
 from tests.helpers import device, kafka_records, record_counts, router_metrics, wait_present
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos, pytest.mark.spark]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kafka,
+    pytest.mark.chaos,
+    pytest.mark.spark,
+    pytest.mark.usefixtures("spark_job"),
+]
 
 
 def mqtt_string(s: bytes) -> bytes:

@@ -31,6 +31,7 @@ pytestmark = [
     pytest.mark.chaos,
     pytest.mark.slow,
     pytest.mark.spark,
+    pytest.mark.usefixtures("spark_job"),
 ]
 
 DEVICES = 100

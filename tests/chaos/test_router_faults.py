@@ -26,6 +26,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.chaos,
     pytest.mark.spark,
+    pytest.mark.usefixtures("spark_job"),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from fedgate.demo import run_demo
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark_job")]
 
 
 def test_demo_scene_passes_every_check_and_says_how_to_stop(federation, capsys):

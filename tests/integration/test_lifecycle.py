@@ -11,7 +11,8 @@ from backend.polling import wait_until
 from tests.conftest import TEST_PORT_BASE
 from tests.helpers import run_fedgate
 
-pytestmark = pytest.mark.integration
+# every node running, the Spark job among them
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark_job")]
 
 
 def test_status_json_gives_every_nodes_role_region_and_ports(federation):

@@ -22,7 +22,12 @@ from tests.conftest import ENERGY_RULE
 from tests.helpers import device, kafka_records
 from tests.integration.test_spark import query, wait_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kafka,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("spark_job"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -24,14 +24,12 @@ from backend.polling import wait_until
 from fedgate.devices import publish_properties
 from tests.helpers import device, operator_client, produce_bridge_records
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def job_running(federation):
-    """Each test finds the job running: one that killed it and failed before starting it
-    again does not fail the tests after it."""
-    federation.start_node("spark")  # nothing when it runs
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.kafka,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("spark_job"),
+]
 
 
 @pytest.fixture(scope="module")
