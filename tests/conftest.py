@@ -218,12 +218,26 @@ def release_override() -> dict[str, str]:
 SUITE_BOOT_TIMEOUT_S = 180.0
 
 
+#: The test federations' Spark jobs count their batches in the aggregates when a test asks
+#: (count_aggregates_now, as `fedgate count-now` does), not on the minute's clock: a count
+#: takes ~10 CPU s on a busy machine, and the session's and the HA profile's jobs, up ~10 min
+#: each, spent ~200 CPU s a run on counts no test read.  The clock itself is the Spark
+#: cluster's test's (tests/integration/test_spark_cluster.py, every 5 s).
+TEST_AGGREGATE_INTERVAL_S = 3600.0
+
+
 def make_federation(state_dir: Path, port_base: int, **overrides: object) -> LocalFederation:
     jvm = {
         "kafka_opts": os.environ["FEDGATE_KAFKA_OPTS"],
         "spark_java_options": os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],
     }
-    overrides = {"boot_timeout": SUITE_BOOT_TIMEOUT_S, **release_override(), **jvm, **overrides}
+    overrides = {
+        "boot_timeout": SUITE_BOOT_TIMEOUT_S,
+        "spark_aggregate_interval_s": TEST_AGGREGATE_INTERVAL_S,
+        **release_override(),
+        **jvm,
+        **overrides,
+    }
     settings = load_settings(env={}, state_dir=state_dir, port_base=port_base, **overrides)
     return LocalFederation(settings, progress=lambda msg: print(f"[federation] {msg}", flush=True))
 
@@ -247,9 +261,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
         TEST_PORT_BASE,
         router=ROUTER_TABLE,
         # compaction runs between the tests' batches a few times a run, not once in 10
-        # minutes.  The aggregates count by the default clock (a minute): a test that wants
-        # them now asks the job (count_aggregates_now), as an analyst does; counting every
-        # 10 s while the tests send was the session job's largest cost
+        # minutes (the aggregates count when a test asks: TEST_AGGREGATE_INTERVAL_S)
         spark_compact_interval_s=300,
     )
     # the Spark job starts with the first test that needs it (`spark_job`): landing the
