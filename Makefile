@@ -72,7 +72,7 @@ test: setup ## unit and integration tests against real RabbitMQ and Kafka
 unit: setup ## unit tests only (no brokers)
 	@$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup ## benchmarks side by side with references -> bench/results/ (QUICK=1: shorter; BENCH=spark,router,cost,army,scale,ha; BENCH_KEEP=1 keeps the logs)
+bench: setup ## benchmarks side by side with references -> bench/results/ (QUICK=1: shorter; BENCH=spark,router,cost,army,ha,scale; BENCH_KEEP=1 keeps the logs)
 	@QUICK=$(QUICK) BENCH=$(BENCH) BENCH_KEEP=$(BENCH_KEEP) $(VENV)/bin/python -m bench
 
 lint: setup ## ruff format --check, ruff check, mypy

@@ -563,6 +563,8 @@ def measure_memory(
         "kb_per_device_last": round((peak["last"] - before) / 1024 / n, 1),
         "uplink": {k: r["uplink"][k] for k in ("sent", "acked", "lost", "duplicated", "latency_ms")},
     }
+    if plan.commands_per_s:
+        out["downlink"] = {k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated")}
     if breakdown_before is not None and peak["breakdown"] is not None:
         out["breakdown_kb_per_device"] = breakdown_per_device(breakdown_before, peak["breakdown"], n)
         out["breakdown_mb_peak"] = {

@@ -35,17 +35,19 @@ BENCHMARKS: dict[str, ModuleType] = {
     "router": router_bench,
     "cost": cost_bench,
     "army": army_bench,
-    "scale": scale_bench,
-    # last: it boots a federation of the HA profile of its own beside this one
+    # it boots a federation of the HA profile of its own beside this one
     "ha": ha_bench,
+    # last: a federation of its own, with a gateway cluster, in this one's place
+    "scale": scale_bench,
 }
 #: The army runs two routers, as a production backend would.
 ROUTERS = 2
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 
 
-def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
-    """One gateway, two routers, Kafka, and the Spark job when the Spark benchmark runs."""
+def bench_federation(workdir: Path, *, spark: bool, gateway_nodes: int = 1) -> LocalFederation:
+    """One gateway (or a cluster of them), two routers, Kafka, and the Spark job when the Spark
+    benchmark runs; its state in workdir/state."""
     base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
     # the JVMs' options as the defaults, unless told (the tests' quick run: C1 only)
     jvm = os.environ.get("FEDGATE_BENCH_JVM_OPTIONS", "")
@@ -56,15 +58,26 @@ def bench_federation(workdir: Path, *, spark: bool) -> LocalFederation:
         state_dir=workdir / "state",
         port_base=base,
         regions="local-eu",
+        gateway_cluster_nodes=gateway_nodes,
         routers=ROUTERS,
         spark=1 if spark else 0,
-        # the scale benchmark's 100,000 devices on one gateway: a descriptor each, ~3 GB of
-        # memory (below the watermark, which would block them; the other benchmarks stay far
-        # below either)
+        # the scale benchmark's devices: a descriptor each, up to ~3 GB of memory a node (below
+        # the watermark, which would block them; the other benchmarks stay far below either)
         gateway_max_fds=scale_bench.GATEWAY_MAX_FDS,
         rabbitmq_memory_mb=scale_bench.GATEWAY_MEMORY_MB,
     )
     return LocalFederation(settings, progress=progress)
+
+
+def scale_federation(shared: LocalFederation, workdir: Path, quick: bool) -> LocalFederation:
+    """The scale benchmark's federation: its region a gateway cluster of as many nodes as its
+    devices need here (scale_bench.cluster_plan), booted in the shared one's place (stopped
+    first: its ports, and the machine to itself; no benchmark after it needs the shared one)."""
+    nodes = scale_bench.cluster_plan("quick" if quick else "full").nodes
+    shared.down()
+    fed = bench_federation(workdir / "scale-federation", spark=False, gateway_nodes=nodes)
+    fed.up()
+    return fed
 
 
 def set_services(fed: LocalFederation, *, routers: bool, spark: bool) -> None:
@@ -129,11 +142,14 @@ def run_suite(
     out: dict[str, dict[str, Any]] = {}
     t_suite = time.monotonic()
     try:
-        fed.up()
+        if chosen != ["scale"]:  # the scale benchmark alone needs only its own
+            fed.up()
         for name in chosen:
             started = time.monotonic()
             module = BENCHMARKS[name]
             progress(f"{name} benchmark ({'quick' if quick else 'full'})")
+            if module is scale_bench:
+                fed = scale_federation(fed, workdir, quick)
             set_services(fed, **module.SERVICES)
             (workdir / name).mkdir()
             extra = {"ha": ha_federation} if module is ha_bench else {}

@@ -26,11 +26,16 @@ Gateways = Callable[[], list[RabbitNode]]
 
 
 def running(gateways: Gateways) -> Iterator[GatewayTarget]:
-    """(region, node, management API) of each running gateway: a stopped one gets the whole
-    registry when it is next wired."""
+    """(region, node, management API) of one running gateway node of each region: a
+    cluster's nodes share their users (and its management API lists and closes the
+    connections of all of them), so each change is made once a region, not once a node; a
+    region with no node running gets the whole registry when it is next wired."""
+    regions: set[str] = set()
     for gw in gateways():
-        if gw.is_running():
-            yield gw.spec.region or gw.name, gw.name, gw.admin()
+        region = gw.spec.region or gw.name
+        if region not in regions and gw.is_running():
+            regions.add(region)
+            yield region, gw.name, gw.admin()
 
 
 def _raise_failed(update: DeviceUpdate, done: str) -> None:

@@ -69,9 +69,12 @@ KAFKA_EXTRA_STRIDE = 3
 BACKEND_EXTRA_OFFSET = 60
 BACKEND_EXTRA_STRIDE = 6
 #: Gateway nodes after a region's first ("gw-local-eu-n2", ...): a block of their own, a slot of
-#: GATEWAY_EXTRA_STRIDE per region (the region's first node's slot number), GATEWAY_STRIDE a node.
+#: GATEWAY_EXTRA_STRIDE per region (the region's first node's slot number), GATEWAY_STRIDE a node;
+#: a cluster of more than 3 nodes a region makes the slots as wide as its extra nodes need
+#: (gateway_extra_stride), up to the port block's end (GATEWAY_EXTRA_PORTS for all regions).
 GATEWAY_EXTRA_OFFSET = 600
 GATEWAY_EXTRA_STRIDE = 20
+GATEWAY_EXTRA_PORTS = 400
 ROUTER_OFFSETS = {"metrics": 30}
 #: the DNS server devices resolve mqtt.<domain> at (infra/dns)
 DNS_OFFSETS = {"dns": 8}
@@ -145,6 +148,11 @@ def gateway_slot(spec: NodeSpec, port_base: int) -> int:
     if first >= GATEWAY_EXTRA_OFFSET:
         return (first - GATEWAY_EXTRA_OFFSET) // GATEWAY_EXTRA_STRIDE
     return (first - GATEWAY_BASE_OFFSET) // GATEWAY_STRIDE
+
+
+def gateway_extra_stride(cluster_nodes: int) -> int:
+    """Ports of one region's slot in the extra gateway nodes' block."""
+    return max(GATEWAY_EXTRA_STRIDE, GATEWAY_STRIDE * (cluster_nodes - 1))
 
 
 def ports_text(spec: NodeSpec) -> str:
@@ -284,7 +292,8 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         first = gateway_address(block, slot, 1)
         specs.append(spec(gateway_node_name(region), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start, first))
         for m in range(2, settings.gateway_nodes + 1):
-            start = base + GATEWAY_EXTRA_OFFSET + GATEWAY_EXTRA_STRIDE * slot + GATEWAY_STRIDE * (m - 2)
+            stride = gateway_extra_stride(settings.gateway_nodes)
+            start = base + GATEWAY_EXTRA_OFFSET + stride * slot + GATEWAY_STRIDE * (m - 2)
             address = gateway_address(block, slot, m)
             specs.append(
                 spec(gateway_node_name(region, m), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start, address)

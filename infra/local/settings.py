@@ -42,15 +42,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PORT_BLOCK = 1000
 
 
-def ephemeral_port_range() -> tuple[int, int]:
-    """The kernel's range for outgoing connections' local ports."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
 class SettingsError(FedgateError, ValueError):
     """A setting is missing or wrong; the message names the field."""
 
@@ -84,6 +75,12 @@ class LocalSettings:
     kafka_brokers: int = field(
         default=0,
         metadata={"doc": "Kafka brokers (KRaft, each also a controller); 0: the profile's (single 1, ha 3)."},
+    )
+    gateway_cluster_nodes: int = field(
+        default=0,
+        metadata={
+            "doc": "RabbitMQ nodes of each region's gateway cluster; 0: the profile's (single 1, ha 3)."
+        },
     )
     port_base: int = field(
         default=17000,
@@ -310,10 +307,13 @@ class LocalSettings:
 
     @property
     def backend_nodes(self) -> int:
-        """RabbitMQ nodes of the backend cluster and of each region's gateway cluster."""
+        """RabbitMQ nodes of the backend cluster."""
         return PROFILE_RABBITMQ_CLUSTER[self.profile]
 
-    gateway_nodes = backend_nodes
+    @property
+    def gateway_nodes(self) -> int:
+        """RabbitMQ nodes of each region's gateway cluster."""
+        return self.gateway_cluster_nodes or PROFILE_RABBITMQ_CLUSTER[self.profile]
 
     @property
     def kafka_broker_count(self) -> int:

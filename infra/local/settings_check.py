@@ -4,17 +4,27 @@ fields they check so that infra/local/settings.py stays one page of fields."""
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 from backend.contract import InvalidRegionError, validate_region
+from infra.local.layout import GATEWAY_EXTRA_PORTS, GATEWAY_STRIDE, gateway_extra_stride
 from infra.local.settings import (
     MAX_KAFKA_BROKERS,
     PORT_BLOCK,
     PROFILE_KAFKA_BROKERS,
     LocalSettings,
     SettingsError,
-    ephemeral_port_range,
 )
 from router.settings import RouterSettingsError, router_table
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def check_settings(self: LocalSettings) -> LocalSettings:
@@ -52,6 +62,13 @@ def check_settings(self: LocalSettings) -> LocalSettings:
         raise SettingsError(f"router.{e}") from e
     if self.profile not in PROFILE_KAFKA_BROKERS:
         raise SettingsError(f"profile: one of {sorted(PROFILE_KAFKA_BROKERS)}, got {self.profile!r}")
+    extra_ports = len(self.regions) * gateway_extra_stride(self.gateway_nodes)
+    if self.gateway_cluster_nodes < 0 or self.gateway_nodes > 1 and extra_ports > GATEWAY_EXTRA_PORTS:
+        most = GATEWAY_EXTRA_PORTS // GATEWAY_STRIDE // len(self.regions) + 1
+        raise SettingsError(
+            f"gateway_cluster_nodes: 0 (the profile's) to {most} with {len(self.regions)} region(s), "
+            f"got {self.gateway_cluster_nodes}"
+        )
     if not 0 <= self.kafka_brokers <= MAX_KAFKA_BROKERS:
         raise SettingsError(
             f"kafka_brokers: 0 (the profile's) to {MAX_KAFKA_BROKERS}, got {self.kafka_brokers}"

@@ -136,11 +136,16 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert "| offered/s | fedgate acked/s" in md and "Mosquitto" in md
     assert "| QoS 1 command subscription |" in md and "Where the gateway's memory goes" in md
 
-    # scale: devices held on one gateway node, sending, every reading looked up in Kafka
+    # scale: one region's gateway cluster (two nodes in the quick run) holds the devices while
+    # each sends, every reading looked up in Kafka, and the backend commands a sample of them
     r = results["scale"]
     h = r["held"]
+    assert r["cluster"]["nodes"] == r["cluster"]["nodes_running"] == 2
+    assert sorted(r["devices_per_node"].values()) == [500, 500], "the devices spread over the nodes"
     assert h["held"] == h["devices"] == 1000 and h["subscribed"] == 1000, "every device held"
     assert h["uplink"]["acked"] > 0 and h["uplink"]["lost"] == 0, "nothing acknowledged was lost"
+    d = h["downlink"]
+    assert d["sent"] > 0 and d["lost"] == 0 and d["received"] >= d["sent"], "every command delivered"
     assert h["rss_mb_before"] > 0 and h["breakdown_kb_per_device"]["total_rss"] is not None
-    assert r["cpu_cores"]["gateway"] > 0
-    assert "devices held / subscribed" in scale_bench.to_markdown(r)
+    assert r["cpu_cores"]["gateways"] > 0
+    assert "devices dialling each node" in scale_bench.to_markdown(r)
