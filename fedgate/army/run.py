@@ -208,11 +208,15 @@ def run_fleet(
         finish.set()
         if commands is not None:
             commands.stop.set()
+        # a worker exits only once its last report went down the queue's pipe: read them
+        # while waiting (a report of 16,000 devices fills the pipe, and a bare join waits for ever)
+        deadline = time.monotonic() + 30
+        while any(p.is_alive() for p in workers) and time.monotonic() < deadline:
+            pump(0.2)
         for p in workers:
-            p.join(30)
             if p.is_alive():
                 p.terminate()
-                p.join(5)
+            p.join(5)
         verifier.stop.set()
         verifier.join(10)
         if killed_at is not None:

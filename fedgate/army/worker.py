@@ -24,7 +24,7 @@ from backend.polling import await_until
 from fedgate.army.device import ArmyDevice
 from fedgate.army.plan import ArmyPlan, DeviceSpec
 from fedgate.army.resolving import DnsConfig, SiteResolvers
-from infra.local.processes import set_descriptor_limit
+from infra.local.processes import die_with_parent, set_descriptor_limit
 
 REPORT_EVERY_S = 0.5
 
@@ -205,6 +205,7 @@ def _descriptors_for(devices: int) -> None:
 
 def worker_main(cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: Any, finish: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    die_with_parent()  # however the parent ends: no army left holding connections
     _descriptors_for(len(cfg.specs))
 
     async def main() -> None:

@@ -48,9 +48,11 @@
     buffered = 0 :: non_neg_integer(),
     buffered_bytes = 0 :: non_neg_integer(),
     timer :: reference() | undefined,
-    %% the highest delivery tag received, and the highest acked
+    %% the highest delivery tag received, and the highest a flush covered (its ack sent, or
+    %% waiting in `pending` for its batch's confirm): a tag covered twice would be acked twice,
+    %% and RabbitMQ closes a channel that acks an unknown tag
     last_tag = 0 :: non_neg_integer(),
-    acked_tag = 0 :: non_neg_integer(),
+    covered_tag = 0 :: non_neg_integer(),
     %% publishes not yet confirmed (sequence numbers), and in publish order the delivery
     %% tag each flush covers: {last sequence number of the flush, delivery tag}
     unconfirmed = gb_sets:empty(),
@@ -59,14 +61,16 @@
     batches = 0 :: non_neg_integer(),
     readings = 0 :: non_neg_integer(),
     alone = 0 :: non_neg_integer(),
-    skipped = 0 :: non_neg_integer()
+    skipped = 0 :: non_neg_integer(),
+    %% channels lost and opened again (the first connect at boot not counted)
+    reconnects = 0 :: non_neg_integer()
 }).
 
 start_link() ->
     gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
 
 %% Counters since the batcher (re)started: batches, readings in them, messages sent alone,
-%% messages not carried back.
+%% messages not carried back, channels lost.
 stats() ->
     gen_server:call(?MODULE, stats).
 
@@ -78,7 +82,8 @@ init([]) ->
 
 handle_call(stats, _From, S) ->
     {reply, #{batches => S#st.batches, readings => S#st.readings, alone => S#st.alone,
-              skipped => S#st.skipped, connected => S#st.ch =/= undefined}, S}.
+              skipped => S#st.skipped, reconnects => S#st.reconnects,
+              connected => S#st.ch =/= undefined}, S}.
 
 handle_cast(_Msg, S) ->
     {noreply, S}.
@@ -104,13 +109,13 @@ handle_info(#'basic.nack'{}, S) ->
     {stop, {shutdown, batch_nacked}, S};
 handle_info({'DOWN', _Ref, process, Pid, Reason}, S = #st{conn = Pid}) ->
     rabbit_log:warning("fedgate uplink batcher: connection closed (~tp); reconnecting", [Reason]),
-    {noreply, reconnect_later(S)};
+    {noreply, lost(reconnect_later(S))};
 handle_info({'DOWN', _Ref, process, Pid, Reason}, S = #st{ch = Pid}) ->
     rabbit_log:warning("fedgate uplink batcher: channel closed (~tp); reconnecting", [Reason]),
-    {noreply, reconnect_later(close(S))};
+    {noreply, lost(reconnect_later(close(S)))};
 handle_info(#'basic.cancel'{}, S) ->
     rabbit_log:warning("fedgate uplink batcher: consumer cancelled (its queue deleted?); reconnecting"),
-    {noreply, reconnect_later(close(S))};
+    {noreply, lost(reconnect_later(close(S)))};
 handle_info(_Other, S) ->
     {noreply, S}.
 
@@ -162,8 +167,11 @@ reconnect_later(S = #st{timer = T}) ->
     _ = case T of undefined -> ok; _ -> erlang:cancel_timer(T) end,
     erlang:send_after(?RECONNECT_MS, self(), connect),
     S#st{conn = undefined, ch = undefined, buckets = #{}, buffered = 0, buffered_bytes = 0,
-         timer = undefined, last_tag = 0, acked_tag = 0, unconfirmed = gb_sets:empty(),
+         timer = undefined, last_tag = 0, covered_tag = 0, unconfirmed = gb_sets:empty(),
          pending = queue:new(), next_seq = 1}.
+
+lost(S) ->
+    S#st{reconnects = S#st.reconnects + 1}.
 
 %% --- readings in ------------------------------------------------------------------------
 
@@ -198,7 +206,8 @@ add(Key, Props, Body, S = #st{cfg = Cfg, buckets = Bs}) ->
     end.
 
 %% The linger timer, started by the first message of a flush.
-arm(S = #st{timer = undefined, last_tag = Last, acked_tag = Acked, cfg = #{linger_ms := L}}) when Last > Acked ->
+arm(S = #st{timer = undefined, last_tag = Last, covered_tag = Covered, cfg = #{linger_ms := L}})
+  when Last > Covered ->
     S#st{timer = erlang:send_after(L, self(), flush)};
 arm(S) ->
     S.
@@ -246,11 +255,12 @@ publish(X, Key, Props, Payload, S = #st{ch = Ch, next_seq = Seq, unconfirmed = U
     S#st{next_seq = Seq + 1, unconfirmed = gb_sets:add_element(Seq, U)}.
 
 %% Every delivery up to last_tag is now in a publish (or not carried back): its ack
-%% waits for the confirms of every publish so far.
-cover(S = #st{last_tag = Last, acked_tag = Acked}) when Last =< Acked ->
+%% waits for the confirms of every publish so far.  A flush with nothing delivered since
+%% the last one (a message passed through right after a batch) covers nothing again.
+cover(S = #st{last_tag = Last, covered_tag = Covered}) when Last =< Covered ->
     S;
 cover(S = #st{last_tag = Last, next_seq = Next, pending = P}) ->
-    ack_confirmed(S#st{pending = queue:in({Next - 1, Last}, P)}).
+    ack_confirmed(S#st{pending = queue:in({Next - 1, Last}, P), covered_tag = Last}).
 
 ack_confirmed(S = #st{pending = P, unconfirmed = U, ch = Ch}) ->
     Lowest = case gb_sets:is_empty(U) of
@@ -260,7 +270,7 @@ ack_confirmed(S = #st{pending = P, unconfirmed = U, ch = Ch}) ->
     case queue:peek(P) of
         {value, {Seq, Tag}} when Seq < Lowest ->
             ok = amqp_channel:cast(Ch, #'basic.ack'{delivery_tag = Tag, multiple = true}),
-            ack_confirmed(S#st{pending = queue:drop(P), acked_tag = Tag});
+            ack_confirmed(S#st{pending = queue:drop(P)});
         _ ->
             S
     end.
