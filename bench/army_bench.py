@@ -582,10 +582,12 @@ def restart_gateway(fed: LocalFederation, gateway: RabbitNode) -> float:
     return time.monotonic()
 
 
-def wait_gateway_settled(gateway: RabbitNode, mode_key: str) -> bool:
-    """Wait until a freshly booted node's RSS stopped falling (or gave up: False)."""
+def wait_gateway_settled(gateway: RabbitNode | list[RabbitNode], mode_key: str) -> bool:
+    """Wait until a freshly booted node's RSS (a cluster's: their sum) stopped falling (or
+    gave up: False)."""
+    nodes = gateway if isinstance(gateway, list) else [gateway]
     _, settled = wait_settled(
-        lambda: processes.rss_bytes(processes.marked_pids(gateway.marker)),
+        lambda: processes.rss_bytes([pid for n in nodes for pid in processes.marked_pids(n.marker)]),
         samples=SETTLED_SAMPLES[mode_key],
         within=SETTLED_WITHIN,
         max_samples=SETTLE_MAX_SAMPLES[mode_key],

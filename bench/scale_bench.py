@@ -32,19 +32,17 @@ import math
 import resource
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from bench.army_bench import (
-    SETTLE_MAX_SAMPLES,
-    SETTLED_SAMPLES,
-    SETTLED_WITHIN,
     StepSampler,
     flat_breakdown,
     measure_memory,
-    wait_settled,
+    memory_breakdown,
+    wait_gateway_settled,
 )
 from bench.router_bench import progress
 from fedgate import army
@@ -144,34 +142,20 @@ def cluster_target(fed: LocalFederation, devices: int) -> army.Target:
     return army.Target("fedgate", specs, [region], ep["kafka"]["bootstrap"], commands=commands)
 
 
-def cluster_breakdown(gateways: list[RabbitNode]) -> Any:
+def cluster_breakdown(gateways: list[RabbitNode]) -> Callable[[], dict[str, Any] | None]:
     """RabbitMQ's memory breakdown summed over the nodes, or None while one is too busy to give it."""
-    from backend.rabbitmq_admin import AdminError
-
-    admins = [(g, g.admin(timeout=30)) for g in gateways]
+    nodes = [memory_breakdown(g, g.admin(timeout=30)) for g in gateways]
 
     def breakdown() -> dict[str, Any] | None:
         total: Counter[str] = Counter()
-        for g, admin in admins:
-            try:
-                memory = admin.get(f"nodes/{quote(g.erlang_node, safe='')}/memory")["memory"]
-            except AdminError:  # busy with thousands of subscribing devices: the next sample's
+        for node in nodes:
+            memory = node()
+            if memory is None:
                 return None
             total.update(flat_breakdown(memory))
         return dict(total)
 
     return breakdown
-
-
-def wait_cluster_settled(gateways: list[RabbitNode], mode: str) -> bool:
-    """Wait until the freshly booted nodes' resident memory stopped falling (or gave up)."""
-    _, settled = wait_settled(
-        lambda: processes.rss_bytes(cluster_pids(gateways)),
-        samples=SETTLED_SAMPLES[mode],
-        within=SETTLED_WITHIN,
-        max_samples=SETTLE_MAX_SAMPLES[mode],
-    )
-    return settled
 
 
 def cluster_pids(nodes: list[Any]) -> list[int]:
@@ -188,7 +172,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
         limited_by = f"the federation has {len(gateways)} gateway node(s), not the {cp.nodes} they need"
         progress(limited_by)
     target = cluster_target(fed, n)
-    settled = wait_cluster_settled(gateways, mode)
+    settled = wait_gateway_settled(gateways, mode)
     plan = army.ArmyPlan(
         devices=n,
         rate=n / READING_EVERY_S,

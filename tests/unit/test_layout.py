@@ -4,7 +4,7 @@ import pytest
 
 from infra.local.driver import FederationError, port_layout
 from infra.local.layout import NodeSpec
-from infra.local.settings import load_settings
+from infra.local.settings import SettingsError, load_settings
 
 STANDARD_PORTS = {1883, 8883, 5672, 5671, 15672, 15692, 25672, 4369, 9092, 9093}
 
@@ -165,6 +165,24 @@ def test_the_ha_profile_makes_each_region_a_gateway_cluster_of_three_with_ports_
     assert [s.name for s in grown if s.region == "r-d"] == ["gw-r-d", "gw-r-d-n2", "gw-r-d-n3"]
     with pytest.raises(FederationError, match="down --purge"):
         port_layout(ha, {s.name: s for s in port_layout(single)})
+
+
+def test_a_larger_gateway_cluster_gets_wider_port_slots_up_to_the_block(tmp_path):
+    six = load_settings(
+        env={}, state_dir=tmp_path, port_base=21000, regions=("r-a", "r-b"), gateway_cluster_nodes=6
+    )
+    assert six.backend_nodes == 1 and six.gateway_nodes == 6, "the cluster size alone, in the single profile"
+    specs = port_layout(six)
+    gateways = [s for s in specs if s.role == "gateway"]
+    assert [s.name for s in gateways if s.region == "r-b"] == [
+        "gw-r-b",
+        *(f"gw-r-b-n{m}" for m in range(2, 7)),
+    ]
+    listeners = _host_ports(specs)
+    on_host = [p for a, p in listeners if a == "127.0.0.1"]
+    assert len(listeners) == len(set(listeners)) and max(on_host) < 21000 + 1000, "one block, each port once"
+    with pytest.raises(SettingsError, match="gateway_cluster_nodes: 0 .* to 21 with 2 region"):
+        load_settings(env={}, regions=("r-a", "r-b"), gateway_cluster_nodes=22)
 
 
 def test_a_region_named_like_another_regions_second_node_is_refused():
