@@ -67,7 +67,7 @@ spark-package: ## the Spark job packaged for spark-submit -> build/spark/ (print
 
 # -n: one pytest-xdist worker per lane (tests/conftest.py LANES)
 test: setup ## unit and integration tests against real RabbitMQ and Kafka
-	@FEDGATE_REQUIRE_RUNTIME=1 $(VENV)/bin/python -m pytest -n 5 $(PYTEST_ARGS)
+	@FEDGATE_REQUIRE_RUNTIME=1 $(VENV)/bin/python -m pytest -n 6 $(PYTEST_ARGS)
 
 unit: setup ## unit tests only (no brokers)
 	@$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -1,7 +1,8 @@
 """Shared fixtures: a real local federation (RabbitMQ nodes + Kafka) for integration tests.
 
 The session fixture starts its own federation in a temporary state dir on
-its own port block (FEDGATE_TEST_PORT_BASE, default 27000), so it never
+its own port block (FEDGATE_TEST_PORT_BASE, default 27000; the second
+federation lane's 1000 below it: lane_port_base), so it never
 touches a federation `make demo` left running, and always stops what it
 started -- asserting that no process is left behind.
 """
@@ -100,10 +101,13 @@ def missing_postgres() -> str | None:
 #: collection order but for PLACE_IN_LANE; the lanes run side by side.  The suite is CPU-bound
 #: (two cores ~1.8 busy), and two federations under fault at once overload them: the order
 #: within the lanes keeps the session federation's fault scenarios for after the HA profile's.
-#: - "federation": every test of the session federation: the plain ones first, then Spark's,
-#:   then the fault scenarios (tests/chaos), by when the HA profile's are done;
+#: - "federation": the session federation's tests: the plain ones first, then Spark's, then
+#:   the fault scenarios (tests/chaos), by when the HA profile's are done;
+#: - "federation-2": plain tests that need no Spark job (FEDERATION_2) on a session federation
+#:   of that lane's own (lane_port_base; its Spark job never starts), then the cloud
+#:   rehearsal (nodes in network namespaces);
 #: - "ha": tests/ha on the HA profile's federation (the node-loss scenarios, then the HA
-#:   benchmark's quick run), then the cloud rehearsal (nodes in network namespaces);
+#:   benchmark's quick run);
 #: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
 #:   but the HA one's (a federation of its own; its checks count rather than time);
 #: - "terraform" and "terraform-2": Terraform's AWS provider against moto (its waiters sleep
@@ -111,10 +115,18 @@ def missing_postgres() -> str | None:
 #:   (TERRAFORM_2), each then running what starts engines of its own: the Spark cluster's
 #:   tests (a standalone cluster and a Kafka broker of their own, ~5 min) after the first;
 #:   PowerDNS, a benchmark stopped, `fedgate up` and `down` from nothing after the second.
-#: Four lanes (Terraform in one, the Spark cluster after Spark's tests in the federation's)
-#: took 25:48 on 2026-11-29 (r15), the federation's lane the longest (25.6 min; the others
-#: 17.8-20.0).
-LANES = ("federation", "ha", "unit", "terraform", "terraform-2")
+#: Five lanes took 21:00-21:40 on 2026-11-30, the federation's the longest (1,273 s of tests;
+#: the others 881-1,104): its second session federation (~35 s to boot, ~0.05 cores idle)
+#: takes 385 s of them, and the cloud rehearsal (431 s) leaves the HA lane.
+LANES = ("federation", "federation-2", "ha", "unit", "terraform", "terraform-2")
+#: The plain tests of the second session federation: none starts the Spark job or a fault
+#: that the federation's own lane runs (those come after the HA profile's, one at a time).
+FEDERATION_2 = {
+    "tests/integration/test_army.py",
+    "tests/integration/test_command_acks.py",
+    "tests/integration/test_regions.py",
+    "tests/integration/test_router.py",
+}
 #: The Terraform files of the second Terraform lane (~9 of the ~20 min of their waits).
 TERRAFORM_2 = {
     "tests/unit/cloud/test_backend_routers.py",
@@ -126,7 +138,7 @@ TERRAFORM_2 = {
 OWN_ENGINES = {
     "tests/ha/test_ha_node_loss.py": "ha",
     "tests/ha/test_ha_bench.py": "ha",
-    "tests/integration/test_cloud_rehearsal.py": "ha",
+    "tests/integration/test_cloud_rehearsal.py": "federation-2",
     "tests/integration/test_bench.py": "unit",
     "tests/integration/test_spark_cluster.py": "terraform",
     "tests/integration/test_dns.py": "terraform-2",
@@ -151,7 +163,24 @@ def lane_of(nodeid: str) -> str:
         return "terraform-2" if path in TERRAFORM_2 else "terraform"
     if path.startswith("tests/unit/"):
         return "unit"
+    if path in FEDERATION_2:
+        return "federation-2"
     return OWN_ENGINES.get(path, "federation")
+
+
+def lane_port_base(lane: str) -> int:
+    """The port block of a lane's session federation: each lane runs in a process of its own."""
+    return TEST_PORT_BASE - 1000 if lane == "federation-2" else TEST_PORT_BASE
+
+
+#: The lane of the test being set up: the session federation starts with a lane's first test
+#: (pytest_runtest_setup runs before its fixtures), on that lane's ports.
+CURRENT_LANE: list[str] = ["federation"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    CURRENT_LANE[0] = lane_of(item.nodeid)
 
 
 def place_in_lane(nodeid: str) -> int:
@@ -256,9 +285,11 @@ def running(fed: LocalFederation, spark_job: bool = True) -> Iterator[LocalFeder
 
 @pytest.fixture(scope="session")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    # one lane's tests at a time in a worker (the lanes' scheduler); run without it, the first
+    # test's lane picks the ports and every test shares the one federation
     fed = make_federation(
         tmp_path_factory.mktemp("federation"),
-        TEST_PORT_BASE,
+        lane_port_base(CURRENT_LANE[0]),
         router=ROUTER_TABLE,
         # compaction runs between the tests' batches a few times a run, not once in 10
         # minutes (the aggregates count when a test asks: TEST_AGGREGATE_INTERVAL_S)

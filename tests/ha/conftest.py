@@ -3,8 +3,8 @@
 Sixteen processes (three RabbitMQ nodes per cluster, three Kafka brokers, two routers,
 the Spark job) take two cores a minute to boot: the node-loss scenarios and the HA
 benchmark's quick run share one.  Package scope: it stops once the package's last test
-ran, not at the end of the session, since `make test` runs other tests in this lane after
-it (tests/conftest.py LANES)."""
+ran, not at the end of the session: its six RabbitMQ nodes and three brokers need not
+idle beside what a worker runs after them (tests/conftest.py LANES)."""
 
 from __future__ import annotations
 

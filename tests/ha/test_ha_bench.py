@@ -27,7 +27,7 @@ def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
 ) -> None:
     # the single profile's block clear of `make up` (17000), `make bench` (19000, 21000), the
     # quick benchmarks' (23000) and the federations of the lanes beside it (tests/conftest.py
-    # LANES): the session's (27000), test_lifecycle's (28000), this package's (29000)
+    # LANES): the sessions' (26000, 27000), test_lifecycle's (28000), this package's (29000)
     monkeypatch.setenv("FEDGATE_BENCH_PORT_BASE", "25000")
     monkeypatch.setenv("FEDGATE_BENCH_JVM_OPTIONS", TEST_JVM_OPTIONS)  # its checks count, not time
     results = run_suite(["ha"], quick=True, ha_federation=ha_federation)

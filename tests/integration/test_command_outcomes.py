@@ -22,7 +22,6 @@ from backend.amqp import send_command
 from backend.command_outcomes import read_outcomes
 from backend.polling import wait_until
 from fedgate import cli
-from tests.conftest import TEST_PORT_BASE
 from tests.helpers import device, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -88,7 +87,7 @@ def test_a_command_for_an_unregistered_id_ends_dead_lettered_with_the_reason_and
     ]
 
     monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
-    monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
+    monkeypatch.setenv("FEDGATE_PORT_BASE", str(federation.settings.port_base))
     capsys.readouterr()
     assert cli.main(["command", command_id]) == 0
     out = capsys.readouterr().out
@@ -101,7 +100,7 @@ def test_a_command_for_an_unregistered_id_ends_dead_lettered_with_the_reason_and
 def _send_and_follow(federation, monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
     """`fedgate send ... --wait` as a sender runs it: (exit status, stdout, stderr)."""
     monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
-    monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
+    monkeypatch.setenv("FEDGATE_PORT_BASE", str(federation.settings.port_base))
     capsys.readouterr()
     status = cli.main(["send", *argv])
     out = capsys.readouterr()

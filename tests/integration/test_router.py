@@ -15,7 +15,6 @@ from backend.amqp import command_headers, publish_confirmed, send_command
 from backend.errors import FedgateError
 from backend.polling import wait_until
 from fedgate import cli
-from tests.conftest import TEST_PORT_BASE
 from tests.helpers import (
     device,
     kafka_records,
@@ -644,7 +643,7 @@ def test_a_command_for_an_id_that_is_not_registered_is_refused_and_dead_lettered
     dead-letters it with the reason instead of broadcasting it to every gateway."""
     ghost = f"ghost-{uid}"
     monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
-    monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
+    monkeypatch.setenv("FEDGATE_PORT_BASE", str(federation.settings.port_base))
     capsys.readouterr()
     assert cli.main(["send", ghost, c.device_command_topic(ghost, "x"), "{}"]) == 5  # refused
     err = capsys.readouterr().err

@@ -20,7 +20,6 @@ from fedgate import cli
 from fedgate.devices import DeviceError, SimDevice
 from infra import device_registry
 from infra.local import processes
-from tests.conftest import TEST_PORT_BASE
 from tests.helpers import REFUSED, device, kafka_records, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -192,7 +191,7 @@ def test_devices_add_while_a_gateway_does_not_answer_names_it_and_sync_repairs_i
     `devices sync` makes the device able to connect there once it answers."""
     dev_id = f"hung-{uid}"
     monkeypatch.setenv("FEDGATE_STATE_DIR", str(federation.state_dir))
-    monkeypatch.setenv("FEDGATE_PORT_BASE", str(TEST_PORT_BASE))
+    monkeypatch.setenv("FEDGATE_PORT_BASE", str(federation.settings.port_base))
     monkeypatch.setenv("FEDGATE_CLOUD_STATE_DIR", str(tmp_path / "cloud"))
     monkeypatch.setattr(device_registry, "ANSWER_TIMEOUT_S", 3.0)
     pids = processes.marked_pids(federation.node("gw-local-us").marker)

@@ -209,7 +209,6 @@ def test_fedgate_count_now_counts_what_landed_without_waiting_for_the_minute(
     `fedgate count-now` asks it to count now (SIGUSR1).  Tried: 30 readings land, then the
     command: it ends once the job answered, naming the last batch counted, and device_minute
     counts all 30 at that moment, without another look."""
-    from tests.conftest import TEST_PORT_BASE
     from tests.helpers import run_fedgate
 
     dev = f"count-now-{uid}"
@@ -221,7 +220,7 @@ def test_fedgate_count_now_counts_what_landed_without_waiting_for_the_minute(
     sql = f"SELECT count(*), max(ingest_batch) FROM telemetry_raw WHERE device = '{dev}'"
     assert wait_until(lambda: query(spark, federation, sql)[0][0] == 30, 60, 1), "30 rows in telemetry_raw"
     ((_, landed),) = query(spark, federation, sql)
-    done = run_fedgate(federation.state_dir, TEST_PORT_BASE, "count-now", "--timeout", "60")
+    done = run_fedgate(federation.state_dir, federation.settings.port_base, "count-now", "--timeout", "60")
     assert done.returncode == 0, done.stderr[-2000:]
     through = int(re.search(r"through (\d+)", done.stdout).group(1))  # type: ignore[union-attr]
     assert through >= landed, f"the batch that landed the readings ({landed}) is counted: {done.stdout}"
