@@ -107,17 +107,19 @@ def missing_postgres() -> str | None:
 #:   of that lane's own (lane_port_base; its Spark job never starts), then the cloud
 #:   rehearsal (nodes in network namespaces);
 #: - "ha": tests/ha on the HA profile's federation (the node-loss scenarios, then the HA
-#:   benchmark's quick run);
+#:   benchmark's quick run), then the Spark cluster's tests (a standalone cluster and a
+#:   Kafka broker of their own, ~5 min);
 #: - "unit": no brokers (Spark's local session among them), then the benchmarks' quick run
 #:   but the HA one's (a federation of its own; its checks count rather than time);
 #: - "terraform" and "terraform-2": Terraform's AWS provider against moto (its waiters sleep
 #:   10-60 s between polls: these lanes wait, they hardly compute), split in two
-#:   (TERRAFORM_2), each then running what starts engines of its own: the Spark cluster's
-#:   tests (a standalone cluster and a Kafka broker of their own, ~5 min) after the first;
-#:   PowerDNS, a benchmark stopped, `fedgate up` and `down` from nothing after the second.
+#:   (TERRAFORM_2), the second then running what starts engines of its own: PowerDNS, a
+#:   benchmark stopped, `fedgate up` and `down` from nothing.
 #: Five lanes took 21:00-21:40 on 2026-11-30, the federation's the longest (1,273 s of tests;
 #: the others 881-1,104): its second session federation (~35 s to boot, ~0.05 cores idle)
-#: takes 385 s of them, and the cloud rehearsal (431 s) leaves the HA lane.
+#: takes 385 s of them, and the cloud rehearsal (431 s) leaves the HA lane.  Six lanes took
+#: 19:13 (r16), the unit and Terraform lanes then the longest (1,129 and 1,111 s), the HA
+#: lane 720: the Spark cluster's tests (289 s) moved there from the first Terraform lane.
 LANES = ("federation", "federation-2", "ha", "unit", "terraform", "terraform-2")
 #: The plain tests of the second session federation: none starts the Spark job or a fault
 #: that the federation's own lane runs (those come after the HA profile's, one at a time).
@@ -140,7 +142,7 @@ OWN_ENGINES = {
     "tests/ha/test_ha_bench.py": "ha",
     "tests/integration/test_cloud_rehearsal.py": "federation-2",
     "tests/integration/test_bench.py": "unit",
-    "tests/integration/test_spark_cluster.py": "terraform",
+    "tests/integration/test_spark_cluster.py": "ha",
     "tests/integration/test_dns.py": "terraform-2",
     "tests/integration/test_bench_stop.py": "terraform-2",
     "tests/integration/test_up_down.py": "terraform-2",
