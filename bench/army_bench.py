@@ -545,8 +545,9 @@ def measure_memory(
 
     r = army.run_fleet(target, plan, line=line)
     conn = r["connections"]
-    # per device held: all of them, unless some could not connect (a limit of the machine's)
-    n = sum(conn.get("connected_at_end", {}).values()) or plan.devices
+    # per device held: those the workers still had connected at the end, not those planned (a
+    # region that held 17,843 of 100,000 once read as holding all of them)
+    n = sum(conn.get("connected_at_end", {}).values())
     out: dict[str, Any] = {
         "command_qos": plan.command_qos,
         "devices": plan.devices,
@@ -559,13 +560,13 @@ def measure_memory(
         "held_s": plan.duration_s,
         "rss_mb_before": round(before / 2**20, 1),
         "rss_mb_peak": round(peak["rss"] / 2**20, 1),
-        "kb_per_device": round((peak["rss"] - before) / 1024 / n, 1),
-        "kb_per_device_last": round((peak["last"] - before) / 1024 / n, 1),
+        "kb_per_device": round((peak["rss"] - before) / 1024 / n, 1) if n else None,
+        "kb_per_device_last": round((peak["last"] - before) / 1024 / n, 1) if n else None,
         "uplink": {k: r["uplink"][k] for k in ("sent", "acked", "lost", "duplicated", "latency_ms")},
     }
     if plan.commands_per_s:
         out["downlink"] = {k: r["downlink"][k] for k in ("sent", "received", "lost", "duplicated")}
-    if breakdown_before is not None and peak["breakdown"] is not None:
+    if breakdown_before is not None and peak["breakdown"] is not None and n:
         out["breakdown_kb_per_device"] = breakdown_per_device(breakdown_before, peak["breakdown"], n)
         out["breakdown_mb_peak"] = {
             k: round(v / 2**20, 1) for k, v in flat_breakdown(peak["breakdown"]).items()

@@ -14,6 +14,7 @@ from bench.army_bench import (
     connections,
     cpu_markdown,
     held_at,
+    measure_memory,
     memory_markdown,
     memory_ratios,
     next_probe,
@@ -294,3 +295,33 @@ def test_readings_per_core_and_cpu_per_reading_are_reported_per_step_for_both_ta
     md = "\n".join(cpu_markdown("baseline", [s], 2))
     assert "| offered/s | sent/s | mosquitto | bridge | kafka | army | system | readings/s per core |" in md
     assert "| 2000 | 2001.0 | 0.1 | 0.3 | 0.1 | 0.4 | 0.5 | 4000 | 50.0 | 150.0 | 50.0 |" in md
+
+
+def test_the_devices_held_are_those_connected_at_the_end_not_those_planned(monkeypatch):
+    """A run whose workers ended with 17,843 of 100,000 devices connected holds 17,843, and one
+    that ended with none holds none: no per-device memory is made up from the plan."""
+    from bench import army_bench
+    from fedgate import army
+
+    rss = iter([1000 * 2**20] + [1000 * 2**20 + 17_843 * 20 * 1024] * 10)
+    monkeypatch.setattr(army_bench.processes, "rss_bytes", lambda pids: next(rss))
+
+    def fleet(connected_at_end: dict[str, int]) -> Any:
+        def run_fleet(target: Any, plan: Any, line: Any) -> dict[str, Any]:
+            line("holding")
+            conn = {"connected_at_end": connected_at_end, "connects": 49_527, "subscribed": 139}
+            conn |= {"subscribe_refused": 0, "connect_per_s": None, "connect_ms": {}}
+            up = {"sent": 0, "acked": 0, "lost": 0, "duplicated": 0, "latency_ms": {}}
+            return {"connections": conn, "uplink": up}
+
+        return run_fleet
+
+    plan = army.ArmyPlan(devices=100_000, rate=0, duration_s=60)
+    monkeypatch.setattr(army, "run_fleet", fleet({"local-eu": 17_843}))
+    held = measure_memory(None, plan, lambda: [1])  # type: ignore[arg-type]
+    assert held["held"] == 17_843 and held["devices"] == 100_000
+    assert held["kb_per_device_last"] == 20.0, "the memory over the devices held"
+    monkeypatch.setattr(army, "run_fleet", fleet({}))
+    rss = iter([1000 * 2**20] * 10)
+    none = measure_memory(None, plan, lambda: [1])  # type: ignore[arg-type]
+    assert none["held"] == 0 and none["kb_per_device_last"] is None
