@@ -30,6 +30,11 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 STALL_CHECK_EVERY_S = 1.0
 #: How long the stall check waits for Kafka's metadata: no answer means Kafka is away.
 METADATA_TIMEOUT_S = 5.0
+#: From this wait on, each stall check asks whether Kafka answers, so that a wait counts from
+#: Kafka's return to within a check: asked only once a record had waited the whole
+#: `stall_after_s`, Kafka back 10 s after the last look that found it away was taken for a
+#: stall at the next look (a 30 s outage, 2026-11-30).  A record waits ~5 ms (the linger).
+AWAY_PROBE_AFTER_S = 2.0
 
 
 class KafkaUnavailable(FedgateError):
@@ -187,12 +192,17 @@ class AsyncProducer(Lifecycle):
         """Why the producer is stalled, or None."""
         if self.stalled is not None:
             return self.stalled
-        waited = self.oldest_wait()
-        if waited < self._stall_after_s:
+        if not self._waiting:
+            return None
+        produced = next(iter(self._waiting.values()))  # the oldest record not reported yet
+        if time.monotonic() - produced < min(AWAY_PROBE_AFTER_S, self._stall_after_s):
             return None
         brokers = await asyncio.get_running_loop().run_in_executor(None, self._brokers_answering)
         if not brokers:  # Kafka away: waited out, and the wait counts from when it is back
             self._away_at = time.monotonic()
+            return None
+        waited = self.oldest_wait()
+        if waited < self._stall_after_s:
             return None
         self.stalled = (
             f"stalled: a record has waited {waited:.0f} s for its delivery report ({len(self._waiting)} "

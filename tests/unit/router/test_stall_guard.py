@@ -47,9 +47,11 @@ def _waiting_since(p: AsyncProducer, *ages: float) -> None:
 def test_a_record_waiting_past_kafka_stall_s_while_kafka_answers_is_a_stall_said_once():
     async def scenario():
         p, said = _guarded(answers=True)
+        _waiting_since(p, 1)
+        assert await p.check_stall() is None
+        assert p._producer.asked == 0, "a record waiting a second is no reason to ask Kafka"  # type: ignore[attr-defined]
         _waiting_since(p, 9, 1)
         assert await p.check_stall() is None, "waited less than kafka_stall_s"
-        assert p._producer.asked == 0, "Kafka is not asked before then"  # type: ignore[attr-defined]
         _waiting_since(p, 11, 1, 0)
         why = await p.check_stall()
         assert why is not None and "waited 11 s" in why and "3 in flight" in why and "2 brokers" in why
@@ -86,6 +88,31 @@ def test_kafka_away_is_no_stall_and_the_wait_counts_from_when_it_answers_again()
         assert await p.check_stall() is None, "back for less than kafka_stall_s: not yet"
 
     asyncio.run(scenario())
+
+
+def test_a_wait_counts_from_kafkas_return_however_long_it_was_away(monkeypatch):
+    """Tried: a record waits while Kafka is away for 30 s, then Kafka answers again; the guard
+    looks once a second (kafka_stall_s 20).  The stall may be said 20 s after Kafka's return
+    at the earliest: before, Kafka was asked only once a record had waited 20 s, the wait
+    counted from that look (t=20), and the look at t=40 took Kafka, back at t=30, for a stall."""
+    from router import kafka
+
+    clock = [1000.0]
+    monkeypatch.setattr(kafka.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> float | None:
+        p, said = _guarded(answers=False, stall_after_s=20.0)
+        p._waiting = {1: clock[0]}  # produced at t=0, never reported
+        for t in range(1, 90):
+            clock[0] = 1000.0 + t
+            p._producer.answers = t >= 30  # type: ignore[attr-defined]
+            if await p.check_stall() is not None:
+                return float(t)
+        return None
+
+    stalled_at = asyncio.run(scenario())
+    assert stalled_at is not None, "a record Kafka never reports is a stall in the end"
+    assert stalled_at >= 30 + 20 - kafka.STALL_CHECK_EVERY_S, f"said at t={stalled_at}, Kafka back at t=30"
 
 
 def test_nothing_in_flight_is_no_stall():
