@@ -146,7 +146,8 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
             return False
 
     wait_until(landed, timeout, 2)
-    time.sleep(3)  # a duplicate would land in a later micro-batch
+    # a duplicate would land in a later micro-batch
+    time.sleep(federation.settings.spark_trigger_s + 1)
     return read()
 
 
