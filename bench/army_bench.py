@@ -583,12 +583,17 @@ def restart_gateway(fed: LocalFederation, gateway: RabbitNode) -> float:
     return time.monotonic()
 
 
+def cluster_pids(nodes: list[Any]) -> list[int]:
+    """The processes of every node of `nodes` (each found by its marker)."""
+    return [pid for n in nodes for pid in processes.marked_pids(n.marker)]
+
+
 def wait_gateway_settled(gateway: RabbitNode | list[RabbitNode], mode_key: str) -> bool:
     """Wait until a freshly booted node's RSS (a cluster's: their sum) stopped falling (or
     gave up: False)."""
     nodes = gateway if isinstance(gateway, list) else [gateway]
     _, settled = wait_settled(
-        lambda: processes.rss_bytes([pid for n in nodes for pid in processes.marked_pids(n.marker)]),
+        lambda: processes.rss_bytes(cluster_pids(nodes)),
         samples=SETTLED_SAMPLES[mode_key],
         within=SETTLED_WITHIN,
         max_samples=SETTLE_MAX_SAMPLES[mode_key],

@@ -39,6 +39,7 @@ from typing import Any
 
 from bench.army_bench import (
     StepSampler,
+    cluster_pids,
     flat_breakdown,
     measure_memory,
     memory_breakdown,
@@ -156,10 +157,6 @@ def cluster_breakdown(gateways: list[RabbitNode]) -> Callable[[], dict[str, Any]
         return dict(total)
 
     return breakdown
-
-
-def cluster_pids(nodes: list[Any]) -> list[int]:
-    return [pid for n in nodes for pid in processes.marked_pids(n.marker)]
 
 
 def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, Any]:
