@@ -14,6 +14,9 @@ from infra.cloud.errors import CloudError
 from infra.cloud.toolchain import Toolchain
 
 PLAN_FILE = "tfplan"
+#: How long a plan or an apply waits for the state's lock that another operator's run holds
+#: (remote state) before it gives up, instead of failing at once
+LOCK_TIMEOUT = "60s"
 
 
 class TerraformRun:
@@ -50,14 +53,19 @@ class TerraformRun:
                 destroy=IsFlagged if destroy else None,
                 input=False,
                 no_color=IsFlagged,
-                lock_timeout="60s",
+                lock_timeout=LOCK_TIMEOUT,
             ),
             ok=(0, 2),
         )
         return code == 2, out
 
     def apply_plan(self) -> None:
-        self._check("apply", self.tf.apply(PLAN_FILE, skip_plan=True, input=False, no_color=IsFlagged))
+        self._check(
+            "apply",
+            self.tf.apply(
+                PLAN_FILE, skip_plan=True, input=False, no_color=IsFlagged, lock_timeout=LOCK_TIMEOUT
+            ),
+        )
 
     def output(self) -> dict[str, Any] | None:
         out: dict[str, Any] | None = self.tf.output()

@@ -24,6 +24,12 @@
 #      pdns-backend-bind; their package would start a system-wide server,
 #      which policy-rc.d below keeps from starting)
 #
+# From nothing it takes about two minutes, most of it waiting on downloads:
+# the virtualenv (2) starts at once, beside the system packages; once those
+# are in, the Debian 13 root (1) and the jars (3, 4) are fetched beside it;
+# 5 needs them all.  Each background step writes its output to
+# .cache/setup-logs/<step>.log; a failed one's end is printed.
+#
 # Environment: FEDGATE_VENV (default .venv), FEDGATE_CACHE (default .cache),
 # PYTHON (interpreter used to create the venv, default python3).
 set -euo pipefail
@@ -37,6 +43,72 @@ KAFKA_VERSION="4.1.0"
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 SECONDS=0
+
+# --- steps that run beside each other -----------------------------------------
+LOGS="$CACHE/setup-logs"
+mkdir -p "$LOGS"
+declare -A bg_pid=() bg_t0=()
+bg_start() { # name function [args...]: run in the background, output to its log
+    local name=$1
+    shift
+    rm -f "$LOGS/$name.rc"
+    ( set +e; ( set -e; "$@" ); echo $? >"$LOGS/$name.rc" ) >"$LOGS/$name.log" 2>&1 &
+    bg_pid[$name]=$!
+    bg_t0[$name]=$SECONDS
+}
+bg_wait() { # name...: until each has ended; their [setup] lines relayed; die on a failure
+    local name failed=() waiting last_note=$SECONDS
+    while :; do
+        waiting=()
+        for name in "$@"; do [[ -f "$LOGS/$name.rc" ]] || waiting+=("$name"); done
+        ((${#waiting[@]})) || break
+        if ((SECONDS - last_note >= 20)); then
+            step "still working: ${waiting[*]} (${SECONDS}s so far)"
+            last_note=$SECONDS
+        fi
+        sleep 0.5
+    done
+    for name in "$@"; do
+        wait "${bg_pid[$name]}" 2>/dev/null || true
+        grep -a '\[setup\]' "$LOGS/$name.log" || true
+        if [[ "$(cat "$LOGS/$name.rc")" != 0 ]]; then
+            printf '[setup] %s failed; the end of %s:\n' "$name" "$LOGS/$name.log" >&2
+            tail -n 30 "$LOGS/$name.log" >&2
+            failed+=("$name")
+        elif ((SECONDS - bg_t0[$name] > 1)); then
+            step "$name: done in $((SECONDS - bg_t0[$name]))s"
+        fi
+        unset "bg_pid[$name]"
+    done
+    ((${#failed[@]} == 0)) || die "${failed[*]} failed (above)"
+}
+# a setup stopped (Ctrl-C, SIGTERM) or failed leaves no step running and no policy-rc.d
+created_policy=0
+cleanup() {
+    local p
+    for p in "${bg_pid[@]}"; do kill "$p" 2>/dev/null || true; done
+    if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+}
+trap cleanup EXIT
+
+# --- 2. Python virtualenv (from the start: it needs nothing of the others) -----
+# The stamp holds a hash of pyproject.toml: a changed dependency list
+# reinstalls, an unchanged one skips pip entirely.
+install_venv() {
+    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+    echo "$want_stamp" >"$VENV/.fedgate-stamp"
+}
+want_stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
+venv_job=()
+if [[ -f "$VENV/.fedgate-stamp" && "$(cat "$VENV/.fedgate-stamp")" == "$want_stamp" ]]; then
+    step "virtualenv up to date ($VENV)"
+else
+    step "installing Python dependencies into $VENV (pyspark is large: a minute or two)"
+    bg_start virtualenv install_venv
+    venv_job=(virtualenv)
+fi
 
 # --- 1. system packages -----------------------------------------------------
 need_pkgs=()
@@ -65,41 +137,25 @@ if ((${#need_pkgs[@]})); then
     # when they are installed. fedgate runs its own brokers, so keep the system one from
     # starting (policy-rc.d is Debian's switch for that) -- and only remove
     # the switch again if we were the ones who put it there.
-    created_policy=0
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
         created_policy=1
     fi
-    trap '[[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
-    [[ $created_policy -eq 1 ]] && rm -f /usr/sbin/policy-rc.d
-    trap - EXIT
+    if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
+    created_policy=0
 else
     step "Debian packages present (java, maven, openssl, pdns-server, postgresql)"
 fi
-# RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
-# root on Debian 12 (infra/setup/rabbitmq4.sh says why)
-bash "$ROOT/infra/setup/rabbitmq4.sh" "$CACHE"
-
 java_major=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')
 [[ "${java_major%%.*}" -ge 17 ]] || die "Kafka 4 and Spark 4 need Java 17 or newer; found $java_major"
 
-# --- 2. Python virtualenv -----------------------------------------------------
-# The stamp holds a hash of pyproject.toml: a changed dependency list
-# reinstalls, an unchanged one skips pip entirely.
-want_stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
-if [[ -f "$VENV/.fedgate-stamp" && "$(cat "$VENV/.fedgate-stamp")" == "$want_stamp" ]]; then
-    step "virtualenv up to date ($VENV)"
-else
-    step "installing Python dependencies into $VENV (pyspark is large: a minute or two)"
-    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q --progress-bar on -e "$ROOT[dev]"
-    echo "$want_stamp" >"$VENV/.fedgate-stamp"
-fi
+# RabbitMQ 4.0 from Debian 13: the system's package there, a cached Debian 13
+# root on Debian 12 (infra/setup/rabbitmq4.sh says why); beside the jars below
+bg_start rabbitmq bash "$ROOT/infra/setup/rabbitmq4.sh" "$CACHE"
 
 # --- 3 & 4. jars from Maven Central ---
 # pyspark is pinned to a release whose Kafka source resolves from Maven Central
@@ -107,12 +163,10 @@ fi
 # -U: retry artifacts an earlier failed run marked missing.---------------------------------------
 # A folder is complete when its .complete stamp holds the hash of the pom it was
 # resolved from: editing a pom fetches again on the next `make setup`.
-fetched=0
 fetch_jars() { # name pom dest [extra mvn args...]
     local name=$1 pom=$2 dest=$3 stamp
     shift 3
     stamp=$(cat "$pom" <(echo "$@") | sha256sum | cut -c1-16)
-    fetched=0
     if [[ "$(cat "$dest/.complete" 2>/dev/null)" == "$stamp" ]]; then
         step "$name jars present ($dest)"
         return
@@ -126,24 +180,30 @@ fetch_jars() { # name pom dest [extra mvn args...]
     echo "$stamp" >"$dest.partial/.complete"
     rm -rf "$dest"
     mv "$dest.partial" "$dest"
-    fetched=1
 }
-fetch_jars "Kafka $KAFKA_VERSION" "$ROOT/infra/setup/kafka-pom.xml" \
-    "$CACHE/jars/kafka-$KAFKA_VERSION" -Dkafka.version="$KAFKA_VERSION"
-
-spark_version=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
+# the release pyproject.toml pins (the venv may still be on its way)
+spark_version=$(sed -nE 's/.*"pyspark(\[[a-z,]+\])?==([0-9.]+)".*/\2/p' "$ROOT/pyproject.toml" | head -n1)
+[[ -n "$spark_version" ]] || die "pyproject.toml pins no pyspark release (pyspark==X.Y.Z)"
 spark_jars="$CACHE/jars/spark-$spark_version"
-fetch_jars "Spark $spark_version: Kafka source, Iceberg, s3a" "$ROOT/infra/setup/spark-pom.xml" \
-    "$spark_jars" -Dspark.version="$spark_version"
-if ((fetched)); then
-    # Keep only what pyspark lacks: a second scala-library, hadoop client or netty on
-    # the classpath would shadow pyspark's own and break at run time.
-    pyspark_jars=$("$VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
-    for jar in "$spark_jars"/*.jar; do
-        artifact=$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')
-        if compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null; then rm -f "$jar"; fi
-    done
-fi
+fetch_all_jars() {
+    fetch_jars "Kafka $KAFKA_VERSION" "$ROOT/infra/setup/kafka-pom.xml" \
+        "$CACHE/jars/kafka-$KAFKA_VERSION" -Dkafka.version="$KAFKA_VERSION"
+    fetch_jars "Spark $spark_version: Kafka source, Iceberg, s3a" "$ROOT/infra/setup/spark-pom.xml" \
+        "$spark_jars" -Dspark.version="$spark_version"
+}
+bg_start jars fetch_all_jars
+bg_wait "${venv_job[@]}" rabbitmq jars
+
+installed=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
+[[ "$installed" == "$spark_version" ]] || die "the venv holds pyspark $installed, pyproject.toml pins $spark_version"
+# Keep only what pyspark lacks: a second scala-library, hadoop client or netty on
+# the classpath would shadow pyspark's own and break at run time.  (Every run: a
+# setup stopped between the download and this leaves nothing behind.)
+pyspark_jars=$("$VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+for jar in "$spark_jars"/*.jar; do
+    artifact=$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')
+    if compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null; then rm -f "$jar"; fi
+done
 
 # --- 5. the Spark driver's class archive (spark/class_archive.py): a driver starts in
 # ~6 CPU s instead of ~10.  Written once per pyspark release (~25 s); none is no error.

@@ -41,6 +41,28 @@ def spark(federation):
         yield s
 
 
+#: How long a test waits for the job to answer a count (`fedgate count-now`).  A count is
+#: wall time on a machine the whole suite shares: the first in a freshly started job (a cold
+#: JVM, the batches its predecessor left to count read back from telemetry_raw) took 28-61 s
+#: in suite runs here, and CI's machines take up to several times as long.
+COUNT_ANSWER_TIMEOUT_S = 240.0
+
+
+def counted_now(federation) -> int:
+    """Ask the job to count what it landed (count_aggregates_now); the last batch counted.
+    Without an answer, fail with what the job was doing: its report and its log's end."""
+    through = federation.count_aggregates_now(timeout=COUNT_ANSWER_TIMEOUT_S)
+    if through is None:
+        job = federation.node("spark")
+        log = job.stdout_log.read_text(errors="replace").splitlines()[-40:] if job.stdout_log.exists() else []
+        pytest.fail(
+            f"the job did not answer a count in {COUNT_ANSWER_TIMEOUT_S:g} s; it reported "
+            f"{json.dumps(job.progress(), default=str)[:2000]}; the end of {job.stdout_log}:\n"
+            + "\n".join(log)
+        )
+    return through
+
+
 def query(spark, federation, sql: str) -> list:
     return spark.sql(sql).collect()
 
@@ -54,7 +76,7 @@ def wait_rows(
 
     def look() -> int:
         if count_first:
-            assert federation.count_aggregates_now(timeout=60) is not None, "the job did not answer"
+            counted_now(federation)
         return int(query(spark, federation, sql)[0][0])
 
     def reached() -> bool:
@@ -90,8 +112,8 @@ def wait_aggregates(spark, federation, where: str, timeout: float = 90.0) -> Non
     catalog = Catalog(spark, federation.spark_settings())
 
     def counted() -> bool:
-        through = federation.count_aggregates_now(timeout=60)
-        return through is not None and through >= landed and catalog.refreshed_through() >= landed
+        through = counted_now(federation)
+        return through >= landed and catalog.refreshed_through() >= landed
 
     assert wait_until(counted, timeout, 1), f"the aggregates did not count batch {landed} in {timeout:g} s"
 
@@ -354,7 +376,7 @@ def test_a_job_killed_between_landing_readings_and_counting_them_counts_them_onc
     for attempt in range(3):
         dev = f"uncounted-{uid}-{attempt}"
         # right after a count, the next is aggregate_interval_s (a minute) away: the window
-        assert federation.count_aggregates_now(timeout=60) is not None, "the job did not answer"
+        counted_now(federation)
         deadline = time.monotonic() + 60
         produce_bridge_records(bootstrap, [(dev, reading(i)) for i in range(40)])
         landed = None
@@ -447,7 +469,7 @@ def test_a_backlog_of_hours_read_unevenly_loses_no_row(federation, endpoints, sp
 
     def counted() -> bool:
         nonlocal raw, agg, messages
-        assert federation.count_aggregates_now(timeout=60) is not None, "the job did not answer"
+        counted_now(federation)
         raw, agg = counts_per_minute(spark, federation, devices)
         (messages,) = query(spark, federation, region_sql)  # committed after device_minute
         return raw == agg and messages[0] == 721
