@@ -27,7 +27,7 @@
 # From nothing it takes about two minutes, most of it waiting on downloads:
 # the virtualenv (2) starts at once, beside the system packages; once those
 # are in, the Debian 13 root (1) and the jars (3, 4) are fetched beside it;
-# 5 needs them all.  Each background step writes its output to
+# 5 needs the virtualenv and the jars, not the root.  Each background step writes its output to
 # .cache/setup-logs/<step>.log; a failed one's end is printed.
 #
 # Environment: FEDGATE_VENV (default .venv), FEDGATE_CACHE (default .cache),
@@ -52,12 +52,13 @@ bg_start() { # name function [args...]: run in the background, output to its log
     local name=$1
     shift
     rm -f "$LOGS/$name.rc"
-    ( set +e; ( set -e; "$@" ); echo $? >"$LOGS/$name.rc" ) >"$LOGS/$name.log" 2>&1 &
+    # NAME.rc: its exit status and when it ended (this script's SECONDS)
+    ( set +e; ( set -e; "$@" ); rc=$?; echo "$rc $SECONDS" >"$LOGS/$name.rc" ) >"$LOGS/$name.log" 2>&1 &
     bg_pid[$name]=$!
     bg_t0[$name]=$SECONDS
 }
 bg_wait() { # name...: until each has ended; their [setup] lines relayed; die on a failure
-    local name failed=() waiting last_note=$SECONDS
+    local name rc ended failed=() waiting last_note=$SECONDS
     while :; do
         waiting=()
         for name in "$@"; do [[ -f "$LOGS/$name.rc" ]] || waiting+=("$name"); done
@@ -71,12 +72,13 @@ bg_wait() { # name...: until each has ended; their [setup] lines relayed; die on
     for name in "$@"; do
         wait "${bg_pid[$name]}" 2>/dev/null || true
         grep -a '\[setup\]' "$LOGS/$name.log" || true
-        if [[ "$(cat "$LOGS/$name.rc")" != 0 ]]; then
+        read -r rc ended <"$LOGS/$name.rc"
+        if [[ "$rc" != 0 ]]; then
             printf '[setup] %s failed; the end of %s:\n' "$name" "$LOGS/$name.log" >&2
             tail -n 30 "$LOGS/$name.log" >&2
             failed+=("$name")
-        elif ((SECONDS - bg_t0[$name] > 1)); then
-            step "$name: done in $((SECONDS - bg_t0[$name]))s"
+        elif ((ended - bg_t0[$name] > 1)); then
+            step "$name: done in $((ended - bg_t0[$name]))s"
         fi
         unset "bg_pid[$name]"
     done
@@ -192,7 +194,7 @@ fetch_all_jars() {
         "$spark_jars" -Dspark.version="$spark_version"
 }
 bg_start jars fetch_all_jars
-bg_wait "${venv_job[@]}" rabbitmq jars
+bg_wait "${venv_job[@]}" jars
 
 installed=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
 [[ "$installed" == "$spark_version" ]] || die "the venv holds pyspark $installed, pyproject.toml pins $spark_version"
@@ -208,5 +210,7 @@ done
 # --- 5. the Spark driver's class archive (spark/class_archive.py): a driver starts in
 # ~6 CPU s instead of ~10.  Written once per pyspark release (~25 s); none is no error.
 (cd "$ROOT" && "$VENV/bin/python" -m spark.class_archive)
+
+bg_wait rabbitmq
 
 step "done in ${SECONDS}s"
