@@ -27,6 +27,15 @@ def _p50_by_third(samples: list[tuple[float, float]], start_ms: float, end_ms: f
     return [percentile(t, 0.50) for t in thirds]
 
 
+def all_back_after_kill_s(last_connects_s: list[float], killed_at: float | None) -> float | None:
+    """How long after the gateway's kill (`killed_at`, seconds into the run) the last device
+    connected, from each worker's last connect (seconds into the run; 0 for a worker whose
+    devices all connected before it began): 0 if none connected after it, None without a kill."""
+    if killed_at is None or not last_connects_s:
+        return None
+    return round(max(0.0, max(last_connects_s) - killed_at), 1)
+
+
 def build_report(
     plan: ArmyPlan,
     regions: list[str],
@@ -116,9 +125,9 @@ def build_report(
             "storm_dropped": tick("storm_dropped"),
             "gateway_killed_at_s": killed_at,
             # the last device back this long after the kill (DNS TTL + health check, then backoff)
-            "all_back_after_kill_s": round(max(w["last_connect_s"] for w in done.values()) - killed_at, 1)
-            if killed_at is not None and done
-            else None,
+            "all_back_after_kill_s": all_back_after_kill_s(
+                [w["last_connect_s"] for w in done.values()], killed_at
+            ),
             # how the devices found their gateway: DNS questions (one per client network and
             # worker per TTL), unanswered ones, and where the devices were connected at the end
             "dns_questions": tick("dns_questions"),

@@ -39,6 +39,12 @@ class WorkerConfig:
     dns: DnsConfig | None = None
 
 
+def seconds_into_run(t0: float, now: float) -> float:
+    """`now` (wall clock) as seconds into the run, which begins at `t0` once every device is
+    connected; 0 before then (t0 unset: 0), not seconds since the epoch."""
+    return now - t0 if t0 else 0.0
+
+
 class Worker:
     def __init__(self, cfg: WorkerConfig, out: Any, go: Any, t0: Any, stop_publishing: Any, finish: Any):
         self.cfg = cfg
@@ -71,7 +77,7 @@ class Worker:
         self.loop.call_later(delay, d.connect)
 
     def now(self) -> float:
-        return time.time() - self.t0.value
+        return seconds_into_run(self.t0.value, time.time())
 
     async def run(self) -> None:
         plan = self.cfg.plan

@@ -103,6 +103,8 @@ def test_an_army_finds_its_gateways_by_dns_and_follows_the_answers_when_it_roams
     # one question per client network and worker per TTL, not one per device and connect
     assert conn["dns_questions"] < conn["connects"], conn
     assert conn["connected_at_end"] == {"local-eu": 30}, "the killed region's devices moved to the next"
+    # seconds after the kill (at 7 s of a 20 s run, drained after), not a wall-clock time
+    assert 0 < conn["all_back_after_kill_s"] < 60, conn
     record_counts(
         devices=30,
         dns_questions=conn["dns_questions"],
