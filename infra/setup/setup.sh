@@ -99,7 +99,11 @@ trap cleanup EXIT
 install_venv() {
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+    # pip compiles the packages' bytecode one file after the other (~40 of its ~60 s here);
+    # compileall does the same files on every core (~16 s).  A file that does not compile
+    # (a package's Python 2 test data) is skipped, as pip skips it.
+    "$VENV/bin/python" -m pip install -q --no-compile -e "$ROOT[dev]"
+    "$VENV/bin/python" -m compileall -q -j 0 "$VENV"/lib/python*/site-packages >/dev/null || true
     echo "$want_stamp" >"$VENV/.fedgate-stamp"
 }
 want_stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
