@@ -242,7 +242,13 @@ def test_fedgate_count_now_counts_what_landed_without_waiting_for_the_minute(
     sql = f"SELECT count(*), max(ingest_batch) FROM telemetry_raw WHERE device = '{dev}'"
     assert wait_until(lambda: query(spark, federation, sql)[0][0] == 30, 60, 1), "30 rows in telemetry_raw"
     ((_, landed),) = query(spark, federation, sql)
-    done = run_fedgate(federation.state_dir, federation.settings.port_base, "count-now", "--timeout", "60")
+    done = run_fedgate(
+        federation.state_dir,
+        federation.settings.port_base,
+        "count-now",
+        "--timeout",
+        f"{COUNT_ANSWER_TIMEOUT_S:g}",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     through = int(re.search(r"through (\d+)", done.stdout).group(1))  # type: ignore[union-attr]
     assert through >= landed, f"the batch that landed the readings ({landed}) is counted: {done.stdout}"
