@@ -69,6 +69,10 @@ WARMUP_PREFIX = "warmup-"
 #: How long the job runs at the measured rate before the steady figures (a full run).
 WARMUP_S = 180.0
 BURST_PREFIX = "burst-"
+#: how long the job is watched with nothing to land (full, quick)
+IDLE_S = {"full": 60.0, "quick": 5.0}
+#: what the job may cost idle (the tables' cost at a trickle: a fifth of a core busy, this idle)
+IDLE_GOAL_CORES = 0.05
 STEADY_PREFIX = "steady-"
 BACKLOG_PREFIX = "backlog-"
 
@@ -114,6 +118,22 @@ class SnapshotLog:
     def last_commit_ms(self) -> int:
         """When the latest snapshot that added rows was committed (0: none)."""
         return max((at for at, rows in self.batches.values() if rows), default=0)
+
+
+# --- idle -----------------------------------------------------------------------------
+
+
+def idle_cost(fed: LocalFederation, seconds: float) -> dict[str, Any]:
+    """The job's CPU while no reading arrives for `seconds`: its micro-batch triggers finding
+    nothing, its JVM's own threads.  The batches landed before are counted first (count-now),
+    so the window holds no count of earlier readings."""
+    fed.count_aggregates_now(timeout=120)
+    job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
+    progress(f"idle: the job watched for {seconds:g} s with no reading")
+    cpu0, t0 = cpu_seconds(job_pids), time.perf_counter()
+    time.sleep(seconds)
+    cores = (cpu_seconds(job_pids) - cpu0) / (time.perf_counter() - t0)
+    return {"seconds": seconds, "job_cpu_cores": round(cores, 3), "goal_cores": IDLE_GOAL_CORES}
 
 
 # --- freshness at a steady rate ------------------------------------------------------
@@ -421,6 +441,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
     # the job's first minutes compile its plans and warm the JVM: reported apart, as its cold start
     results["first_minutes"] = steady_publish(fed, log, rate, warmup_s, devices, prefix=WARMUP_PREFIX)
     results["steady"] = steady_publish(fed, log, rate, seconds, devices)
+    results["idle"] = idle_cost(fed, IDLE_S["quick" if quick else "full"])
 
     progress(f"reference: {n_backlog} bridge records into {REFERENCE_TOPIC}")
     # as many partitions as the bridge's topics, so that Spark reads both with the same parallelism
@@ -486,6 +507,10 @@ def to_markdown(r: dict[str, Any]) -> str:
             f"CPU cores of every kind of process while the readings were sent (of {r['machine']['cpus']}): "
             + ", ".join(f"{role} {cores}" for role, cores in s["cpu_cores_by_role"].items())
             + f" (sum {sum(s['cpu_cores_by_role'].values()):.2f}).",
+            "",
+            f"Idle, no reading for {r['idle']['seconds']:g} s after the steady rate (its batches "
+            f"counted first): the job {r['idle']['job_cpu_cores']} cores "
+            f"(goal <= {r['idle']['goal_cores']:g}).",
             "",
             f"Ingest of {ing['records']:,} records waiting in Kafka (produced in {ing['produced_s']} s "
             "while the job was stopped with SIGSTOP; the clock runs from its SIGCONT):",

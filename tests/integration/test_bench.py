@@ -40,6 +40,8 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert s["rows"] == s["sent"] > 0, "every reading sent at the steady rate is a row, once"
     assert 0 < s["freshness_p50_ms"] <= s["freshness_p95_ms"] <= s["freshness_max_ms"]
     assert s["device_to_kafka_p50_ms"] < s["freshness_p50_ms"], "a row is queryable only after Kafka had it"
+    idle = r["idle"]  # the job watched with nothing to land, after the steady readings
+    assert idle["seconds"] > 0 and 0 < idle["job_cpu_cores"] < r["machine"]["cpus"], idle
     first = r["first_minutes"]
     assert first["rows"] == first["sent"] > 0, "the job's first minutes are measured on every reading too"
     assert 0 < first["freshness_p50_ms"] <= first["freshness_p95_ms"]
