@@ -24,7 +24,7 @@
 #      pdns-backend-bind; their package would start a system-wide server,
 #      which policy-rc.d below keeps from starting)
 #
-# From nothing it takes about two minutes, most of it waiting on downloads:
+# From nothing it takes well over a minute, most of it installing the venv:
 # the virtualenv (2) starts at once, beside the system packages; once those
 # are in, the Debian 13 root (1) and the jars (3, 4) are fetched beside it;
 # 5 needs the virtualenv and the jars, not the root.  Each background step writes its output to
@@ -86,9 +86,14 @@ bg_wait() { # name...: until each has ended; their [setup] lines relayed; die on
 }
 # a setup stopped (Ctrl-C, SIGTERM) or failed leaves no step running and no policy-rc.d
 created_policy=0
+kill_tree() { # pid: its descendants (pip, mvn, debootstrap), then itself
+    local child
+    for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
 cleanup() {
     local p
-    for p in "${bg_pid[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${bg_pid[@]}"; do kill_tree "$p"; done
     if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
 }
 trap cleanup EXIT
