@@ -120,6 +120,11 @@ class SnapshotLog:
         return max((at for at, rows in self.batches.values() if rows), default=0)
 
 
+def spark_job_pids(fed: LocalFederation) -> list[int]:
+    """The Spark job's processes (its Python and its JVM)."""
+    return processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
+
+
 # --- idle -----------------------------------------------------------------------------
 
 
@@ -127,13 +132,19 @@ def idle_cost(fed: LocalFederation, seconds: float) -> dict[str, Any]:
     """The job's CPU while no reading arrives for `seconds`: its micro-batch triggers finding
     nothing, its JVM's own threads.  The batches landed before are counted first (count-now),
     so the window holds no count of earlier readings."""
-    fed.count_aggregates_now(timeout=120)
-    job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
+    counted = fed.count_aggregates_now(timeout=120) is not None
+    job_pids = spark_job_pids(fed)
     progress(f"idle: the job watched for {seconds:g} s with no reading")
     cpu0, t0 = cpu_seconds(job_pids), time.perf_counter()
     time.sleep(seconds)
     cores = (cpu_seconds(job_pids) - cpu0) / (time.perf_counter() - t0)
-    return {"seconds": seconds, "job_cpu_cores": round(cores, 3), "goal_cores": IDLE_GOAL_CORES}
+    # counted_first False: the job did not answer the count in time, which may fall in the window
+    return {
+        "seconds": seconds,
+        "job_cpu_cores": round(cores, 3),
+        "goal_cores": IDLE_GOAL_CORES,
+        "counted_first": counted,
+    }
 
 
 # --- freshness at a steady rate ------------------------------------------------------
@@ -152,7 +163,7 @@ def steady_publish(
     gw = ep["gateways"]["local-eu"]
     secrets = fed.add_devices([f"{prefix}{i}" for i in range(devices)], rotate=True)
     fleet = [SimDevice(d, gw["address"], gw["mqtt"], d, secret).connect() for d, secret in secrets.items()]
-    job_pids = processes.marked_pids(processes.marker(fed.state_dir, SPARK_NODE))
+    job_pids = spark_job_pids(fed)
     log.poll()
     since_ms = int(time.time() * 1000)
     # every process's share of the machine: the job's freshness is what the others leave it
@@ -508,8 +519,13 @@ def to_markdown(r: dict[str, Any]) -> str:
             + ", ".join(f"{role} {cores}" for role, cores in s["cpu_cores_by_role"].items())
             + f" (sum {sum(s['cpu_cores_by_role'].values()):.2f}).",
             "",
-            f"Idle, no reading for {r['idle']['seconds']:g} s after the steady rate (its batches "
-            f"counted first): the job {r['idle']['job_cpu_cores']} cores "
+            f"Idle, no reading for {r['idle']['seconds']:g} s after the steady rate ("
+            + (
+                "its batches counted first"
+                if r["idle"]["counted_first"]
+                else "the count asked first unanswered"
+            )
+            + f"): the job {r['idle']['job_cpu_cores']} cores "
             f"(goal <= {r['idle']['goal_cores']:g}).",
             "",
             f"Ingest of {ing['records']:,} records waiting in Kafka (produced in {ing['produced_s']} s "

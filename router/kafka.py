@@ -182,20 +182,23 @@ class AsyncProducer(Lifecycle):
             await asyncio.sleep(STALL_CHECK_EVERY_S)
             await self.check_stall()
 
+    def _oldest_produced(self) -> float | None:
+        """When the oldest record not reported yet was produced (monotonic), or None."""
+        return next(iter(self._waiting.values()), None)
+
     def oldest_wait(self) -> float:
         """Seconds the oldest record not reported yet has waited since Kafka last was away."""
-        if not self._waiting:
+        produced = self._oldest_produced()
+        if produced is None:
             return 0.0
-        return time.monotonic() - max(next(iter(self._waiting.values())), self._away_at)
+        return time.monotonic() - max(produced, self._away_at)
 
     async def check_stall(self) -> str | None:
         """Why the producer is stalled, or None."""
         if self.stalled is not None:
             return self.stalled
-        if not self._waiting:
-            return None
-        produced = next(iter(self._waiting.values()))  # the oldest record not reported yet
-        if time.monotonic() - produced < min(AWAY_PROBE_AFTER_S, self._stall_after_s):
+        produced = self._oldest_produced()
+        if produced is None or time.monotonic() - produced < min(AWAY_PROBE_AFTER_S, self._stall_after_s):
             return None
         brokers = await asyncio.get_running_loop().run_in_executor(None, self._brokers_answering)
         if not brokers:  # Kafka away: waited out, and the wait counts from when it is back
