@@ -13,17 +13,22 @@ def rabbitmq_eval(fed: LocalFederation, node: str, expr: str, timeout: float = 1
     """`rabbitmqctl eval expr` on one RabbitMQ node of `fed` (its own Erlang, cookie and
     epmd: the environment the node runs with); its output.  A CLI's BEAM on a loaded CI
     machine took over 60 s to answer."""
+    return rabbitmqctl(fed, node, ["eval", expr], timeout)
+
+
+def rabbitmqctl(fed: LocalFederation, node: str, args: list[str], timeout: float = 180.0) -> str:
+    """`rabbitmqctl args` on one RabbitMQ node of `fed`; its output."""
     rabbit = fed.node(node)
     assert isinstance(rabbit, RabbitNode), f"{node} is not a RabbitMQ node"
     _, env, _ = rabbit.command()
     runtime = runtime_of(fed.settings)
     argv = runtime.command(
         runtime.rabbitmq("rabbitmqctl"),
-        ["-n", rabbit.erlang_node, "eval", expr],
+        ["-n", rabbit.erlang_node, *args],
         shared=[fed.settings.state_dir],
     )
     done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"rabbitmqctl eval on {node}: {done.stderr or done.stdout}"
+    assert done.returncode == 0, f"rabbitmqctl {' '.join(args)[:80]} on {node}: {done.stderr or done.stdout}"
     return done.stdout.strip()
 
 

@@ -10,6 +10,7 @@ window and are counted.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import urllib.parse
@@ -127,6 +128,7 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
     routers = ("router-0", "router-1")
     reconnects = "fedgate_router_uplink_reconnects"
     before = {n: _metric(federation, n, reconnects) for n in routers}
+    logged = {n: federation.node(n).log_file.stat().st_size for n in routers}
     with Fleet.on_both_gateways(endpoints, f"closed-{uid}", per_region=4) as fleet:
         time.sleep(1.5)
         closed = [x["name"] for x in admin.connections() if x.get("user") == c.ROUTER_USER]
@@ -146,7 +148,57 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
     check(fleet, got, max_duplicates=2000)
     assert reconnected, {n: _metric(federation, n, reconnects) - before[n] for n in routers}
-    assert bridged_again, f"each router bridged again after its reconnect: {bridged_after}"
+    assert bridged_again, (
+        f"each router bridged again after its reconnect: {bridged_after}, now "
+        f"{ {n: _bridged(federation, n) for n in routers} }; the shards' consumers:\n"
+        f"{_shard_consumers(federation)}\nthe routers said: {_log_tails(federation, routers, logged)}"
+    )
+
+
+def _shard_consumers(federation) -> str:
+    """Each uplink shard's consumers as the backend sees them -- which router connection,
+    priority, active or waiting -- and its messages: what tells a shard nobody reads from a
+    slow one.  From rabbitmqctl: the management plugin keeps no statistics here."""
+    from backend import contract as c
+    from tests.chaos.faults import rabbitmqctl
+
+    def table(*args: str) -> list[list[str]]:
+        out = rabbitmqctl(federation, "backend", ["-q", "--no-table-headers", *args], timeout=60)
+        return [line.split("\t") for line in out.splitlines() if line.strip()]
+
+    named = {}
+    for pid, props in table("list_connections", "pid", "client_properties"):
+        name = re.search(r'connection_name"?,\s*"?[a-z]*"?,?\s*"([^"]*)"', props)
+        named[pid] = name.group(1) if name else props[:80]
+    channel_of = {pid: named.get(conn, conn) for pid, conn in table("list_channels", "pid", "connection")}
+    queues = table("list_queues", "name", "messages_ready", "messages_unacknowledged")
+    consumers = table(
+        # in rabbitmqctl's own column order, which it prints whatever order they are asked in
+        "list_consumers",
+        "queue_name",
+        "channel_pid",
+        "prefetch_count",
+        "activity_status",
+        "arguments",
+    )
+    lines = []
+    for name, ready, unacked in sorted(q for q in queues if q[0].startswith(f"{c.UPLINK_EXCHANGE}.")):
+        lines.append(f"{name}: ready {ready}, unacked {unacked}")
+        lines += [
+            f"  {channel_of.get(ch, ch)} {status} prefetch {pf} {args}"
+            for q, ch, pf, status, args in consumers
+            if q == name
+        ]
+    return "\n".join(lines)
+
+
+def _log_tails(federation, names, since: dict[str, int]) -> dict[str, str]:
+    """What each router logged since `since` (byte offsets), its last 3,000 characters."""
+    out = {}
+    for name in names:
+        text = federation.node(name).log_file.read_bytes()[since[name] :].decode(errors="replace")
+        out[name] = text[-3000:]
+    return out
 
 
 def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endpoints, uid):

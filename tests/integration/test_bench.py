@@ -117,9 +117,13 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     for name in ("fedgate", "baseline"):
         s = r[name]["steps"][0]
         assert s["sent_per_s"] > 0 and s["per_core"] > 0 and s["us_per_reading"], name
-        # the quick run stops at its last step: a ceiling is named only when a step was not carried
-        all_carried = all(army_bench.carried(s) for s in r[name]["steps"])
-        assert (r[name]["ceiling"] == "not reached") == all_carried, name
+        # the quick run stops at its last step: a ceiling is named only when a step above the
+        # sustained rate was not carried (a lower step the suite's load spoiled is not a ceiling)
+        best = army_bench.sustained(r[name]["steps"]) or 0
+        failed_above = [
+            s["offered"] for s in r[name]["steps"] if s["offered"] > best and not army_bench.carried(s)
+        ]
+        assert (r[name]["ceiling"] == "not reached") == (not failed_above), (name, best, failed_above)
     # the cost lines are fitted over the steps carried (p99 under 2 s...): beside the suite's
     # other lanes the quick run's 400/s step may not be, and the model then says why
     carried = [s for s in r["fedgate"]["steps"] if army_bench.carried(s)]
