@@ -89,6 +89,25 @@ def with_debug_log(config: dict[str, Any], contexts: str) -> dict[str, Any]:
     return {**config, "debug": contexts, "logger": logger}
 
 
+#: The producer's settings that an admin client has no use for (librdkafka warns of each).
+PRODUCER_ONLY = {
+    "enable.idempotence",
+    "acks",
+    "message.timeout.ms",
+    "linger.ms",
+    "compression.type",
+    "batch.num.messages",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+}
+
+
+def probe_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The producer's client settings (where Kafka is, how to log in) for a client that only
+    asks whether Kafka answers."""
+    return {k: v for k, v in config.items() if k not in PRODUCER_ONLY and k not in ("debug", "logger")}
+
+
 def one_record_per_batch(config: dict[str, Any]) -> dict[str, Any]:
     """The same producer, but each record in a batch of its own: Kafka's verdict on a batch
     (too large, invalid) is then a verdict on that record."""
@@ -132,6 +151,9 @@ class AsyncProducer(Lifecycle):
         self._away_at = 0.0
         self._guard: asyncio.Task[None] | None = None
         self._producer = Producer({**config, "error_cb": self._on_error})
+        self._config = config
+        #: the stall guard's own client, made the first time a record waits (_brokers_answering)
+        self._prober: AdminClient | None = None
         self._stop_polling = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="kafka-poll", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -217,8 +239,14 @@ class AsyncProducer(Lifecycle):
         return self.stalled
 
     def _brokers_answering(self) -> int:
+        """How many brokers answer a client of the guard's own.  Not the producer's handle: a
+        wedged handle does not answer either, and was taken for Kafka away -- so the guard
+        never fired (a suite run, 2026-11-30: after Kafka's restart one router's producer
+        logged nothing more, not even a refused connect, and held two shards for minutes)."""
+        if self._prober is None:
+            self._prober = AdminClient(probe_config(self._config))
         try:
-            return len(self._producer.list_topics(timeout=METADATA_TIMEOUT_S).brokers)
+            return len(self._prober.list_topics(timeout=METADATA_TIMEOUT_S).brokers)
         except KafkaException:
             return 0
 
@@ -294,6 +322,7 @@ class AsyncProducer(Lifecycle):
         if self._guard is not None:
             self._guard.cancel()
         self._stop_polling.set()
+        self._prober = None  # librdkafka's client ends with its last reference
         if self._thread.is_alive():
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5)
 

@@ -34,7 +34,7 @@ class _Client:
 def _guarded(answers: bool, stall_after_s: float = 10.0) -> tuple[AsyncProducer, list[str]]:
     said: list[str] = []
     p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=stall_after_s, on_stall=said.append)
-    p._producer = _Client(answers)  # type: ignore[assignment]
+    p._prober = _Client(answers)  # type: ignore[assignment]
     return p, said
 
 
@@ -49,7 +49,7 @@ def test_a_record_waiting_past_kafka_stall_s_while_kafka_answers_is_a_stall_said
         p, said = _guarded(answers=True)
         _waiting_since(p, 1)
         assert await p.check_stall() is None
-        assert p._producer.asked == 0, "a record waiting a second is no reason to ask Kafka"  # type: ignore[attr-defined]
+        assert p._prober.asked == 0, "a record waiting a second is no reason to ask Kafka"  # type: ignore[attr-defined]
         _waiting_since(p, 9, 1)
         assert await p.check_stall() is None, "waited less than kafka_stall_s"
         _waiting_since(p, 11, 1, 0)
@@ -84,7 +84,7 @@ def test_kafka_away_is_no_stall_and_the_wait_counts_from_when_it_answers_again()
         _waiting_since(p, 30)
         assert await p.check_stall() is None and said == []
         assert p.oldest_wait() < 1, "the wait counts from Kafka's return"
-        p._producer.answers = True  # type: ignore[attr-defined]
+        p._prober.answers = True  # type: ignore[attr-defined]
         assert await p.check_stall() is None, "back for less than kafka_stall_s: not yet"
 
     asyncio.run(scenario())
@@ -105,7 +105,7 @@ def test_a_wait_counts_from_kafkas_return_however_long_it_was_away(monkeypatch):
         p._waiting = {1: clock[0]}  # produced at t=0, never reported
         for t in range(1, 90):
             clock[0] = 1000.0 + t
-            p._producer.answers = t >= 30  # type: ignore[attr-defined]
+            p._prober.answers = t >= 30  # type: ignore[attr-defined]
             if await p.check_stall() is not None:
                 return float(t)
         return None
@@ -141,13 +141,41 @@ def test_a_real_producer_whose_kafka_is_away_is_not_taken_as_stalled():
     asyncio.run(scenario())
 
 
+def test_a_producer_handle_that_answers_nothing_while_kafka_does_is_a_stall():
+    """Tried: the producer's own librdkafka handle pointed at a port nothing listens at (as a
+    wedged handle: it answers no metadata request), a record waiting past kafka_stall_s, and
+    Kafka -- the guard's own client -- answering.  A stall: the guard asks its own client,
+    so a handle that stopped talking to Kafka is not taken for Kafka away."""
+
+    async def scenario():
+        said: list[str] = []
+        p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=10.0, on_stall=said.append)
+        p._prober = _Client(answers=True)  # type: ignore[assignment]
+        _waiting_since(p, 11)
+        why = await p.check_stall()
+        assert why is not None and "2 brokers" in why and said == [why]
+
+    asyncio.run(scenario())
+
+
+def test_the_guards_own_client_takes_where_kafka_is_and_the_login_not_the_producers_settings():
+    from router.kafka import probe_config, with_debug_log
+
+    config = with_debug_log(
+        producer_config({"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL"}), "broker"
+    )
+    probe = probe_config(config)
+    assert probe["bootstrap.servers"] == "k:9093" and probe["security.protocol"] == "SASL_SSL"
+    assert not {"enable.idempotence", "acks", "linger.ms", "debug", "logger"} & set(probe)
+
+
 def test_a_stalled_producer_fails_health_with_the_reason_and_ends_the_router(tmp_path):
     async def scenario():
         cfg = tmp_path / "router.toml"
         cfg.write_text('amqp_url = "amqp://u:p@127.0.0.1:1/%2F"\nkafka_bootstrap = "127.0.0.1:1"\n')
         router = Router(load_router_settings(cfg, env={"FEDGATE_ROUTER_KAFKA_STALL_S": "10"}))
         router.ready = True
-        router.producer._producer = _Client(answers=True)  # type: ignore[assignment]
+        router.producer._prober = _Client(answers=True)  # type: ignore[assignment]
         _waiting_since(router.producer, 11)
         await router.producer.check_stall()
         await asyncio.wait_for(router.failed_event.wait(), 2)
