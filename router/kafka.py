@@ -89,7 +89,8 @@ def with_debug_log(config: dict[str, Any], contexts: str) -> dict[str, Any]:
     return {**config, "debug": contexts, "logger": logger}
 
 
-#: The producer's settings that an admin client has no use for (librdkafka warns of each).
+#: What only producing needs: a client that only asks for Kafka's metadata leaves them out
+#: (with enable.idempotence it would ask Kafka for a producer id of its own).
 PRODUCER_ONLY = {
     "enable.idempotence",
     "acks",

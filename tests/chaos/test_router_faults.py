@@ -129,7 +129,7 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
     routers = ("router-0", "router-1")
     reconnects = "fedgate_router_uplink_reconnects"
     before = {n: _metric(federation, n, reconnects) for n in routers}
-    logged = {n: federation.node(n).log_file.stat().st_size for n in routers}
+    logged = _log_sizes(federation, routers)
     with Fleet.on_both_gateways(endpoints, f"closed-{uid}", per_region=4) as fleet:
         time.sleep(1.5)
         closed = [x["name"] for x in admin.connections() if x.get("user") == c.ROUTER_USER]
@@ -149,11 +149,13 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
     check(fleet, got, max_duplicates=2000)
     assert reconnected, {n: _metric(federation, n, reconnects) - before[n] for n in routers}
-    assert bridged_again, (
-        f"each router bridged again after its reconnect: {bridged_after}, now "
-        f"{ {n: _bridged(federation, n) for n in routers} }; the shards' consumers:\n"
-        f"{_shard_consumers(federation)}\nthe routers said: {_log_tails(federation, routers, logged)}"
-    )
+    if not bridged_again:
+        said = {n: text[-3000:] for n, text in _said_since(federation, logged).items()}
+        pytest.fail(
+            f"each router bridged again after its reconnect: {bridged_after}, now "
+            f"{ {n: _bridged(federation, n) for n in routers} }; the shards' consumers:\n"
+            f"{_shard_consumers(federation)}\nthe routers said: {said}"
+        )
 
 
 def _shard_consumers(federation) -> str:
@@ -201,13 +203,16 @@ def _listed_shard_consumers(federation) -> str:
     return "\n".join(lines)
 
 
-def _log_tails(federation, names, since: dict[str, int]) -> dict[str, str]:
-    """What each router logged since `since` (byte offsets), its last 3,000 characters."""
-    out = {}
-    for name in names:
-        text = federation.node(name).log_file.read_bytes()[since[name] :].decode(errors="replace")
-        out[name] = text[-3000:]
-    return out
+def _log_sizes(federation, names) -> dict[str, int]:
+    """Where each router's log ends now (bytes), for _said_since."""
+    return {n: federation.node(n).log_file.stat().st_size for n in names}
+
+
+def _said_since(federation, since: dict[str, int]) -> dict[str, str]:
+    """What each router logged since `since` (_log_sizes)."""
+    return {
+        n: federation.node(n).log_file.read_bytes()[at:].decode(errors="replace") for n, at in since.items()
+    }
 
 
 def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endpoints, uid):
@@ -216,7 +221,7 @@ def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endp
     once Kafka is back (seen once, before the stall guard) is failed and started again: then its
     unacked window may reach Kafka twice."""
     routers = [federation.node(name) for name in ("router-0", "router-1")]
-    logged = {r.name: r.log_file.stat().st_size for r in routers}
+    logged = _log_sizes(federation, [r.name for r in routers])
     with Fleet.on_both_gateways(endpoints, f"kafka-{uid}", per_region=2, interval=0.05) as fleet:
         time.sleep(1.0)
         federation.stop_node("kafka")
@@ -230,7 +235,7 @@ def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endp
         time.sleep(2.0)
     assert published_while_down > 0, "devices kept publishing while Kafka was down"
     got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
-    said = {r.name: r.log_file.read_bytes()[logged[r.name] :].decode(errors="replace") for r in routers}
+    said = _said_since(federation, logged)
     stalls = {name: _stalled_at(text) for name, text in said.items()}
     restarted = sum(bool(at) for at in stalls.values())
     check(

@@ -32,6 +32,8 @@ class _Client:
 
 
 def _guarded(answers: bool, stall_after_s: float = 10.0) -> tuple[AsyncProducer, list[str]]:
+    """The guard's own client stands for Kafka; the producer's handle points at a port nothing
+    listens at, so it answers nothing (as a wedged handle does)."""
     said: list[str] = []
     p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=stall_after_s, on_stall=said.append)
     p._prober = _Client(answers)  # type: ignore[assignment]
@@ -148,9 +150,7 @@ def test_a_producer_handle_that_answers_nothing_while_kafka_does_is_a_stall():
     so a handle that stopped talking to Kafka is not taken for Kafka away."""
 
     async def scenario():
-        said: list[str] = []
-        p = AsyncProducer(producer_config("127.0.0.1:1"), stall_after_s=10.0, on_stall=said.append)
-        p._prober = _Client(answers=True)  # type: ignore[assignment]
+        p, said = _guarded(answers=True)
         _waiting_since(p, 11)
         why = await p.check_stall()
         assert why is not None and "2 brokers" in why and said == [why]
