@@ -184,11 +184,13 @@ def test_the_backends_spark_job_turns_the_routers_readings_into_table_rows(rehea
     assert any(p.name.startswith("postgresql") for p in jars.iterdir())
     # every reading the routers bridged is one row, read through the catalog without Spark
     assert (report["spark_rows"], report["spark_ids"]) == (200, 200)
-    # what the rehearsal changed: S3's endpoint and credentials, Kafka's CA, the jars' folder
+    # what the rehearsal changed: S3's endpoint and credentials, Kafka's CA, the jars' folder,
+    # and the JVM options the suite gives every Spark driver (tests/conftest.py)
     assert report["spark_overrides"] == [
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",
         "FEDGATE_SPARK_JARS_DIR",
+        "FEDGATE_SPARK_JAVA_OPTIONS",
         "FEDGATE_SPARK_KAFKA_CA_FILE",
         "FEDGATE_SPARK_S3_ENDPOINT",
     ]

@@ -160,6 +160,9 @@ def _job_config(cluster: Cluster, bootstrap: str, topic: str, tmp_path: Path, **
         "cores_max": 1,
         "driver_memory": "512m",
         "aggregate_interval_s": 5,
+        # the executors' JVMs as the tests' others (TEST_JVM_OPTIONS); the driver's is
+        # spark-submit's to start (_submit)
+        "java_options": os.environ["FEDGATE_SPARK_JAVA_OPTIONS"],
         "progress_file": str(tmp_path / "progress.json"),
         # packaged, the job has no project folder to find them in: where make setup put them
         "jars_dir": SparkSettings.load(kafka_bootstrap="-", warehouse="-").jars_dir,
@@ -181,6 +184,9 @@ def _submit(cluster: Cluster, toml: Path, log: Path) -> subprocess.Popen:
     jars = spark_jars(SparkSettings.load(toml))
     command = package.submit_command(archive, main, cluster.url, str(toml), jars)
     command[0] = str(SPARK_BIN / "spark-submit")
+    # the driver's JVM runs before the job's session names its options: given here, as the
+    # tests' others (C1 only: the two submits' drivers took 100 CPU s of a run with C2)
+    command[1:1] = ["--driver-java-options", os.environ["FEDGATE_SPARK_JAVA_OPTIONS"]]
     return _start(command, log, env)
 
 

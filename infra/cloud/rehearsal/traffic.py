@@ -266,6 +266,8 @@ def check_spark(
         "FEDGATE_SPARK_S3_ENDPOINT": moto_url,
         "FEDGATE_SPARK_JARS_DIR": instance.path("/opt/fedgate/jars"),
         **AWS_ENV,
+        # the rehearsing machine's JVM options for Spark, when it names any (the tests': C1 only)
+        **{k: v for k in ("FEDGATE_SPARK_JAVA_OPTIONS",) if (v := os.environ.get(k))},
     }
     report.spark_overrides = sorted(instance.overrides)
     # RDS's stand-in: a PostgreSQL server where the endpoint's name resolves inside the instance
