@@ -45,7 +45,9 @@ ROUTERS = 2
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 
 
-def bench_federation(workdir: Path, *, spark: bool, gateway_nodes: int = 1) -> LocalFederation:
+def bench_federation(
+    workdir: Path, *, spark: bool, gateway_nodes: int = 1, quick: bool = False
+) -> LocalFederation:
     """One gateway (or a cluster of them), two routers, Kafka, and the Spark job when the Spark
     benchmark runs; its state in workdir/state."""
     base = int(os.environ.get("FEDGATE_BENCH_PORT_BASE", "19000"))
@@ -61,6 +63,7 @@ def bench_federation(workdir: Path, *, spark: bool, gateway_nodes: int = 1) -> L
         gateway_cluster_nodes=gateway_nodes,
         routers=ROUTERS,
         spark=1 if spark else 0,
+        spark_aggregate_after_rows=spark_bench.AGGREGATE_AFTER_ROWS["quick" if quick else "full"],
         # the scale benchmark's devices: a descriptor each, up to ~3 GB of memory a node (below
         # the watermark, which would block them; the other benchmarks stay far below either)
         gateway_max_fds=scale_bench.GATEWAY_MAX_FDS,
@@ -138,7 +141,7 @@ def run_suite(
     chosen = choose(names)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="fedgate-bench-"))
-    fed = bench_federation(workdir, spark="spark" in chosen)
+    fed = bench_federation(workdir, spark="spark" in chosen, quick=quick)
     out: dict[str, dict[str, Any]] = {}
     t_suite = time.monotonic()
     try:

@@ -51,6 +51,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "connect_port": job.spec.ports["connect"],
         "trigger_s": s.spark_trigger_s,
         "aggregate_interval_s": s.spark_aggregate_interval_s,
+        "aggregate_after_rows": s.spark_aggregate_after_rows,
         "compact_interval_s": s.spark_compact_interval_s,
         "jars_dir": str(s.spark_jars),
         "progress_file": str(job.dir / "progress.json"),

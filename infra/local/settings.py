@@ -190,6 +190,10 @@ class LocalSettings:
         default=60.0,
         metadata={"doc": "Spark: how often the job counts the rows it landed in the per-minute aggregates."},
     )
+    spark_aggregate_after_rows: int = field(
+        default=50_000,
+        metadata={"doc": "Spark: count sooner than the interval once this many rows wait (a backlog)."},
+    )
     spark_compact_interval_s: float = field(
         default=600.0,
         metadata={"doc": "Spark: how often the job compacts small files and expires old snapshots."},
