@@ -61,8 +61,7 @@ class LocalSettings:
         metadata={"doc": "Folder holding every node's config, data, logs and pid (git ignores it)."},
     )
     cache_dir: Path = field(
-        default=PROJECT_ROOT / ".cache",
-        metadata={"doc": "Folder `make setup` downloads jars into."},
+        default=PROJECT_ROOT / ".cache", metadata={"doc": "Folder `make setup` downloads jars into."}
     )
     regions: tuple[str, ...] = field(
         default=("local-eu", "local-us"),
@@ -133,10 +132,7 @@ class LocalSettings:
         default=32768,
         metadata={"doc": "MQTT socket sndbuf/recbuf in bytes (the kernel default costs ~4 MB a connection)."},
     )
-    kafka_heap_mb: int = field(
-        default=512,
-        metadata={"doc": "Kafka broker JVM heap (MB)."},
-    )
+    kafka_heap_mb: int = field(default=512, metadata={"doc": "Kafka broker JVM heap (MB)."})
     kafka_opts: str = field(default="", metadata={"doc": "Extra JVM options for the Kafka brokers."})
     spark_java_options: str = field(default="", metadata={"doc": "Extra JVM options for the Spark job."})
     kafka_version: str = field(
@@ -191,8 +187,7 @@ class LocalSettings:
         metadata={"doc": "Spark: how often the job counts the rows it landed in the per-minute aggregates."},
     )
     spark_aggregate_after_rows: int = field(
-        default=50_000,
-        metadata={"doc": "Spark: count sooner than the interval once this many rows wait (a backlog)."},
+        default=50_000, metadata={"doc": "Spark: count sooner than the interval once this many rows wait."}
     )
     spark_compact_interval_s: float = field(
         default=600.0,
