@@ -105,11 +105,14 @@ install_venv() {
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     # pip compiles the packages' bytecode one file after the other (~40 of its ~60 s here);
-    # compileall does the same files on every core (~16 s).  A file that does not compile
-    # (a package's Python 2 test data) is skipped, as pip skips it.
+    # compile_bytecode does the same files on every core (~16 s), beside the steps after
     "$VENV/bin/python" -m pip install -q --no-compile -e "$ROOT[dev]"
-    "$VENV/bin/python" -m compileall -q -j 0 "$VENV"/lib/python*/site-packages >/dev/null || true
     echo "$want_stamp" >"$VENV/.fedgate-stamp"
+}
+# A file that does not compile (a package's Python 2 test data) is skipped, as pip skips it.
+# Python writes each .pyc whole or not at all: an import meanwhile compiles its own file.
+compile_bytecode() {
+    "$VENV/bin/python" -m compileall -q -j 0 "$VENV"/lib/python*/site-packages >/dev/null || true
 }
 want_stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
 venv_job=()
@@ -204,6 +207,11 @@ fetch_all_jars() {
 }
 bg_start jars fetch_all_jars
 bg_wait "${venv_job[@]}" jars
+bytecode_job=()
+if ((${#venv_job[@]})); then # off the path to the class archive, which needs only the packages
+    bg_start bytecode compile_bytecode
+    bytecode_job=(bytecode)
+fi
 
 installed=$("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')
 [[ "$installed" == "$spark_version" ]] || die "the venv holds pyspark $installed, pyproject.toml pins $spark_version"
@@ -220,6 +228,6 @@ done
 # ~6 CPU s instead of ~10.  Written once per pyspark release (~25 s); none is no error.
 (cd "$ROOT" && "$VENV/bin/python" -m spark.class_archive)
 
-bg_wait rabbitmq
+bg_wait rabbitmq "${bytecode_job[@]}"
 
 step "done in ${SECONDS}s"
