@@ -147,7 +147,48 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 _div(held.get("held"), SCALE_DEVICES) if whole else 0.0,
             )
         )
+    ha = results.get("ha")
+    if ha is not None:
+        rows += _ha_goals(ha)
     return rows
+
+
+def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The HA profile's (issue "The HA profile carries what the single profile carries"),
+    its single-profile figure in the baseline's column."""
+    from bench import ha_bench
+
+    s, h, cpu = r["single"], r["ha"], r["cpu"]
+    hc, sc = h["mixed"]["commands"], s["mixed"]["commands"]
+    p99 = h["downlink"]["latency_ms"]["p99"]
+    twice = h["downlink"]["duplicated"]
+    mixed = f"{h['mixed']['commands_per_s']} commands/s beside {h['mixed']['readings_per_s']} readings/s"
+    return [
+        _row(
+            f"HA profile: sustained QoS 1, nothing lost, p99 under {ha_bench.SUSTAINED_P99_MS:g} ms",
+            f">= {ha_bench.SUSTAINED_PER_S:,}/s",
+            "none",
+            f"{h['sustained_fast_per_s']}/s",
+            f"single profile {s['sustained_fast_per_s']}/s",
+            _div(h["sustained_fast_per_s"], ha_bench.SUSTAINED_PER_S) or 0.0,
+        ),
+        _row(
+            "HA profile: the engines' CPU at a step both profiles carried, of the single profile's",
+            f"<= {ha_bench.CPU_VS_SINGLE:g}x",
+            "none",
+            f"{cpu['ha_vs_single']}x at {cpu['offered']}/s ({cpu['ha_cores']} cores)",
+            f"single profile {cpu['single_cores']} cores",
+            _div(ha_bench.CPU_VS_SINGLE, cpu["ha_vs_single"]),
+        ),
+        _row(
+            f"HA profile: command p99 from send to device, {mixed}, none sent twice",
+            f"<= {ha_bench.COMMAND_P99_MS:g} ms",
+            "none",
+            f"{p99} ms, {hc['received']}/{hc['sent']} delivered, {twice} twice, {hc['lost']} lost",
+            f"single profile {s['downlink']['latency_ms']['p99']} ms, {sc['received']}/{sc['sent']}",
+            0.0 if twice or hc["lost"] else _div(ha_bench.COMMAND_P99_MS, p99),
+        ),
+    ]
 
 
 def to_markdown(rows: list[dict[str, Any]], quick: bool) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench import ha_bench
+from bench.army_bench import carried
+from bench.goals import goals
 from bench.suite import run_suite
 from infra.local.driver import LocalFederation
 from tests.conftest import TEST_JVM_OPTIONS
@@ -46,7 +48,26 @@ def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
         assert d["lost"] == 0 and d["received"] - d["duplicated"] == d["sent"] > 0, f"{profile}: {d}"
         assert p["rss_idle_mb"] > 0
         assert p["steps"][0]["cpu_cores"]["gateway"] > 0, f"{profile}: the CPU each kind of node used"
+        # the commands went beside readings, every reading of that phase in Kafka too
+        m = p["mixed"]
+        assert (m["readings_per_s"], m["commands_per_s"]) == ha_bench.MIXED[True][:2], profile
+        assert m["lost"] == 0 and m["acked"] > 0, f"{profile} lost readings beside the commands"
+        assert d["latency_ms"]["p50"] is not None and d["latency_ms"]["p50"] <= d["latency_ms"]["p99"]
     assert r["ha"]["nodes"] > r["single"]["nodes"]
     assert r["ratios"]["rss_idle_ha_vs_single"] > 1, "three nodes of each engine hold more memory than one"
+    # the CPU ratio is taken at the highest step both profiles carried (none: not measured)
+    both = [
+        x["offered"]
+        for x in r["single"]["steps"]
+        for y in r["ha"]["steps"]
+        if x["offered"] == y["offered"] and carried(x) and carried(y)
+    ]
+    assert r["cpu"]["offered"] == (max(both) if both else None), r["cpu"]
+    if both:
+        assert r["cpu"]["ha_cores"] > 0 and r["cpu"]["single_cores"] > 0
     md = ha_bench.to_markdown(r)
     assert "| sustained QoS 1" in md and "was up before the benchmark" in md
+    assert "readings/s): delivered of sent, sent twice" in md
+    # its three goals, each with its ratio or "not measured", in the run's goals file
+    rows = [g for g in goals(results) if g["goal"].startswith("HA profile")]
+    assert len(rows) == 3 and all(g["ratio"] is None or g["ratio"] >= 0 for g in rows), rows
