@@ -154,8 +154,8 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """The HA profile's (issue "The HA profile carries what the single profile carries"),
-    its single-profile figure in the baseline's column."""
+    """The HA profile's goals (docs/benchmarks.md, "The HA profile's cost"), the single
+    profile's figure in the baseline's column."""
     from bench import ha_bench
 
     s, h, cpu = r["single"], r["ha"], r["cpu"]
@@ -168,8 +168,8 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"HA profile: sustained QoS 1, nothing lost, p99 under {ha_bench.SUSTAINED_P99_MS:g} ms",
             f">= {ha_bench.SUSTAINED_PER_S:,}/s",
             "none",
-            f"{h['sustained_fast_per_s']}/s",
-            f"single profile {s['sustained_fast_per_s']}/s",
+            _rate(h["sustained_fast_per_s"]),
+            f"single profile {_rate(s['sustained_fast_per_s'])}",
             _div(h["sustained_fast_per_s"], ha_bench.SUSTAINED_PER_S) or 0.0,
         ),
         _row(
@@ -189,6 +189,10 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
             0.0 if twice or hc["lost"] else _div(ha_bench.COMMAND_P99_MS, p99),
         ),
     ]
+
+
+def _rate(per_s: float | None) -> str:
+    return f"{per_s:,.0f}/s" if per_s else "no step"
 
 
 def to_markdown(rows: list[dict[str, Any]], quick: bool) -> str:

@@ -205,8 +205,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"{q['rss_idle_ha_vs_single']} |",
         f"| resident memory, busy (MB) | {s['rss_busy_mb']} | {h['rss_busy_mb']} | "
         f"{q['rss_busy_ha_vs_single']} |",
-        f"| sustained with p99 under {SUSTAINED_P99_MS:g} ms | {s['sustained_fast_per_s']} | "
-        f"{h['sustained_fast_per_s']} | |",
+        f"| sustained with p99 under {SUSTAINED_P99_MS:g} ms | {s['sustained_fast_per_s'] or 'no step'} | "
+        f"{h['sustained_fast_per_s'] or 'no step'} | |",
         f"| engines' cores at {r['cpu']['offered']}/s (both carried) | {r['cpu']['single_cores']} | "
         f"{r['cpu']['ha_cores']} | {r['cpu']['ha_vs_single']} |",
         f"| commands ({s['mixed']['commands_per_s']}/s beside {s['mixed']['readings_per_s']} "
