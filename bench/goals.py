@@ -159,9 +159,8 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
     from bench import ha_bench
 
     s, h, cpu = r["single"], r["ha"], r["cpu"]
-    hc, sc = h["mixed"]["commands"], s["mixed"]["commands"]
-    p99 = h["downlink"]["latency_ms"]["p99"]
-    twice = h["downlink"]["duplicated"]
+    hc, sc = h["downlink"], s["downlink"]
+    p99, twice = hc["latency_ms"]["p99"], hc["duplicated"]
     mixed = f"{h['mixed']['commands_per_s']} commands/s beside {h['mixed']['readings_per_s']} readings/s"
     return [
         _row(
@@ -185,7 +184,7 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"<= {ha_bench.COMMAND_P99_MS:g} ms",
             "none",
             f"{p99} ms, {hc['received']}/{hc['sent']} delivered, {twice} twice, {hc['lost']} lost",
-            f"single profile {s['downlink']['latency_ms']['p99']} ms, {sc['received']}/{sc['sent']}",
+            f"single profile {sc['latency_ms']['p99']} ms, {sc['received']}/{sc['sent']}",
             0.0 if twice or hc["lost"] else _div(ha_bench.COMMAND_P99_MS, p99),
         ),
     ]

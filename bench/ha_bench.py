@@ -182,7 +182,7 @@ def run(
         "rss_idle_ha_vs_single": _ratio(h["rss_idle_mb"], s["rss_idle_mb"]),
         "rss_busy_ha_vs_single": _ratio(h["rss_busy_mb"], s["rss_busy_mb"]),
         "command_p99_ha_vs_single": _ratio(
-            h["mixed"]["commands"]["latency_ms"]["p99"], s["mixed"]["commands"]["latency_ms"]["p99"]
+            h["downlink"]["latency_ms"]["p99"], s["downlink"]["latency_ms"]["p99"]
         ),
     }
     results["cpu"] = cpu_ratio(s, h)

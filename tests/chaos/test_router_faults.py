@@ -146,7 +146,7 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
         reconnected = wait_until(
             lambda: all(_metric(federation, n, reconnects) > before[n] for n in routers), 60, 0.5
         )
-        # each look is three rabbitmqctl calls (~1 CPU s): every 2 s, not every 0.5
+        # each look is four rabbitmqctl calls (~1 CPU s each): every 2 s, not every 0.5
         taken_back = wait_until(
             lambda: _each_shard_read_by_its_first(_shard_table(federation), routers), 60, 2
         )
