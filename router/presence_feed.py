@@ -56,8 +56,8 @@ Deliver = Callable[[Session, list[str]], Awaitable[None]]
 Ended = Callable[[Session, float], Awaitable[None]]
 #: a live session the events had not given (the downlink delivers what waits for it)
 Found = Callable[[Session], Awaitable[None]]
-#: How long a close applied from an event is remembered, so that a listing made before it
-#: does not bring the session back.
+#: How long a close applied from an event is remembered (a list made before it must not bring
+#: the session back), and a list that showed a connection.
 CLOSES_REMEMBERED_S = 120.0
 #: How often the connection lists are asked while a region's gateway is suspect.
 SUSPECT_RECHECK_S = 2.0
@@ -93,8 +93,9 @@ class PresenceFeed:
         self._found = found
         #: (node, connection) -> when a close event for it was applied (time.time())
         self._closed_at: dict[tuple[str, str], float] = {}
-        #: region -> when its last list that answered was asked: a session ends unseen after it
-        self._listed_at: dict[str, float] = {}
+        #: (node, connection) -> when the last list that showed it was asked: a session that
+        #: ends unseen ended after that (or after its connect, if no list ever showed it)
+        self._seen_at: dict[tuple[str, str], float] = {}
 
     # --- at start -----------------------------------------------------------------------
 
@@ -206,6 +207,7 @@ class PresenceFeed:
                 await _wait_bounded(all_confirmed(pending), self.metrics)
         horizon = time.time() - CLOSES_REMEMBERED_S
         self._closed_at = {k: at for k, at in self._closed_at.items() if at > horizon}
+        self._seen_at = {k: at for k, at in self._seen_at.items() if at > horizon}
 
     async def _reconcile_region(
         self,
@@ -216,17 +218,17 @@ class PresenceFeed:
         subscribed: dict[str, dict[str, int]] | None,
     ) -> None:
         old = (asked_at - LISTING_LAG_S) * 1000
-        listed_before = self._listed_at.get(region, 0.0)
-        self._listed_at[region] = asked_at
+        self._seen_at.update(dict.fromkeys(alive, asked_at))
         for s in self.presence.sessions():
             if s.region != region or s.connected_at > old or (s.node, s.connection) in alive:
                 continue
             log.warning(
                 "presence reconcile: %s's session at %s is gone; no event said so", s.client_id, region
             )
-            # Ended unseen (its node died), maybe with commands: when is known only as "after
-            # the last list that showed it" (4.0's lists give a new session no connect time)
-            await self._end_unseen(s, max(listed_before, s.connected_at / 1000))
+            # Ended unseen (its node died), maybe with commands: when is known only as "after the
+            # last list that showed *it*" -- not the region's last list, which may have lacked it
+            # while it was young (a command routed 0.2 s after its node was killed was lost so)
+            await self._end_unseen(s, self._last_alive(s))
             if self.store is not None:
                 await confirmed_later(self.store.offline_soon(s.client_id))
             self.metrics.inc("fedgate_router_presence_reconciled_total", change="ended")
@@ -270,7 +272,7 @@ class PresenceFeed:
             await self.store.offline(s.client_id)
 
     def _last_alive(self, s: Session) -> float:
-        return max(self._listed_at.get(s.region, 0.0), s.connected_at / 1000)
+        return max(self._seen_at.get((s.node, s.connection), 0.0), s.connected_at / 1000)
 
     async def _end_unseen(self, s: Session, ended_at: float) -> None:
         self._forget(s)
@@ -278,6 +280,7 @@ class PresenceFeed:
             await self._ended(s, ended_at)
 
     def _forget(self, s: Session) -> None:
+        self._seen_at.pop((s.node, s.connection), None)
         self.presence.closed(s.node, s.connection)
         self.subscriptions.forget(s.connection)
 
@@ -321,10 +324,7 @@ class PresenceFeed:
             written = self._write(key, change)
             closed_at = _event_time(headers)
             if key == "connection.closed" and not change.malformed:
-                node, name = (
-                    mqtt_plugin.text(headers.get("node", "")),
-                    mqtt_plugin.text(headers.get("name", "")),
-                )
+                node, name = (mqtt_plugin.text(headers.get(k, "")) for k in ("node", "name"))
                 self._closed_at[(node, name)] = time.time()
             for ended in (change.session if key == "connection.closed" else None, change.displaced):
                 if ended is not None:

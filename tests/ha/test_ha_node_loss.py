@@ -394,7 +394,7 @@ def test_a_gateway_node_killed_its_devices_move_to_the_others_and_nothing_is_los
         ):
             # Sessions as old as a fleet's: past the age at which the router's check of the
             # connection lists ends a session no list shows (LISTING_LAG_S), which then races the
-            # moved devices' connect events.  Younger ones are only ever ended by those events.
+            # moved devices' connect events.  (The every-engine kill below keeps them young.)
             time.sleep(max(2.0, LISTING_LAG_S + 2.0 - (time.monotonic() - present_at)))
             on_victim = [d.device_id for d in [*fleet.devices, *receivers] if d.host == victim.spec.address]
             killed_at, killed_wall = time.monotonic(), time.time()

@@ -8,6 +8,7 @@ import asyncio
 import time
 
 from backend.rabbitmq_admin import AdminError
+from router import presence_feed
 from router.gateways import Gateways
 from router.metrics import Metrics
 from router.parking import ParkingLot
@@ -299,5 +300,32 @@ def test_commands_sent_to_a_session_its_device_left_for_another_node_unseen_go_t
         event = created("pump-1", "local-us", "p:9 -> b:1883", new_at, node="rabbit@gw-b")
         await feed._apply(_Event("connection.created", event))  # type: ignore[arg-type]
         _taken_in_and_parked_again(presence, waiting, cmd)
+
+    asyncio.run(scenario())
+
+
+def test_a_young_session_gone_unseen_gives_back_what_was_sent_since_it_was_last_listed(monkeypatch):
+    """A device connects and its node is killed before any list showed the session.  Lists that
+    lack it keep it for LISTING_LAG_S (a list may lag a new connection), and the one that ends
+    it must not take "the region's last list" as when it was alive: that list lacked it.  The
+    HA profile lost a confirmed command so (routed 0.2 s after the kill, the session ended
+    unseen ~9 s later, two lists after).  What was sent since its connect goes to its next
+    session."""
+
+    async def scenario() -> None:
+        young = Session("pump-1", "local-us", NODE, "p:1 -> g:1883", _ago(8))
+        feed, presence, waiting = _waiting_feed([])  # its node is dead: no list shows it
+        presence.connected(young)
+        cmd = Command("pump-1", "devices/pump-1/commands/set")
+        await waiting.sent(young, cmd, b'{"n": 7}')
+        waiting._sent[young.connection][0] = (time.time() - 5, cmd, b'{"n": 7}')  # 3 s after connect
+        await feed.reconcile()
+        assert presence.get("pump-1") is not None, "8 s old: younger than a list's lag, kept"
+        monkeypatch.setattr(presence_feed, "LISTING_LAG_S", 4.0)  # the next list, seconds later
+        await feed.reconcile()
+        assert presence.get("pump-1") is None
+        assert [p.payload for p in waiting.parking.for_device("pump-1")] == [b'{"n": 7}'], (
+            "the command sent to the dead node's session waits for the device's next one"
+        )
 
     asyncio.run(scenario())
