@@ -63,6 +63,25 @@ def uplink_shard_queue(shard: int) -> str:
 #: Topic exchange on the backend receiving the gateways' connection events.
 PRESENCE_EXCHANGE = "fedgate.presence"
 
+
+def router_presence_queue(router_id: str) -> str:
+    """Each router's own durable quorum queue of presence events: it outlives the router's
+    restarts (events wait for it) and the death of any one backend node.  (A classic queue,
+    the earlier `fedgate.router.presence.<id>`, lived on one node: while that node was down
+    the routers' backend connections could not come back, 20-90 s in the HA tests, and the
+    events routed to it meanwhile were dropped.)"""
+    return f"fedgate.router.{router_id}.presence"
+
+
+#: An abandoned router's presence queue expires in 1 h; a router away long keeps the newest.
+ROUTER_PRESENCE_QUEUE_ARGS = {
+    "x-queue-type": "quorum",
+    "x-expires": 3_600_000,
+    "x-max-length": 1_000_000,
+    "x-overflow": "drop-head",
+}
+
+
 #: Routing keys of the gateway events presence needs.  Consumers bind with
 #: these (not "#") so that the gateways only forward connection events.
 PRESENCE_EVENT_KEYS = ("connection.created", "connection.closed")

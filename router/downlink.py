@@ -150,12 +150,13 @@ class Downlink(Lifecycle):
         """Follow presence (every router, leading or not); lead() starts the routing."""
         # per consumer (basic.qos applies to the consumers created after it)
         await channel.set_qos(prefetch_count=PRESENCE_PREFETCH)
-        # Presence first, rebuilt before any command is routed.  Durable, per router: events
-        # of a restart wait for it (router/presence_feed.py); an abandoned one expires in 1 h.
+        # Presence first, rebuilt before any command is routed.  Per router, quorum: events of
+        # a restart wait for it (router/presence_feed.py), and it lives on when a backend node
+        # dies; an abandoned one expires in 1 h.
         presence_q = await channel.declare_queue(
-            f"fedgate.router.presence.{self.settings.router_id}",
+            c.router_presence_queue(self.settings.router_id),
             durable=True,
-            arguments={"x-expires": 3_600_000, "x-max-length": 1_000_000, "x-overflow": "drop-head"},
+            arguments=c.ROUTER_PRESENCE_QUEUE_ARGS,
         )
         for key in PRESENCE_KEYS:
             await presence_q.bind(c.PRESENCE_EXCHANGE, routing_key=key)

@@ -37,7 +37,7 @@ from infra.local.layout import kafka_broker_id
 from infra.local.nodes import Node
 from router.presence_feed import LISTING_LAG_S
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
-from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval
+from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval, rabbitmqctl
 from tests.helpers import _metrics, device, leader_url, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.kafka]
@@ -242,8 +242,19 @@ def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_
     shards = {c.uplink_shard_queue(i) for i in range(c.UPLINK_SHARDS)}
     assert shards <= names and c.COMMANDS_QUEUE in names, names
     assert any(n.startswith("federation: fedgate.downlink.") for n in names), "the downlink's queues"
+    routers = [n.name for n in ha_federation.nodes() if n.spec.role == "router"]
+    assert {c.router_presence_queue(r) for r in routers} <= names, "each router's presence events"
     for q in quorum:
         assert set(q.get("members") or []) == nodes, f"{q['name']}: replicas on {q.get('members')}"
+
+
+def _presence_consumers(fed: LocalFederation, asked_of: str) -> dict[str, int]:
+    """Each router's presence queue and its consumers, as a running backend node lists them
+    (a queue whose only node is down is listed by none)."""
+    routers = [n.name for n in fed.nodes() if n.spec.role == "router"]
+    out = rabbitmqctl(fed, asked_of, ["-q", "--no-table-headers", "list_queues", "name", "consumers"], 60)
+    listed = dict(line.split("\t") for line in out.splitlines() if line.strip())
+    return {r: int(listed.get(c.router_presence_queue(r), 0)) for r in routers}
 
 
 def _per_router(endpoints: dict, metric: str) -> dict[str, float]:
@@ -303,7 +314,19 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
             killed_at = time.monotonic()
             victim.kill()
             acked_at_kill = fleet.total_acked
-            time.sleep(15)
+            # The routers follow presence all along: each one's queue lives on and is read
+            # again within seconds.  (Before, a classic queue on the first node was down with
+            # it, and the routers' backend connections came back only after it: 20-90 s.)
+            up = next(n.name for n in backends if n.name != victim.name)
+            seen: dict[str, int] = {}
+
+            def each_router_reads() -> bool:
+                seen.update(_presence_consumers(fed, up))
+                return all(seen.values())
+
+            followed = wait_until(each_router_reads, timeout=10, interval=1.0)
+            assert followed, f"a router stopped reading its presence events: consumers {seen}"
+            time.sleep(max(0.0, 15 - (time.monotonic() - killed_at)))
             acked_while_down = fleet.total_acked - acked_at_kill
             fed.start_node(victim.name)
             fed.wait_for_links(timeout=60)

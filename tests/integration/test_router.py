@@ -114,7 +114,7 @@ def test_a_subscription_whose_binding_event_was_lost_still_gets_the_commands_hel
     dev_id = f"unbound-{uid}"
     backend = federation.backend().admin()
     exchange = quote(c.PRESENCE_EXCHANGE, safe="")
-    queues = [q["name"] for q in backend.queues() if q["name"].startswith("fedgate.router.presence.")]
+    queues = [q["name"] for q in backend.queues() if q["name"].endswith(".presence")]
     assert queues, "no router presence queue on the backend"
     unbound: list[str] = []
     d = device(endpoints, "local-eu", dev_id)

@@ -86,7 +86,7 @@ def test_what_the_routers_fail_on_twenty_times_is_dead_lettered_to_the_poison_qu
     assert policy.definition["overflow"] == "reject-publish"
     for q in (c.COMMANDS_QUEUE, c.ACKS_QUEUE, c.uplink_shard_queue(0), c.uplink_shard_queue(3)):
         assert re.match(policy.pattern, q), q
-    for q in (c.POISON_QUEUE, "fedgate.router.presence.router-0", c.uplink_shard_queue(0) + "x"):
+    for q in (c.POISON_QUEUE, c.router_presence_queue("router-0"), c.uplink_shard_queue(0) + "x"):
         assert not re.match(policy.pattern, q), q
     poison = next(q for q in d.queues if q.name == c.POISON_QUEUE)
     assert poison.arguments == {"x-queue-type": "quorum"}
