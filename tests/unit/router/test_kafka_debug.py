@@ -53,3 +53,15 @@ def test_the_producers_linger_is_the_routers_setting(tmp_path, monkeypatch):
     service.Router(load_router_settings(p, env={}))
     service.Router(load_router_settings(p, env={"FEDGATE_ROUTER_KAFKA_LINGER_MS": "25"}))
     assert lingers == [5, 0, 25, 0]
+
+
+def test_the_router_producer_keeps_one_request_in_flight_per_broker():
+    """With more, librdkafka takes a later request's success as proof that an earlier one which
+    failed in transit was stored, and reports its records delivered; a new partition leader
+    accepts any first sequence from a producer it does not know, so a producer's first records
+    to a partition, in flight to a leader that died, were lost while reported stored (the HA
+    kill-every-engine test, 2 runs of 20).  One in flight also sent larger requests: 3,000
+    records/s took the producer 50 us each against 240, p99 30 ms against 140 (2026-12-01)."""
+    config = producer_config("127.0.0.1:1")
+    assert config["enable.idempotence"] is True and config["acks"] == "all"
+    assert config["max.in.flight.requests.per.connection"] == 1
