@@ -167,8 +167,8 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"HA profile: sustained QoS 1, nothing lost, p99 under {ha_bench.SUSTAINED_P99_MS:g} ms",
             f">= {ha_bench.SUSTAINED_PER_S:,}/s",
             "none",
-            _rate(h["sustained_fast_per_s"]),
-            f"single profile {_rate(s['sustained_fast_per_s'])}",
+            ha_bench.sustained_text(h["sustained_fast_per_s"]),
+            f"single profile {ha_bench.sustained_text(s['sustained_fast_per_s'])}",
             _div(h["sustained_fast_per_s"], ha_bench.SUSTAINED_PER_S) or 0.0,
         ),
         _row(
@@ -188,10 +188,6 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
             0.0 if twice or hc["lost"] else _div(ha_bench.COMMAND_P99_MS, p99),
         ),
     ]
-
-
-def _rate(per_s: float | None) -> str:
-    return f"{per_s:,.0f}/s" if per_s else "no step"
 
 
 def to_markdown(rows: list[dict[str, Any]], quick: bool) -> str:

@@ -47,6 +47,11 @@ COMMAND_P99_MS = 500.0
 MIXED = {True: (200, 10, 3), False: (1_000, 20, 30)}
 
 
+def sustained_text(per_s: float | None) -> str:
+    """A sustained rate as the reports print it; "no step" when none met the p99."""
+    return f"{per_s:,.0f}/s" if per_s else "no step"
+
+
 def ha_federation(fed: LocalFederation, workdir: Path) -> LocalFederation:
     """A federation of the HA profile with the regions and routers of `fed`."""
     s = fed.settings
@@ -205,8 +210,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"{q['rss_idle_ha_vs_single']} |",
         f"| resident memory, busy (MB) | {s['rss_busy_mb']} | {h['rss_busy_mb']} | "
         f"{q['rss_busy_ha_vs_single']} |",
-        f"| sustained with p99 under {SUSTAINED_P99_MS:g} ms | {s['sustained_fast_per_s'] or 'no step'} | "
-        f"{h['sustained_fast_per_s'] or 'no step'} | |",
+        f"| sustained with p99 under {SUSTAINED_P99_MS:g} ms | {sustained_text(s['sustained_fast_per_s'])} | "
+        f"{sustained_text(h['sustained_fast_per_s'])} | |",
         f"| engines' cores at {r['cpu']['offered']}/s (both carried) | {r['cpu']['single_cores']} | "
         f"{r['cpu']['ha_cores']} | {r['cpu']['ha_vs_single']} |",
         f"| commands ({s['mixed']['commands_per_s']}/s beside {s['mixed']['readings_per_s']} "
