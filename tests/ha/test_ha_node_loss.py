@@ -19,12 +19,15 @@ dies, and the leading router starts federation links RabbitMQ lost
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import aio_pika
+import aio_pika.exceptions
 import pytest
 from confluent_kafka.admin import AdminClient
 
@@ -37,7 +40,7 @@ from infra.local.layout import kafka_broker_id
 from infra.local.nodes import Node
 from router.presence_feed import LISTING_LAG_S
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
-from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval, rabbitmqctl
+from tests.chaos.faults import LOSE_EXCHANGE_LINK_RECORDS, rabbitmq_eval
 from tests.helpers import _metrics, device, leader_url, record_counts, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.kafka]
@@ -248,13 +251,25 @@ def test_the_backend_is_a_cluster_of_three_and_every_quorum_queue_has_a_replica_
         assert set(q.get("members") or []) == nodes, f"{q['name']}: replicas on {q.get('members')}"
 
 
-def _presence_consumers(fed: LocalFederation, asked_of: str) -> dict[str, int]:
-    """Each router's presence queue and its consumers, as a running backend node lists them
-    (a queue whose only node is down is listed by none)."""
+def _presence_consumers(fed: LocalFederation, url: str) -> dict[str, int]:
+    """Each router's presence queue's consumers, asked over AMQP of the backend node at `url`
+    (empty when it cannot tell within 3 s).  Not `rabbitmqctl list_queues`: while quorum
+    queues elect new leaders it waited on each of them and took over 60 s."""
     routers = [n.name for n in fed.nodes() if n.spec.role == "router"]
-    out = rabbitmqctl(fed, asked_of, ["-q", "--no-table-headers", "list_queues", "name", "consumers"], 60)
-    listed = dict(line.split("\t") for line in out.splitlines() if line.strip())
-    return {r: int(listed.get(c.router_presence_queue(r), 0)) for r in routers}
+
+    async def ask() -> dict[str, int]:
+        async with await aio_pika.connect(url, timeout=3) as conn:
+            channel = await conn.channel()
+            out = {}
+            for r in routers:
+                queue = await channel.declare_queue(c.router_presence_queue(r), passive=True)
+                out[r] = queue.declaration_result.consumer_count
+            return out
+
+    try:
+        return asyncio.run(asyncio.wait_for(ask(), 3))
+    except (TimeoutError, OSError, aio_pika.exceptions.AMQPException):
+        return {}
 
 
 def _per_router(endpoints: dict, metric: str) -> dict[str, float]:
@@ -317,12 +332,13 @@ def test_a_backend_node_killed_while_devices_publish_and_get_commands_loses_noth
             # The routers follow presence all along: each one's queue lives on and is read
             # again within seconds.  (Before, a classic queue on the first node was down with
             # it, and the routers' backend connections came back only after it: 20-90 s.)
-            up = next(n.name for n in backends if n.name != victim.name)
+            up = next(n for n in backends if n.name != victim.name)
+            up_url = next(u for u in ep["backend"]["urls"] if f":{up.spec.ports['amqp']}/" in u)
             seen: dict[str, int] = {}
 
             def each_router_reads() -> bool:
-                seen.update(_presence_consumers(fed, up))
-                return all(seen.values())
+                seen.update(_presence_consumers(fed, up_url))
+                return bool(seen) and all(seen.values())
 
             followed = wait_until(each_router_reads, timeout=10, interval=1.0)
             assert followed, f"a router stopped reading its presence events: consumers {seen}"
