@@ -95,10 +95,11 @@ def read_records(
     timeout: float = 20.0,
     settle_s: float = 0.0,
     security: KafkaSecurity | None = None,
+    complete: Callable[[], bool] | None = None,
 ) -> list[tuple[Message, dict[str, str]]]:
     """Records of `topic` from its start that `match` (with their headers decoded), in partition
-    order, until `expect` of them arrived and then `settle_s` passed with no new match (a
-    duplicate would arrive then), or until `timeout`."""
+    order, until `expect` of them arrived (or, given `complete`, until it says so) and then
+    `settle_s` passed with no new match (a duplicate would arrive then), or until `timeout`."""
     consumer = throwaway_consumer(bootstrap, security=security)
     assign_from_start(consumer, topic)
     out: list[tuple[Message, dict[str, str]]] = []
@@ -106,7 +107,8 @@ def read_records(
     last_match = time.monotonic()
     try:
         while time.monotonic() < deadline:
-            if len(out) >= expect and time.monotonic() - last_match >= settle_s:
+            done = complete() if complete is not None else len(out) >= expect
+            if done and time.monotonic() - last_match >= settle_s:
                 break
             msg = consumer.poll(0.2)
             if msg is None or msg.error():

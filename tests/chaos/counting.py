@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,17 +80,33 @@ class Fleet:
         return sum(len(v) for v in self.acked.values())
 
 
-def read_back(bootstrap: str, devices: set[str], expect: int, timeout: float = 90.0) -> dict[str, list[int]]:
-    """Every seq of these devices in Kafka in partition order, once `expect` arrived and 3 s were quiet."""
+def read_back(
+    bootstrap: str, acked: Mapping[str, Iterable[int]], timeout: float = 90.0
+) -> dict[str, list[int]]:
+    """Every seq of these devices in Kafka in partition order, once each acked (device, seq)
+    arrived and 3 s were quiet (a copy would arrive then), or at `timeout`.
+
+    Not "once as many records as were acked": copies count among records, so a count could
+    stop before a late record, and report it lost."""
+    missing = {(dev, seq) for dev, seqs in acked.items() for seq in seqs}
+
+    def match(msg: Any, _headers: dict[str, str]) -> bool:
+        dev = (msg.key() or b"").decode(errors="replace")
+        if dev not in acked:
+            return False
+        missing.discard((dev, json.loads(msg.value())["seq"]))
+        return True
+
     records = read_records(
         bootstrap,
         c.KAFKA_TELEMETRY_TOPIC,
-        lambda m, _h: (m.key() or b"").decode(errors="replace") in devices,
-        expect,
+        match,
+        len(missing),
         timeout=timeout,
         settle_s=3.0,
+        complete=lambda: not missing,
     )
-    got: dict[str, list[int]] = {d: [] for d in devices}
+    got: dict[str, list[int]] = {d: [] for d in acked}
     WHERE.clear()  # the last read's: what check() explains
     for msg, headers in records:
         dev = (msg.key() or b"").decode()

@@ -56,7 +56,7 @@ def test_two_routers_share_the_uplink_and_keep_per_device_order(federation, endp
     # uid dca48a9c), with 16 once in ~32,000.
     with Fleet.on_both_gateways(endpoints, f"pair-{uid}", per_region=8) as fleet:
         time.sleep(3)
-    got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
+    got = read_back(endpoints["kafka"]["bootstrap"], fleet.acked)
     check(fleet, got, max_duplicates=0)
     for name in ("router-0", "router-1"):
         assert bridged(name) > before[name], f"{name} took part"
@@ -71,7 +71,7 @@ def test_a_router_killed_mid_stream_loses_nothing(federation, endpoints, uid):
         time.sleep(1.5)  # devices keep publishing; router-0 takes router-1's shards meanwhile
         federation.start_node("router-1")
         time.sleep(1.5)
-    got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
+    got = read_back(endpoints["kafka"]["bootstrap"], fleet.acked)
     # duplicates only from the killed router's in-flight window (its prefetch)
     check(fleet, got, max_duplicates=2000, spark_federation=federation, device_prefix=f"kill-{uid}-")
 
@@ -94,7 +94,7 @@ def test_a_router_killed_and_kept_down_its_shards_flow_through_the_other_at_once
         snapshot = {d: list(seqs) for d, seqs in fleet.acked.items()}
         acked_while_down = sum(len(v) for v in snapshot.values())
         # everything acked so far in Kafka while router-1 is still dead, device by device
-        got_while_down = read_back(bootstrap, set(snapshot), acked_while_down, timeout=10)
+        got_while_down = read_back(bootstrap, snapshot, timeout=10)
         missing_while_down = sum(len(set(v) - set(got_while_down[d])) for d, v in snapshot.items())
         flowing_after_s = round(time.monotonic() - killed_at, 1)
         assert not victim.is_running(), "router-1 stayed down meanwhile"
@@ -102,7 +102,7 @@ def test_a_router_killed_and_kept_down_its_shards_flow_through_the_other_at_once
         federation.start_node("router-1")
         time.sleep(3)
         taken_back = _bridged(federation, "router-1")  # counted since its restart
-    got = read_back(bootstrap, set(fleet.acked), fleet.total_acked)
+    got = read_back(bootstrap, fleet.acked)
     record_counts(
         acked_4s_after_the_kill=acked_while_down,
         of_those_not_in_kafka_while_router_1_was_down=missing_while_down,
@@ -153,7 +153,7 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
         acked_at_take_back = fleet.total_acked
         time.sleep(1.0)  # and readings flow on through them
     assert len(closed) >= 4, f"the routers' connections were closed: {closed}"
-    got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
+    got = read_back(endpoints["kafka"]["bootstrap"], fleet.acked)
     check(fleet, got, max_duplicates=2000)
     assert reconnected, {n: _metric(federation, n, reconnects) - before[n] for n in routers}
     assert fleet.total_acked > acked_at_take_back, "devices published after the shards were taken back"
@@ -262,7 +262,7 @@ def test_kafka_down_for_30s_while_devices_publish_loses_nothing(federation, endp
         down_s = round(time.monotonic() - stopped_at)
         time.sleep(2.0)
     assert published_while_down > 0, "devices kept publishing while Kafka was down"
-    got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked, timeout=120)
+    got = read_back(endpoints["kafka"]["bootstrap"], fleet.acked, timeout=120)
     said = _said_since(federation, logged)
     stalls = {name: _stalled_at(text) for name, text in said.items()}
     restarted = sum(bool(at) for at in stalls.values())
@@ -307,7 +307,7 @@ def test_sigterm_drains_and_exits_cleanly(federation, endpoints, uid):
     assert code == 0, f"router exit code {code} after SIGTERM"
     log = node.stdout_log.read_text()
     assert "stopping: producer flushed" in log and "stopped" in log
-    got = read_back(endpoints["kafka"]["bootstrap"], set(fleet.acked), fleet.total_acked)
+    got = read_back(endpoints["kafka"]["bootstrap"], fleet.acked)
     check(fleet, got, max_duplicates=0, spark_federation=federation, device_prefix=f"term-{uid}-")
 
 
