@@ -9,18 +9,27 @@ The suite's time on two cores is bound by CPU, not by waits (four lanes keep the
 - ``machine_cpu_s``: CPU seconds the whole machine was busy meanwhile (other lanes included);
 - ``wall_s``, ``lane`` and ``nodeid``.
 
-`python -m tests.cpu_usage FILE` sums them per file, most CPU first.
+A test's tree misses what runs outside it (a federation `fedgate up` left to init, the other
+lanes' engines), so the controller also samples every process on the machine every 2 s and,
+at the session's end, appends one line ``{"kinds": {kind: CPU s}, ...}``: each process's own
+CPU from its first sample on, by what it is (a RabbitMQ node by name, a Kafka broker, a
+Spark JVM, Terraform's AWS provider, a router...).  A process that lives under 2 s is missed.
+
+`python -m tests.cpu_usage FILE` sums them per file and per kind, most CPU first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +73,110 @@ def machine_cpu() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
 
 
+def process_kind(pid: int, cmdline: str) -> str:
+    """What a process is, in words an operator knows (its pid and digits left out)."""
+    exe = cmdline.split(" ", 1)[0]
+    if "beam.smp" in exe:  # RabbitMQ 4 starts distribution late: its name is in the environment
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            env = []
+        names = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RABBITMQ_NODENAME=")]
+        return f"RabbitMQ {re.sub(r'[0-9]+', 'N', names[0].split('@')[0])}" if names else "Erlang VM"
+    if exe.endswith("java"):
+        if " kafka.Kafka " in cmdline:
+            return "Kafka broker"
+        if "spark" in cmdline.lower():
+            return "Spark JVM"
+        return "other JVM"
+    if "terraform-provider-" in exe:
+        return "Terraform provider " + exe.rsplit("terraform-provider-", 1)[1].split("_", 1)[0]
+    if "python" in exe:
+        if "xdist" in cmdline or " -u -c " in cmdline or "pytest" in cmdline:
+            return "pytest"
+        if m := re.search(r" -m (\S+)", cmdline):
+            return f"python -m {m.group(1)}"
+        return "python " + Path(cmdline.split(" ")[1]).name if " " in cmdline else "python"
+    return Path(exe).name or "?"
+
+
+class ProcessSampler:
+    """Every process's own CPU (user + system), sampled every `every` s, summed by kind."""
+
+    def __init__(self, every: float = 2.0):
+        self.every = every
+        #: (pid, start time) -> [CPU ticks at the first sample, at the last, kind]
+        self.seen: dict[tuple[int, str], list[Any]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cpu-usage-sampler", daemon=True)
+        self.t0, self.machine0 = time.monotonic(), machine_cpu()
+
+    def _sample(self, first: bool) -> None:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                raw = Path(f"/proc/{pid}/stat").read_text()
+                fields = raw[raw.rindex(")") + 2 :].split()
+                key, ticks = (pid, fields[19]), int(fields[11]) + int(fields[12])
+                if key in self.seen:
+                    self.seen[key][1] = ticks
+                    continue
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                cmdline = argv.decode(errors="replace").strip()
+                kind = process_kind(pid, cmdline) if cmdline else "kernel"
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+            # one running before the session counts from now; a new one from its start
+            self.seen[key] = [ticks if first else 0, ticks, kind]
+
+    def _run(self) -> None:
+        self._sample(first=True)
+        while not self.stop.wait(self.every):
+            self._sample(first=False)
+
+    def start(self) -> ProcessSampler:
+        self.thread.start()
+        return self
+
+    def finish(self) -> dict[str, Any]:
+        self.stop.set()
+        self.thread.join(10)
+        self._sample(first=False)
+        kinds: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for first, last, kind in self.seen.values():
+            kinds[kind] += (last - first) / TICK
+            counts[kind] += 1
+        return {
+            "kinds": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v >= 0.5},
+            "processes": {k: counts[k] for k in kinds if kinds[k] >= 0.5},
+            "wall_s": round(time.monotonic() - self.t0, 1),
+            "machine_cpu_s": round(machine_cpu() - self.machine0, 1),
+        }
+
+
+_sampler: ProcessSampler | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _sampler
+    # the controller only (an xdist worker has workerinput): one sampler for the machine
+    if session.config.getoption("--cpu-usage") and not hasattr(session.config, "workerinput"):
+        _sampler = ProcessSampler().start()
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down (their nodes stopped)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    global _sampler
+    if _sampler is None:
+        return
+    summary, _sampler = _sampler.finish(), None
+    with open(session.config.getoption("--cpu-usage"), "a") as f:
+        f.write(json.dumps(summary) + "\n")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cpu-usage", metavar="FILE", help="append each test's CPU seconds to FILE (JSON lines)"
@@ -96,8 +209,12 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 def summarize(path: Path) -> str:
     per_file: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     per_lane: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    kinds: list[dict[str, Any]] = []
     for raw in path.read_text().splitlines():
         row = json.loads(raw)
+        if "kinds" in row:
+            kinds.append(row)
+            continue
         for key in ("wall_s", "tree_cpu_s"):
             per_file[row["nodeid"].split("::", 1)[0]][key] += row[key]
             per_lane[row["lane"]][key] += row[key]
@@ -107,6 +224,17 @@ def summarize(path: Path) -> str:
     lines += ["", "| lane | CPU s | wall s |", "|---|---:|---:|"]
     for name, v in sorted(per_lane.items()):
         lines.append(f"| {name} | {v['tree_cpu_s']:.0f} | {v['wall_s']:.0f} |")
+    for run in kinds:
+        lines += [
+            "",
+            f"Every process on the machine, by kind ({run['wall_s']:.0f} s; the machine busy "
+            f"{run['machine_cpu_s']:.0f} CPU s, {sum(run['kinds'].values()):.0f} of them sampled):",
+            "",
+            "| kind | processes | CPU s |",
+            "|---|---:|---:|",
+        ]
+        for name, cpu in run["kinds"].items():
+            lines.append(f"| {name} | {run['processes'][name]} | {cpu:.0f} |")
     return "\n".join(lines)
 
 
