@@ -1,7 +1,7 @@
 """Where the suite's CPU goes: `pytest --cpu-usage=FILE` appends one JSON line per test.
 
-The suite's time on two cores is bound by CPU, not by waits (four lanes keep the cores
-85% busy), so cutting it means knowing which tests burn CPU.  Each line holds:
+The suite's time on two cores is bound by CPU, not by waits (six lanes keep the cores
+94% busy), so cutting it means knowing which tests burn CPU.  Each line holds:
 
 - ``tree_cpu_s``: CPU seconds spent by this worker and every process below it (the nodes it
   started, live or reaped) while the test ran, its fixtures' setup and teardown included;
@@ -36,14 +36,20 @@ import pytest
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, CPU ticks of the process and its reaped children), or None if gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (state) on, or None if the process is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: split after its last ')'
-    fields = raw[raw.rindex(")") + 2 :].split()
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, CPU ticks of the process and its reaped children), or None if gone."""
+    if (fields := _stat_fields(pid)) is None:
+        return None
     ppid = int(fields[1])
     utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
     return ppid, utime + stime + cutime + cstime
@@ -71,6 +77,11 @@ def machine_cpu() -> float:
     """CPU seconds the machine has been busy since boot (all but idle and iowait)."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+#: Kinds a process may leave by exec: spark-submit's bash script becomes the driver's JVM,
+#: rabbitmq-server's sh script the node's Erlang VM (same pid): asked again at each sample.
+LAUNCHERS = {"bash", "sh", "dash", "env"}
 
 
 def process_kind(pid: int, cmdline: str) -> str:
@@ -116,11 +127,11 @@ class ProcessSampler:
             if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
+            if (fields := _stat_fields(pid)) is None:
+                continue
             try:
-                raw = Path(f"/proc/{pid}/stat").read_text()
-                fields = raw[raw.rindex(")") + 2 :].split()
                 key, ticks = (pid, fields[19]), int(fields[11]) + int(fields[12])
-                if key in self.seen:
+                if key in self.seen and self.seen[key][2] not in LAUNCHERS:
                     self.seen[key][1] = ticks
                     continue
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
@@ -128,6 +139,9 @@ class ProcessSampler:
                 kind = process_kind(pid, cmdline) if cmdline else "kernel"
             except (OSError, ValueError):
                 continue  # gone meanwhile
+            if key in self.seen:  # a launcher, maybe exec'd into what it launched meanwhile
+                self.seen[key][1:] = [ticks, kind]
+                continue
             # one running before the session counts from now; a new one from its start
             self.seen[key] = [ticks if first else 0, ticks, kind]
 
