@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from backend import contract as c
 from backend.amqp import Reply, ReplyWait
@@ -30,6 +30,16 @@ FINAL = ("acknowledged", "deadlettered")
 #: later step: a connection that ended as it was sent has it parked again (router/waiting.py,
 #: within 1 s of the gateway's close), and the close event reaches the router within this.
 QOS1_SETTLED_S = 3.0
+#: What a partition answers while its leader is being elected or moves, or its broker is
+#: out of reach for a moment (librdkafka does not flag these retriable on metadata calls).
+NOT_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+)
 
 
 @dataclass(frozen=True)
@@ -109,12 +119,19 @@ class OutcomeFollower:
         except (RuntimeError, KafkaException):
             return False
         tp = TopicPartition(TOPIC, partition_of(self.command_id, count), OFFSET_BEGINNING)
-        low, self._end = self._consumer.get_watermark_offsets(tp, timeout=10)
-        self._read = low
-        if self._since_ms is not None:
-            found = self._consumer.offsets_for_times(
+        try:
+            low, self._end = self._consumer.get_watermark_offsets(tp, timeout=10)
+            found = self._since_ms is not None and self._consumer.offsets_for_times(
                 [TopicPartition(TOPIC, tp.partition, self._since_ms)], 10
             )
+        except KafkaException as e:
+            # A topic just created, or a partition whose leader moves, answers "not leader"
+            # for a moment: not yet, like a topic that does not exist yet.
+            if e.args and e.args[0].code() in NOT_YET:
+                return False
+            raise
+        self._read = low
+        if found:
             # -1: nothing written at or after that time: from what is written next
             tp.offset = self._read = found[0].offset if found[0].offset >= 0 else self._end
         self._consumer.assign([tp])

@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
-from backend.command_outcomes import QOS1_SETTLED_S, Outcome, final_outcome, partition_of
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from backend.command_outcomes import QOS1_SETTLED_S, Outcome, OutcomeFollower, final_outcome, partition_of
 
 
 def test_a_command_ends_acknowledged_deadlettered_or_delivered_once_a_qos1_send_settled():
@@ -25,3 +30,49 @@ def test_ids_spread_over_every_partition():
     # that it is the partition librdkafka writes a key to (CRC-32 of the key, its default
     # partitioner) the integration tests show: they read every step back from it alone
     assert {partition_of(f"{i:032x}", 3) for i in range(100)} == {0, 1, 2}
+
+
+class _PartitionWithoutLeaderYet:
+    """A consumer whose topic exists but whose partition's leader is not elected yet: what a
+    single broker answered once in CI right after the topic was created."""
+
+    def __init__(self, refusals: int, error: int = KafkaError.NOT_LEADER_FOR_PARTITION):
+        self.refusals, self.error, self.assigned = refusals, error, []
+
+    def list_topics(self, topic, timeout):
+        meta = SimpleNamespace(partitions={0: None, 1: None, 2: None}, error=None)
+        return SimpleNamespace(topics={topic: meta})
+
+    def get_watermark_offsets(self, tp, timeout):
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaException(KafkaError(self.error))
+        return 0, 4
+
+    def assign(self, parts):
+        self.assigned = parts
+
+    def close(self):
+        pass
+
+
+def _follower(consumer) -> OutcomeFollower:
+    follower = OutcomeFollower.__new__(OutcomeFollower)
+    follower.command_id, follower.key, follower.steps = "c0ffee", b"c0ffee", []
+    follower._consumer, follower._since_ms, follower._end, follower._read = consumer, None, 0, 0
+    follower._assigned = False
+    return follower
+
+
+def test_a_partition_without_its_leader_yet_is_looked_at_again_not_an_error():
+    consumer = _PartitionWithoutLeaderYet(refusals=2)
+    follower = _follower(consumer)
+    assert [follower._assign() for _ in range(3)] == [False, False, True]
+    assert follower.assigned and [tp.partition for tp in consumer.assigned] == [partition_of("c0ffee", 3)]
+    assert not follower.caught_up, "4 records on record, none read yet"
+
+
+def test_a_refusal_that_will_not_pass_is_raised():
+    follower = _follower(_PartitionWithoutLeaderYet(refusals=1, error=KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(KafkaException):
+        follower._assign()
