@@ -253,7 +253,7 @@ def check_spark(
     report: Any,
     progress: Progress,
     expect: int = 2 * BATCH,
-    timeout: float = 480,
+    timeout: float = 720,
 ) -> None:
     """The Spark job the backend module deploys turns the readings the routers put in Kafka
     into telemetry_raw rows, its catalog in PostgreSQL where RDS would be, its tables in S3."""
