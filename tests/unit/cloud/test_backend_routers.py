@@ -20,7 +20,9 @@ from spark.settings import SparkSettings
 
 from .conftest import TERRAFORM_DIR, moto_client, moto_override, run_tf
 
-pytestmark = [pytest.mark.terraform, pytest.mark.slow]
+# the backend example applied, ~80 s of it the AWS provider's own waits on moto (RDS's
+# instance 81 s, the load balancers' 60 s): 174 s beside the other lanes here
+pytestmark = [pytest.mark.terraform, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REGION = "eu-central-1"
 ROOT_MODULE = """# written by the test: the backend module with its routers, Kafka of our own

@@ -20,7 +20,9 @@ from infra.local.tls import LocalCA
 
 from .conftest import TRIXIE_AMD64, moto_client, moto_override, run_tf
 
-pytestmark = [pytest.mark.terraform, pytest.mark.slow]
+# an apply and two plans, the AWS provider's waits on moto among them: 195 s beside the
+# other lanes of `make test` here, 65% of the default 300
+pytestmark = [pytest.mark.terraform, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REGION = "eu-west-1"
 DOMAIN = "fleet.example.com"
