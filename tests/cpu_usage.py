@@ -14,6 +14,9 @@ lanes' engines), so the controller also samples every process on the machine eve
 at the session's end, appends one line ``{"kinds": {kind: CPU s}, ...}``: each process's own
 CPU from its first sample on, by what it is (a RabbitMQ node by name, a Kafka broker, a
 Spark JVM, Terraform's AWS provider, a router...).  A process that lives under 2 s is missed.
+Each process is also put down to the test that started it (pytest's PYTEST_CURRENT_TEST,
+which every child inherits; a session fixture's engines go to the test they started with):
+the line's ``by_file`` sums the CPU by that test's file and kind, engines included.
 
 `python -m tests.cpu_usage FILE` sums them per file and per kind, most CPU first.
 """
@@ -84,6 +87,19 @@ def machine_cpu() -> float:
 LAUNCHERS = {"bash", "sh", "dash", "env"}
 
 
+def started_by(pid: int) -> str:
+    """The file of the test during which the process (or its first ancestor under pytest)
+    started, from the PYTEST_CURRENT_TEST it inherited; "" if none."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    for e in env:
+        if e.startswith(b"PYTEST_CURRENT_TEST="):
+            return e.split(b"=", 1)[1].decode(errors="replace").split("::", 1)[0]
+    return ""
+
+
 def process_kind(pid: int, cmdline: str) -> str:
     """What a process is, in words an operator knows (its pid and digits left out)."""
     exe = cmdline.split(" ", 1)[0]
@@ -116,7 +132,7 @@ class ProcessSampler:
 
     def __init__(self, every: float = 2.0):
         self.every = every
-        #: (pid, start time) -> [CPU ticks at the first sample, at the last, kind]
+        #: (pid, start time) -> [CPU ticks at the first sample, at the last, kind, test file]
         self.seen: dict[tuple[int, str], list[Any]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="cpu-usage-sampler", daemon=True)
@@ -140,10 +156,10 @@ class ProcessSampler:
             except (OSError, ValueError):
                 continue  # gone meanwhile
             if key in self.seen:  # a launcher, maybe exec'd into what it launched meanwhile
-                self.seen[key][1:] = [ticks, kind]
+                self.seen[key][1:3] = [ticks, kind]
                 continue
             # one running before the session counts from now; a new one from its start
-            self.seen[key] = [ticks if first else 0, ticks, kind]
+            self.seen[key] = [ticks if first else 0, ticks, kind, started_by(pid)]
 
     def _run(self) -> None:
         self._sample(first=True)
@@ -160,12 +176,18 @@ class ProcessSampler:
         self._sample(first=False)
         kinds: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        for first, last, kind in self.seen.values():
+        by_file: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for first, last, kind, test_file in self.seen.values():
             kinds[kind] += (last - first) / TICK
             counts[kind] += 1
+            by_file[test_file or "(no test)"][kind] += (last - first) / TICK
         return {
             "kinds": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v >= 0.5},
             "processes": {k: counts[k] for k in kinds if kinds[k] >= 0.5},
+            "by_file": {
+                f: {k: round(v, 1) for k, v in sorted(ks.items(), key=lambda kv: -kv[1]) if v >= 0.5}
+                for f, ks in sorted(by_file.items(), key=lambda kv: -sum(kv[1].values()))
+            },
             "wall_s": round(time.monotonic() - self.t0, 1),
             "machine_cpu_s": round(machine_cpu() - self.machine0, 1),
         }
@@ -249,6 +271,17 @@ def summarize(path: Path) -> str:
         ]
         for name, cpu in run["kinds"].items():
             lines.append(f"| {name} | {run['processes'][name]} | {cpu:.0f} |")
+        lines += [
+            "",
+            "By the file whose test started them:",
+            "",
+            "| file | CPU s | most of it |",
+            "|---|---:|---|",
+        ]
+        for name, ks in run.get("by_file", {}).items():
+            if (total := sum(ks.values())) >= 1:
+                top = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:3])
+                lines.append(f"| `{name}` | {total:.0f} | {top} |")
     return "\n".join(lines)
 
 
