@@ -119,10 +119,12 @@ def process_kind(pid: int, cmdline: str) -> str:
     if "terraform-provider-" in exe:
         return "Terraform provider " + exe.rsplit("terraform-provider-", 1)[1].split("_", 1)[0]
     if "python" in exe:
-        if "xdist" in cmdline or " -u -c " in cmdline or "pytest" in cmdline:
-            return "pytest"
-        if m := re.search(r" -m (\S+)", cmdline):
+        # the module first: a router's or a CLI's arguments may name a pytest tmp_path
+        if (m := re.search(r" -m (\S+)", cmdline)) and m.group(1) not in ("pytest", "xdist"):
             return f"python -m {m.group(1)}"
+        script = Path(cmdline.split(" ")[1]).name if " " in cmdline else ""
+        if "xdist" in cmdline or " -u -c " in cmdline or " -m pytest" in cmdline or script == "pytest":
+            return "pytest"
         return "python " + Path(cmdline.split(" ")[1]).name if " " in cmdline else "python"
     return Path(exe).name or "?"
 
