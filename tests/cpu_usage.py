@@ -136,6 +136,8 @@ class ProcessSampler:
         self.every = every
         #: (pid, start time) -> [CPU ticks at the first sample, at the last, kind, test file]
         self.seen: dict[tuple[int, str], list[Any]] = {}
+        #: pid -> the test file its process was put down to (a reused pid: the newest)
+        self.test_of: dict[int, str] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="cpu-usage-sampler", daemon=True)
         self.t0, self.machine0 = time.monotonic(), machine_cpu()
@@ -160,8 +162,12 @@ class ProcessSampler:
             if key in self.seen:  # a launcher, maybe exec'd into what it launched meanwhile
                 self.seen[key][1:3] = [ticks, kind]
                 continue
-            # one running before the session counts from now; a new one from its start
-            self.seen[key] = [ticks if first else 0, ticks, kind, started_by(pid)]
+            # one running before the session counts from now; a new one from its start.  An
+            # engine started with an environment of its own is its parent's (a node under
+            # the supervisor, a JVM under spark-submit's shell), when the parent was seen
+            test_file = started_by(pid) or self.test_of.get(int(fields[1]), "")
+            self.test_of[pid] = test_file
+            self.seen[key] = [ticks if first else 0, ticks, kind, test_file]
 
     def _run(self) -> None:
         self._sample(first=True)
