@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -87,6 +88,13 @@ def machine_cpu() -> float:
 LAUNCHERS = {"bash", "sh", "dash", "env"}
 
 
+def running_tests(out: str) -> Path:
+    """The folder where each pytest process writes the file of the test it runs (named by
+    its pid): /proc/PID/environ shows a process's environment at its start only, so a
+    worker's own PYTEST_CURRENT_TEST cannot be read from outside."""
+    return Path(f"{out}.running")
+
+
 def started_by(pid: int) -> str:
     """The file of the test during which the process (or its first ancestor under pytest)
     started, from the PYTEST_CURRENT_TEST it inherited; "" if none."""
@@ -132,8 +140,9 @@ def process_kind(pid: int, cmdline: str) -> str:
 class ProcessSampler:
     """Every process's own CPU (user + system), sampled every `every` s, summed by kind."""
 
-    def __init__(self, every: float = 2.0):
+    def __init__(self, running: Path, every: float = 2.0):
         self.every = every
+        self.running = running
         #: (pid, start time) -> [CPU ticks at the first sample, at the last, kind, test file]
         self.seen: dict[tuple[int, str], list[Any]] = {}
         #: pid -> the test file its process was put down to (a reused pid: the newest)
@@ -165,9 +174,18 @@ class ProcessSampler:
             # one running before the session counts from now; a new one from its start.  An
             # engine started with an environment of its own is its parent's (a node under
             # the supervisor, a JVM under spark-submit's shell), when the parent was seen
-            test_file = started_by(pid) or self.test_of.get(int(fields[1]), "")
+            test_file = (
+                started_by(pid) or self.test_of.get(int(fields[1]), "") or self._running(int(fields[1]))
+            )
             self.test_of[pid] = test_file
             self.seen[key] = [ticks if first else 0, ticks, kind, test_file]
+
+    def _running(self, pid: int) -> str:
+        """The test the pytest process `pid` runs now, "" if it is none of them."""
+        try:
+            return (self.running / str(pid)).read_text()
+        except OSError:
+            return ""
 
     def _run(self) -> None:
         self._sample(first=True)
@@ -208,7 +226,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     global _sampler
     # the controller only (an xdist worker has workerinput): one sampler for the machine
     if session.config.getoption("--cpu-usage") and not hasattr(session.config, "workerinput"):
-        _sampler = ProcessSampler().start()
+        _sampler = ProcessSampler(running_tests(session.config.getoption("--cpu-usage"))).start()
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures were torn down (their nodes stopped)
@@ -217,6 +235,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _sampler is None:
         return
     summary, _sampler = _sampler.finish(), None
+    shutil.rmtree(running_tests(session.config.getoption("--cpu-usage")), ignore_errors=True)
     with open(session.config.getoption("--cpu-usage"), "a") as f:
         f.write(json.dumps(summary) + "\n")
 
@@ -234,6 +253,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         yield
         return
     me = os.getpid()
+    # what the sampler reads for a process this one starts with an environment of its own
+    running = running_tests(out)
+    running.mkdir(exist_ok=True)
+    (running / str(me)).write_text(item.nodeid.split("::", 1)[0])
     t0, tree0, machine0 = time.monotonic(), tree_cpu(me), machine_cpu()
     yield
     from tests.conftest import lane_of
