@@ -121,8 +121,10 @@ class OutcomeFollower:
         tp = TopicPartition(TOPIC, partition_of(self.command_id, count), OFFSET_BEGINNING)
         try:
             low, self._end = self._consumer.get_watermark_offsets(tp, timeout=10)
-            found = self._since_ms is not None and self._consumer.offsets_for_times(
-                [TopicPartition(TOPIC, tp.partition, self._since_ms)], 10
+            found = (
+                self._consumer.offsets_for_times([TopicPartition(TOPIC, tp.partition, self._since_ms)], 10)
+                if self._since_ms is not None
+                else None
             )
         except KafkaException as e:
             # A topic just created, or a partition whose leader moves, answers "not leader"

@@ -96,8 +96,8 @@ def running_tests(out: str) -> Path:
 
 
 def started_by(pid: int) -> str:
-    """The file of the test during which the process (or its first ancestor under pytest)
-    started, from the PYTEST_CURRENT_TEST it inherited; "" if none."""
+    """The file of the test during which the process started, from the PYTEST_CURRENT_TEST
+    it inherited; "" if its environment has none (the sampler then asks its parent)."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
@@ -133,7 +133,7 @@ def process_kind(pid: int, cmdline: str) -> str:
         script = Path(cmdline.split(" ")[1]).name if " " in cmdline else ""
         if "xdist" in cmdline or " -u -c " in cmdline or " -m pytest" in cmdline or script == "pytest":
             return "pytest"
-        return "python " + Path(cmdline.split(" ")[1]).name if " " in cmdline else "python"
+        return f"python {script}" if script else "python"
     return Path(exe).name or "?"
 
 

@@ -56,23 +56,21 @@ class _PartitionWithoutLeaderYet:
         pass
 
 
-def _follower(consumer) -> OutcomeFollower:
-    follower = OutcomeFollower.__new__(OutcomeFollower)
-    follower.command_id, follower.key, follower.steps = "c0ffee", b"c0ffee", []
-    follower._consumer, follower._since_ms, follower._end, follower._read = consumer, None, 0, 0
-    follower._assigned = False
-    return follower
+def _follower(monkeypatch, consumer) -> OutcomeFollower:
+    monkeypatch.setattr("backend.command_outcomes.throwaway_consumer", lambda bootstrap, purpose: consumer)
+    return OutcomeFollower("127.0.0.1:1", "c0ffee")
 
 
-def test_a_partition_without_its_leader_yet_is_looked_at_again_not_an_error():
+def test_a_partition_without_its_leader_yet_is_looked_at_again_not_an_error(monkeypatch):
     consumer = _PartitionWithoutLeaderYet(refusals=2)
-    follower = _follower(consumer)
+    follower = _follower(monkeypatch, consumer)
     assert [follower._assign() for _ in range(3)] == [False, False, True]
     assert follower.assigned and [tp.partition for tp in consumer.assigned] == [partition_of("c0ffee", 3)]
     assert not follower.caught_up, "4 records on record, none read yet"
 
 
-def test_a_refusal_that_will_not_pass_is_raised():
-    follower = _follower(_PartitionWithoutLeaderYet(refusals=1, error=KafkaError.TOPIC_AUTHORIZATION_FAILED))
+def test_a_refusal_that_will_not_pass_is_raised(monkeypatch):
+    refusing = _PartitionWithoutLeaderYet(refusals=1, error=KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    follower = _follower(monkeypatch, refusing)
     with pytest.raises(KafkaException):
         follower._assign()
