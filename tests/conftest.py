@@ -306,7 +306,30 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
     # plain tests' readings batch by batch as they came was the job's largest cost, one
     # batch of them all at its start is a fraction of it
     with running(fed, spark_job=False):
+        SESSION_FEDERATION.append(fed)
         yield fed
+
+
+#: The session federation while it runs (`federation`), for pytest_runtest_teardown to stop.
+SESSION_FEDERATION: list[LocalFederation] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """The session federation stops after the last test that uses it, not at the session's
+    end: the second federation's lane runs the cloud rehearsal after its plain tests, ~10
+    minutes its six engines would idle beside (~0.07 cores).  After the test's own fixtures
+    are torn down (hookwrapper: after the rest of the teardown)."""
+    yield
+    if not SESSION_FEDERATION or nextitem is None:
+        return
+    items = item.session.items
+    if any("federation" in later.fixturenames for later in items[items.index(nextitem) :]):
+        return
+    fed = SESSION_FEDERATION.pop()
+    fed.down()  # `running` calls it again at the session's end: a no-op then
+    left = fed.leftover_pids()
+    assert not left, f"processes left behind by down: {left}"
 
 
 @pytest.fixture
