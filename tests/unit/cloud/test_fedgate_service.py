@@ -31,71 +31,91 @@ INSTALLER = MODULE / "files" / "fedgate-install.py"
 SECRET_ARN = "arn:aws:secretsmanager:eu-central-1:123456789012:secret:fedgate-router-AbCdEf"
 CONFIG = 'kafka_bootstrap = "b-1.msk:9096"\n'
 
-ROOT_MODULE = (
-    """# written by the test: the fedgate-service module, copied alone
-variable "service" {
-  type = string
-}
-
-variable "instance_count" {
-  type = number
-}
-
-module "service" {
+#: The module once for each (service, instance count) the tests plan; the accepted ones in
+#: one root, the refused in another: one plan each answers all their cases.
+SERVICE_MODULE = """
+module "{service}_{count}" {{
   source = "../fedgate-service"
 
-  name               = "svc"
-  service            = var.service
-  instance_count     = var.instance_count
+  name               = "svc-{service}-{count}"
+  service            = "{service}"
+  instance_count     = {count}
   subnet_ids         = ["subnet-0123456789abcdef0"]
   security_group_ids = ["sg-0123456789abcdef0"]
   release_bucket     = "fedgate-releases"
   release_key        = "fedgate/fedgate-0.1.0-py3-none-any.whl"
   config_toml        = "kafka_bootstrap = \\"b-1.msk:9096\\"\\n"
-  secret_arn         = "SECRET_ARN"
-  s3_bucket_arns     = var.service == "spark" ? ["arn:aws:s3:::fedgate-analytics"] : []
-  jars_key           = var.service == "spark" ? "fedgate/fedgate-spark-jars-0.1.0.tar.gz" : null
-}
+  secret_arn         = "{secret_arn}"
+  s3_bucket_arns     = {buckets}
+  jars_key           = {jars_key}
+}}
 """
-).replace("SECRET_ARN", SECRET_ARN)
+ACCEPTED = [("router", 2), ("spark", 1), ("router", 3)]
+REFUSED = [("router", 1), ("spark", 2)]
 
 
-@pytest.fixture(scope="module")
-def alone(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory, moto_url: str) -> Path:
-    base = tmp_path_factory.mktemp("service")
-    shutil.copytree(MODULE, base / "fedgate-service", ignore=shutil.ignore_patterns(".terraform*"))
-    root = base / "root"
+def root_module(cases: list[tuple[str, int]]) -> str:
+    blocks = ["# written by the test: the fedgate-service module, copied alone, once per case"]
+    for service, count in cases:
+        spark = service == "spark"
+        blocks.append(
+            SERVICE_MODULE.format(
+                service=service,
+                count=count,
+                secret_arn=SECRET_ARN,
+                buckets='["arn:aws:s3:::fedgate-analytics"]' if spark else "[]",
+                jars_key='"fedgate/fedgate-spark-jars-0.1.0.tar.gz"' if spark else "null",
+            )
+        )
+    return "\n".join(blocks)
+
+
+def _root(toolchain: Toolchain, base: Path, name: str, cases: list[tuple[str, int]], moto_url: str) -> Path:
+    root = base / name
     root.mkdir()
-    (root / "main.tf").write_text(ROOT_MODULE)
+    (root / "main.tf").write_text(root_module(cases))
     (root / "moto_override.tf").write_text(moto_override(moto_url, "eu-central-1"))
     init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
     assert init.returncode == 0, init.stderr
     return root
 
 
-def _plan(toolchain: Toolchain, root: Path, service: str, count: int) -> subprocess.CompletedProcess[str]:
-    return run_tf(
-        toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan",
-        f"-var=service={service}", f"-var=instance_count={count}",
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def module_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("service")
+    shutil.copytree(MODULE, base / "fedgate-service", ignore=shutil.ignore_patterns(".terraform*"))
+    return base
 
 
-def _planned(toolchain: Toolchain, root: Path) -> dict[str, dict[str, Any]]:
+@pytest.fixture(scope="module")
+def planned(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each accepted case's planned resources by type: {"router_2": {"aws_launch_template": ...}}."""
+    root = _root(toolchain, module_copy, "accepted", ACCEPTED, moto_url)
+    plan = run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = json.loads(run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan").stdout)
-    (module,) = shown["planned_values"]["root_module"]["child_modules"]
-    return {r["type"]: r["values"] for r in module["resources"] if r["mode"] == "managed"}
+    return {
+        module["address"].removeprefix("module."): {
+            r["type"]: r["values"] for r in module["resources"] if r["mode"] == "managed"
+        }
+        for module in shown["planned_values"]["root_module"]["child_modules"]
+    }
+
+
+@pytest.fixture(scope="module")
+def refused(toolchain: Toolchain, module_copy: Path, moto_url: str) -> subprocess.CompletedProcess[str]:
+    root = _root(toolchain, module_copy, "refused", REFUSED, moto_url)
+    return run_tf(toolchain, root, "plan", "-input=false", "-no-color")
 
 
 @pytest.mark.terraform
 @pytest.mark.slow
 @pytest.mark.parametrize(("service", "count", "entry"), [("router", 2, "router"), ("spark", 1, "spark.job")])
 def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
-    toolchain: Toolchain, alone: Path, service: str, count: int, entry: str
+    planned: dict[str, dict[str, dict[str, Any]]], service: str, count: int, entry: str
 ) -> None:
-    plan = _plan(toolchain, alone, service, count)
-    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
-    planned = _planned(toolchain, alone)
-    template = planned["aws_launch_template"]
+    resources = planned[f"{service}_{count}"]
+    template = resources["aws_launch_template"]
     assert template["metadata_options"][0]["http_tokens"] == "required"
     cloud_config = yaml.safe_load(base64.b64decode(template["user_data"]).decode())
     files = {f["path"]: f for f in cloud_config["write_files"]}
@@ -133,7 +153,7 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
     assert start == ["systemctl", "enable", "--now", f"fedgate-{service}.service"]
 
     # the role reads the release object and the secret, and only the Spark job a bucket
-    statements = {s["Sid"]: s for s in json.loads(planned["aws_iam_role_policy"]["policy"])["Statement"]}
+    statements = {s["Sid"]: s for s in json.loads(resources["aws_iam_role_policy"]["policy"])["Statement"]}
     assert statements["Release"]["Resource"] == [
         "arn:aws:s3:::fedgate-releases/fedgate/fedgate-0.1.0-py3-none-any.whl",
         *(
@@ -144,7 +164,7 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
     ]
     assert statements["Secret"]["Resource"] == [SECRET_ARN]
     assert ("Objects" in statements) is (service == "spark")
-    group = planned["aws_autoscaling_group"]
+    group = resources["aws_autoscaling_group"]
     assert group["min_size"] == group["max_size"] == group["desired_capacity"] == count
 
 
@@ -155,16 +175,22 @@ def test_the_instances_install_the_release_and_run_the_service_as_a_unit(
     [("router", 1, False), ("router", 3, True), ("spark", 2, False), ("spark", 1, True)],
 )
 def test_routers_come_in_twos_and_the_job_alone(
-    toolchain: Toolchain, alone: Path, service: str, count: int, accepted: bool
+    planned: dict[str, dict[str, dict[str, Any]]],
+    refused: subprocess.CompletedProcess[str],
+    service: str,
+    count: int,
+    accepted: bool,
 ) -> None:
-    plan = _plan(toolchain, alone, service, count)
-    assert (plan.returncode == 0) is accepted, plan.stdout[-2000:] + plan.stderr
-    if not accepted:  # (terraform wraps the message's lines)
-        message = " ".join(plan.stderr.split())
-        assert (
-            "instance_count: 1 for the Spark job (one writer of the tables), at least 2 for routers"
-            in message
-        )
+    name = f"{service}_{count}"
+    if accepted:
+        assert planned[name]["aws_autoscaling_group"]["desired_capacity"] == count
+        return
+    assert refused.returncode != 0, "a plan of refused instance counts was accepted"
+    # one error block per refused module, naming it (terraform wraps the message's lines)
+    errors = [" ".join(block.split()) for block in refused.stderr.split("Error:")[1:]]
+    mine = [e for e in errors if f'in module "{name}"' in e]
+    assert len(mine) == 1, refused.stderr
+    assert "instance_count: 1 for the Spark job (one writer of the tables), at least 2 for routers" in mine[0]
 
 
 # --- the installer ------------------------------------------------------------------------------
