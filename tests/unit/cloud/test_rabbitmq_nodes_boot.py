@@ -133,22 +133,22 @@ def test_a_node_without_an_address_is_not_named(tmp_path: Path, imds: FakeImds) 
 
 # --- the module alone, planned against moto ------------------------------------------------------
 
-ROOT_MODULE = """# written by the test: the rabbitmq-nodes module, copied alone, its network made up
-variable "node_count" {
-  type = number
+#: The module once per case the tests plan, by name: its inputs.  The accepted ones in one
+#: root, the refused in another: one plan each answers all their cases.
+ACCEPTED = {
+    "five": {"node_count": 5},
+    "one_opt_in": {"node_count": 1, "allow_single_node": "true"},
+    "fds_200000": {"node_count": 3, "max_fds": 200000},
+    "fds_65536": {"node_count": 3, "max_fds": 65536},
+}
+REFUSED = {
+    "two": {"node_count": 2},
+    "two_opt_in": {"node_count": 2, "allow_single_node": "true"},
+    "one": {"node_count": 1},
 }
 
-variable "allow_single_node" {
-  type    = bool
-  default = false
-}
-
-variable "max_fds" {
-  type    = number
-  default = null
-}
-
-module "nodes" {
+NODES_MODULE = """
+module "{name}" {{
   source = "../rabbitmq-nodes"
 
   name               = "boot"
@@ -157,52 +157,72 @@ module "nodes" {
   erlang_cookie      = "cookie"
   erl_args           = "+MMmcs 0"
   instance_type      = "t3.small"
-  node_count         = var.node_count
-  allow_single_node  = var.allow_single_node
-  max_fds            = var.max_fds
   subnet_ids         = ["subnet-0123456789abcdef0"]
   security_group_ids = ["sg-0123456789abcdef0"]
-}
+{inputs}
+}}
 """
 
 
+def root_module(cases: dict[str, dict[str, object]]) -> str:
+    blocks = ["# written by the test: the rabbitmq-nodes module, copied alone, its network made up"]
+    for name, inputs in cases.items():
+        lines = "\n".join(f"  {key} = {value}" for key, value in inputs.items())
+        blocks.append(NODES_MODULE.format(name=name, inputs=lines))
+    return "\n".join(blocks)
+
+
 @pytest.fixture(scope="module")
-def alone(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory, moto_url: str) -> Path:
-    """The module folder copied on its own (nothing else of the repository) beside a root module."""
+def module_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module folder copied on its own (nothing else of the repository)."""
     base = tmp_path_factory.mktemp("alone")
     shutil.copytree(
         TERRAFORM_DIR / "modules" / "rabbitmq-nodes",
         base / "rabbitmq-nodes",
         ignore=shutil.ignore_patterns(".terraform*"),
     )
-    root = base / "root"
+    return base
+
+
+def _root(
+    toolchain: Toolchain, base: Path, name: str, cases: dict[str, dict[str, object]], moto_url: str
+) -> Path:
+    root = base / name
     root.mkdir()
-    (root / "main.tf").write_text(ROOT_MODULE)
+    (root / "main.tf").write_text(root_module(cases))
     (root / "moto_override.tf").write_text(moto_override(moto_url, "eu-west-1"))
     init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
     assert init.returncode == 0, init.stderr
     return root
 
 
-def _plan(toolchain: Toolchain, root: Path, *tf_vars: str) -> subprocess.CompletedProcess[str]:
-    return run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan", *tf_vars)
-
-
-def _cloud_config(toolchain: Toolchain, root: Path) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def cloud_configs(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dict[str, dict[str, Any]]:
+    """Each accepted case's cloud-init, by module name, from one plan against moto."""
+    root = _root(toolchain, module_copy, "accepted", ACCEPTED, moto_url)
+    plan = run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = json.loads(run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan").stdout)
-    (module,) = shown["planned_values"]["root_module"]["child_modules"]
-    template = next(r for r in module["resources"] if r["type"] == "aws_launch_template")["values"]
-    assert template["metadata_options"][0]["http_tokens"] == "required"
-    cloud_config: dict[str, Any] = yaml.safe_load(base64.b64decode(template["user_data"]).decode())
-    return cloud_config
+    configs = {}
+    for module in shown["planned_values"]["root_module"]["child_modules"]:
+        template = next(r for r in module["resources"] if r["type"] == "aws_launch_template")["values"]
+        assert template["metadata_options"][0]["http_tokens"] == "required"
+        configs[module["address"].removeprefix("module.")] = yaml.safe_load(
+            base64.b64decode(template["user_data"]).decode()
+        )
+    return configs
+
+
+@pytest.fixture(scope="module")
+def refused(toolchain: Toolchain, module_copy: Path, moto_url: str) -> subprocess.CompletedProcess[str]:
+    root = _root(toolchain, module_copy, "refused", REFUSED, moto_url)
+    return run_tf(toolchain, root, "plan", "-input=false", "-no-color")
 
 
 @pytest.mark.terraform
 @pytest.mark.slow
-def test_the_cluster_settings_and_the_boot_order(toolchain: Toolchain, alone: Path) -> None:
-    plan = _plan(toolchain, alone, "-var=node_count=5")
-    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
-    cloud_config = _cloud_config(toolchain, alone)
+def test_the_cluster_settings_and_the_boot_order(cloud_configs: dict[str, dict[str, Any]]) -> None:
+    cloud_config = cloud_configs["five"]
     files = {f["path"]: f for f in cloud_config["write_files"]}
 
     conf = files["/etc/rabbitmq/rabbitmq.conf"]["content"].splitlines()
@@ -244,34 +264,35 @@ def test_the_cluster_settings_and_the_boot_order(toolchain: Toolchain, alone: Pa
 @pytest.mark.terraform
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("tf_vars", "accepted"),
-    [
-        (["-var=node_count=2"], False),
-        (["-var=node_count=2", "-var=allow_single_node=true"], False),
-        (["-var=node_count=1"], False),
-        (["-var=node_count=1", "-var=allow_single_node=true"], True),
-    ],
+    ("case", "accepted"),
+    [("two", False), ("two_opt_in", False), ("one", False), ("one_opt_in", True)],
     ids=["2", "2-opt-in", "1", "1-opt-in"],
 )
 def test_a_cluster_keeps_a_majority_through_the_loss_of_a_node_unless_one_node_is_asked_for(
-    toolchain: Toolchain, alone: Path, tf_vars: list[str], accepted: bool
+    cloud_configs: dict[str, dict[str, Any]],
+    refused: subprocess.CompletedProcess[str],
+    case: str,
+    accepted: bool,
 ) -> None:
-    plan = _plan(toolchain, alone, *tf_vars)
-    assert (plan.returncode == 0) is accepted, plan.stdout[-2000:] + plan.stderr
-    if not accepted:
-        assert "node_count: at least 3, so that a majority survives the loss of a node" in plan.stderr
+    if accepted:
+        assert case in cloud_configs, "the module was not planned"
+        return
+    assert refused.returncode != 0, "a plan of refused node counts was accepted"
+    # one error block per refused module, naming it (terraform wraps the message's lines)
+    errors = [" ".join(block.split()) for block in refused.stderr.split("Error:")[1:]]
+    mine = [e for e in errors if f'in module "{case}"' in e]
+    assert len(mine) == 1, refused.stderr
+    assert "node_count: at least 3, so that a majority survives the loss of a node" in mine[0]
 
 
 @pytest.mark.terraform
 @pytest.mark.slow
 def test_a_descriptor_limit_above_erlangs_port_limit_raises_that_too(
-    toolchain: Toolchain, alone: Path
+    cloud_configs: dict[str, dict[str, Any]],
 ) -> None:
     """Each device's socket is an Erlang port, which RabbitMQ's scripts cap at 65,536 unless
     ERL_MAX_PORTS says otherwise: a gateway given 200,000 descriptors gets as many ports."""
-    plan = _plan(toolchain, alone, "-var=node_count=3", "-var=max_fds=200000")
-    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
-    files = {f["path"]: f["content"] for f in _cloud_config(toolchain, alone)["write_files"]}
+    files = {f["path"]: f["content"] for f in cloud_configs["fds_200000"]["write_files"]}
     assert "LimitNOFILE=200000" in files["/etc/systemd/system/rabbitmq-server.service.d/fedgate.conf"]
     env = files["/etc/rabbitmq/rabbitmq-env.conf"]
     # RabbitMQ's scripts source the file with sh and leave an ERL_MAX_PORTS they find alone
@@ -280,7 +301,5 @@ def test_a_descriptor_limit_above_erlangs_port_limit_raises_that_too(
     ).stdout.strip()
     assert seen == "200000", "exported, so that the emulator the scripts start sees it"
 
-    plan = _plan(toolchain, alone, "-var=node_count=3", "-var=max_fds=65536")
-    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
-    files = {f["path"]: f["content"] for f in _cloud_config(toolchain, alone)["write_files"]}
+    files = {f["path"]: f["content"] for f in cloud_configs["fds_65536"]["write_files"]}
     assert "ERL_MAX_PORTS" not in files["/etc/rabbitmq/rabbitmq-env.conf"], "the scripts' own 65,536"
