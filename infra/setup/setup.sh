@@ -24,7 +24,7 @@
 #      pdns-backend-bind; their package would start a system-wide server,
 #      which policy-rc.d below keeps from starting)
 #
-# From nothing it takes well over a minute, most of it installing the venv:
+# From nothing it takes about a minute here, most of it the Debian 13 root and the jars:
 # the virtualenv (2) starts at once, beside the system packages; once those
 # are in, the Debian 13 root (1) and the jars (3, 4) are fetched beside it;
 # 5 needs the virtualenv and the jars, not the root.  Each background step writes its output to
@@ -127,7 +127,7 @@ venv_job=()
 if [[ -f "$VENV/.fedgate-stamp" && "$(cat "$VENV/.fedgate-stamp")" == "$want_stamp" ]]; then
     step "virtualenv up to date ($VENV)"
 else
-    step "installing Python dependencies into $VENV (pyspark is large: a minute or two)"
+    step "installing Python dependencies into $VENV (pyspark is large: half a minute or more)"
     bg_start virtualenv install_venv
     venv_job=(virtualenv)
 fi
