@@ -104,7 +104,7 @@ trap cleanup EXIT
 install_venv() {
     [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
     # uv installs the same packages as pip from the same index, downloading them side by
-    # side: 25 s from an empty cache where pip took 63 s with a warm one (pyspark's source
+    # side: 28 s from an empty cache where pip took 63 s with a warm one (pyspark's source
     # build is most of both).  pip stays the way if uv cannot be had.  Neither compiles
     # bytecode: compile_bytecode does that on every core, beside the steps after.
     if "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv; then
