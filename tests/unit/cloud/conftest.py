@@ -89,6 +89,23 @@ def run_tf(
     )
 
 
+def init_root(toolchain: Toolchain, root: Path, main_tf: str, moto_url: str, region: str) -> Path:
+    """`root` made a Terraform root module of `main_tf`, every AWS API to moto, initialised."""
+    root.mkdir()
+    (root / "main.tf").write_text(main_tf)
+    (root / "moto_override.tf").write_text(provider_override(moto_url, region))
+    init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
+    assert init.returncode == 0, init.stderr
+    return root
+
+
+def module_errors(stderr: str, module: str) -> list[str]:
+    """The errors of a failed plan that name module `module`, each on one line (terraform
+    wraps a message's lines): a plan of several refused modules says each one's."""
+    errors = [" ".join(block.split()) for block in stderr.split("Error:")[1:]]
+    return [e for e in errors if f'in module "{module}"' in e]
+
+
 @pytest.fixture(scope="session")
 def moto_url() -> Iterator[str]:
     """A moto server on 127.0.0.1 whose EC2 offers MOTO_AMIS (and no other image)."""

@@ -24,12 +24,13 @@ import yaml
 from infra.cloud.rehearsal.imds import MetadataService
 from infra.cloud.toolchain import Toolchain
 
-from .conftest import TERRAFORM_DIR, moto_client, moto_override, run_tf
+from .conftest import TERRAFORM_DIR, init_root, module_errors, moto_client, run_tf
 
 MODULE = TERRAFORM_DIR / "modules" / "fedgate-service"
 INSTALLER = MODULE / "files" / "fedgate-install.py"
 SECRET_ARN = "arn:aws:secretsmanager:eu-central-1:123456789012:secret:fedgate-router-AbCdEf"
 CONFIG = 'kafka_bootstrap = "b-1.msk:9096"\n'
+REGION = "eu-central-1"
 
 #: The module once for each (service, instance count) the tests plan; the accepted ones in
 #: one root, the refused in another: one plan each answers all their cases.
@@ -70,16 +71,6 @@ def root_module(cases: list[tuple[str, int]]) -> str:
     return "\n".join(blocks)
 
 
-def _root(toolchain: Toolchain, base: Path, name: str, cases: list[tuple[str, int]], moto_url: str) -> Path:
-    root = base / name
-    root.mkdir()
-    (root / "main.tf").write_text(root_module(cases))
-    (root / "moto_override.tf").write_text(moto_override(moto_url, "eu-central-1"))
-    init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
-    assert init.returncode == 0, init.stderr
-    return root
-
-
 @pytest.fixture(scope="module")
 def module_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("service")
@@ -90,7 +81,7 @@ def module_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def planned(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dict[str, dict[str, dict[str, Any]]]:
     """Each accepted case's planned resources by type: {"router_2": {"aws_launch_template": ...}}."""
-    root = _root(toolchain, module_copy, "accepted", ACCEPTED, moto_url)
+    root = init_root(toolchain, module_copy / "accepted", root_module(ACCEPTED), moto_url, REGION)
     plan = run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan")
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = json.loads(run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan").stdout)
@@ -104,7 +95,7 @@ def planned(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dict[str,
 
 @pytest.fixture(scope="module")
 def refused(toolchain: Toolchain, module_copy: Path, moto_url: str) -> subprocess.CompletedProcess[str]:
-    root = _root(toolchain, module_copy, "refused", REFUSED, moto_url)
+    root = init_root(toolchain, module_copy / "refused", root_module(REFUSED), moto_url, REGION)
     return run_tf(toolchain, root, "plan", "-input=false", "-no-color")
 
 
@@ -186,9 +177,7 @@ def test_routers_come_in_twos_and_the_job_alone(
         assert planned[name]["aws_autoscaling_group"]["desired_capacity"] == count
         return
     assert refused.returncode != 0, "a plan of refused instance counts was accepted"
-    # one error block per refused module, naming it (terraform wraps the message's lines)
-    errors = [" ".join(block.split()) for block in refused.stderr.split("Error:")[1:]]
-    mine = [e for e in errors if f'in module "{name}"' in e]
+    mine = module_errors(refused.stderr, name)
     assert len(mine) == 1, refused.stderr
     assert "instance_count: 1 for the Spark job (one writer of the tables), at least 2 for routers" in mine[0]
 

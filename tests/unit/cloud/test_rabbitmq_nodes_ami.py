@@ -11,7 +11,7 @@ import pytest
 
 from infra.cloud.toolchain import Toolchain
 
-from .conftest import BOOKWORM_AMD64, TRIXIE_AMD64, TRIXIE_ARM64, moto_override, run_tf
+from .conftest import BOOKWORM_AMD64, TRIXIE_AMD64, TRIXIE_ARM64, init_root, run_tf
 
 pytestmark = [pytest.mark.terraform, pytest.mark.slow]
 
@@ -65,12 +65,13 @@ def _module_name(case: str) -> str:
 def planned_images(toolchain: Toolchain, terraform_tree: Path, moto_url: str) -> dict[str, str]:
     """The image each case's launch template boots, from one plan against moto."""
     # beside the examples in the copied tree, so that ../../modules resolves
-    root = terraform_tree / "infra" / "terraform" / "examples" / "ami-lookup"
-    root.mkdir()
-    (root / "main.tf").write_text(root_module())
-    (root / "moto_override.tf").write_text(moto_override(moto_url, REGION))
-    init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
-    assert init.returncode == 0, init.stderr
+    root = init_root(
+        toolchain,
+        terraform_tree / "infra" / "terraform" / "examples" / "ami-lookup",
+        root_module(),
+        moto_url,
+        REGION,
+    )
     plan = run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan")
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan")

@@ -19,7 +19,7 @@ import yaml
 
 from infra.cloud.toolchain import Toolchain
 
-from .conftest import TERRAFORM_DIR, moto_override, run_tf
+from .conftest import TERRAFORM_DIR, init_root, module_errors, run_tf
 
 SCRIPT = TERRAFORM_DIR / "modules" / "rabbitmq-nodes" / "files" / "rabbitmq-nodename.sh"
 TOKEN = "AQAEAFakeTokenOfTheStandIn=="
@@ -184,22 +184,10 @@ def module_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-def _root(
-    toolchain: Toolchain, base: Path, name: str, cases: dict[str, dict[str, object]], moto_url: str
-) -> Path:
-    root = base / name
-    root.mkdir()
-    (root / "main.tf").write_text(root_module(cases))
-    (root / "moto_override.tf").write_text(moto_override(moto_url, "eu-west-1"))
-    init = run_tf(toolchain, root, "init", "-input=false", "-no-color")
-    assert init.returncode == 0, init.stderr
-    return root
-
-
 @pytest.fixture(scope="module")
 def cloud_configs(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dict[str, dict[str, Any]]:
     """Each accepted case's cloud-init, by module name, from one plan against moto."""
-    root = _root(toolchain, module_copy, "accepted", ACCEPTED, moto_url)
+    root = init_root(toolchain, module_copy / "accepted", root_module(ACCEPTED), moto_url, "eu-west-1")
     plan = run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan")
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = json.loads(run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan").stdout)
@@ -215,7 +203,7 @@ def cloud_configs(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dic
 
 @pytest.fixture(scope="module")
 def refused(toolchain: Toolchain, module_copy: Path, moto_url: str) -> subprocess.CompletedProcess[str]:
-    root = _root(toolchain, module_copy, "refused", REFUSED, moto_url)
+    root = init_root(toolchain, module_copy / "refused", root_module(REFUSED), moto_url, "eu-west-1")
     return run_tf(toolchain, root, "plan", "-input=false", "-no-color")
 
 
@@ -278,9 +266,7 @@ def test_a_cluster_keeps_a_majority_through_the_loss_of_a_node_unless_one_node_i
         assert case in cloud_configs, "the module was not planned"
         return
     assert refused.returncode != 0, "a plan of refused node counts was accepted"
-    # one error block per refused module, naming it (terraform wraps the message's lines)
-    errors = [" ".join(block.split()) for block in refused.stderr.split("Error:")[1:]]
-    mine = [e for e in errors if f'in module "{case}"' in e]
+    mine = module_errors(refused.stderr, case)
     assert len(mine) == 1, refused.stderr
     assert "node_count: at least 3, so that a majority survives the loss of a node" in mine[0]
 
