@@ -211,7 +211,7 @@ def _wheel(folder: Path) -> Path:
 def _install(moto_url: str, tmp_path: Path, secret_arn: str, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            sys.executable, str(INSTALLER), "--region", "eu-central-1", "--endpoint-url", moto_url,
+            sys.executable, str(INSTALLER), "--region", REGION, "--endpoint-url", moto_url,
             "--bucket", "fedgate-releases", "--key", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl",
             "--secret-arn", secret_arn, "--env-file", str(tmp_path / "etc" / "router.env"),
             "--prefix", str(tmp_path / "opt"), "--pip-arg=--no-index", *more,
@@ -225,14 +225,12 @@ def _install(moto_url: str, tmp_path: Path, secret_arn: str, *more: str) -> subp
 def test_the_installer_puts_the_release_in_a_venv_and_the_secret_in_the_units_environment(
     moto_url: str, tmp_path: Path
 ) -> None:
-    s3 = moto_client("s3", moto_url, "eu-central-1")
-    s3.create_bucket(
-        Bucket="fedgate-releases", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"}
-    )
+    s3 = moto_client("s3", moto_url, REGION)
+    s3.create_bucket(Bucket="fedgate-releases", CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.upload_file(
         str(_wheel(tmp_path)), "fedgate-releases", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl"
     )
-    secrets = moto_client("secretsmanager", moto_url, "eu-central-1")
+    secrets = moto_client("secretsmanager", moto_url, REGION)
     env = {"FEDGATE_ROUTER_AMQP_URL": 'amqp://router:p@ss w"rd@backend:5672/%2F', "FEDGATE_X": "1"}
     arn = secrets.create_secret(Name="fedgate-router", SecretString=json.dumps(env))["ARN"]
     bad = secrets.create_secret(Name="fedgate-bad", SecretString=json.dumps({"A": "two\nlines"}))["ARN"]
@@ -269,11 +267,9 @@ def test_the_installer_unpacks_the_spark_jars_and_refuses_an_archive_that_is_not
     import io
     import tarfile
 
-    s3 = moto_client("s3", moto_url, "eu-central-1")
+    s3 = moto_client("s3", moto_url, REGION)
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):  # the other installer test's
-        s3.create_bucket(
-            Bucket="fedgate-releases", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"}
-        )
+        s3.create_bucket(Bucket="fedgate-releases", CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.upload_file(
         str(_wheel(tmp_path)), "fedgate-releases", "fedgate/fedgate_standin-0.1.0-py3-none-any.whl"
     )
@@ -291,7 +287,7 @@ def test_the_installer_unpacks_the_spark_jars_and_refuses_an_archive_that_is_not
                   Body=archive({"iceberg.jar": b"PK one", "postgresql.jar": b"PK two"}))  # fmt: skip
     s3.put_object(Bucket="fedgate-releases", Key="fedgate/bad.tar.gz",
                   Body=archive({"ok.jar": b"PK", "../../etc/cron.d/x.jar": b"evil"}))  # fmt: skip
-    arn = moto_client("secretsmanager", moto_url, "eu-central-1").create_secret(
+    arn = moto_client("secretsmanager", moto_url, REGION).create_secret(
         Name="fedgate-spark", SecretString=json.dumps({"FEDGATE_SPARK_CATALOG_PASSWORD": "pw"})
     )["ARN"]
 

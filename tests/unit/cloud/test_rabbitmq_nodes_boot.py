@@ -23,6 +23,7 @@ from .conftest import TERRAFORM_DIR, init_root, module_errors, run_tf
 
 SCRIPT = TERRAFORM_DIR / "modules" / "rabbitmq-nodes" / "files" / "rabbitmq-nodename.sh"
 TOKEN = "AQAEAFakeTokenOfTheStandIn=="
+REGION = "eu-west-1"
 
 
 class FakeImds:
@@ -187,7 +188,7 @@ def module_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cloud_configs(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dict[str, dict[str, Any]]:
     """Each accepted case's cloud-init, by module name, from one plan against moto."""
-    root = init_root(toolchain, module_copy / "accepted", root_module(ACCEPTED), moto_url, "eu-west-1")
+    root = init_root(toolchain, module_copy / "accepted", root_module(ACCEPTED), moto_url, REGION)
     plan = run_tf(toolchain, root, "plan", "-input=false", "-no-color", "-out=tfplan")
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr
     shown = json.loads(run_tf(toolchain, root, "show", "-json", "-no-color", "tfplan").stdout)
@@ -203,7 +204,7 @@ def cloud_configs(toolchain: Toolchain, module_copy: Path, moto_url: str) -> dic
 
 @pytest.fixture(scope="module")
 def refused(toolchain: Toolchain, module_copy: Path, moto_url: str) -> subprocess.CompletedProcess[str]:
-    root = init_root(toolchain, module_copy / "refused", root_module(REFUSED), moto_url, "eu-west-1")
+    root = init_root(toolchain, module_copy / "refused", root_module(REFUSED), moto_url, REGION)
     return run_tf(toolchain, root, "plan", "-input=false", "-no-color")
 
 
