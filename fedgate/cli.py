@@ -55,6 +55,7 @@ from fedgate.failures import (
     Usage,
     exit_codes_help,
     explain,
+    output_closed,
     reaching,
     require_listening,
 )
@@ -845,6 +846,8 @@ def main(argv: list[str] | None = None) -> int:
         print("fedgate: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
     except Exception as e:
+        if output_closed(e):
+            return Exit.OUTPUT_CLOSED
         # every failure, expected or not, is one line a person can act on; the traceback only
         # when debugging
         code, line = explain(e, args.command)

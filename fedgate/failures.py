@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import select
 import socket
 import sys
 import textwrap
@@ -34,6 +36,7 @@ class Exit(IntEnum):
     REFUSED = 5
     TIMED_OUT = 6
     INTERRUPTED = 130
+    OUTPUT_CLOSED = 141
 
 
 EXIT_CODES: tuple[tuple[Exit, str], ...] = (
@@ -57,6 +60,11 @@ EXIT_CODES: tuple[tuple[Exit, str], ...] = (
     ),
     (Exit.TIMED_OUT, "timed out: what --wait waited for did not happen within --timeout"),
     (Exit.INTERRUPTED, "interrupted (Ctrl-C, SIGTERM)"),
+    (
+        Exit.OUTPUT_CLOSED,
+        "its output's reader went away (`fedgate status | head`): it stopped writing, quietly, "
+        "as a tool stopped by SIGPIPE does",
+    ),
 )
 
 DEBUG_ENV = "FEDGATE_DEBUG"
@@ -147,6 +155,26 @@ def require_listening(service: str, bootstrap: str, timeout: float = 3.0) -> Non
         except OSError as e:
             reasons.append(e.strerror or str(e) or type(e).__name__)
     raise Unreachable(f"{service} at {bootstrap} cannot be reached ({'; '.join(reasons)})", UP_HINT)
+
+
+def output_closed(exc: BaseException) -> bool:
+    """Whether `exc` is standard output's reader having gone (`fedgate status | head`) rather
+    than a socket's peer: then there is nothing to say and nowhere to say it.  Python ignores
+    SIGPIPE, so a write to the closed pipe raises instead of ending the process; restoring the
+    signal would end it on a broker's closed socket too."""
+    if not isinstance(exc, BrokenPipeError):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poll = select.poll()
+    poll.register(fd, 0)  # POLLERR is always reported: a pipe's once its reader closed it
+    if not any(events & select.POLLERR for _, events in poll.poll(0)):
+        return False
+    # what is still buffered would fail again as the interpreter exits, with a message
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return True
 
 
 def explain(exc: BaseException, command: str) -> tuple[Exit, str]:

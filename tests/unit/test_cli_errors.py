@@ -153,6 +153,35 @@ def test_a_wrong_kill_gateway_value_is_a_usage_error(capsys):
     assert cli.parse_args(["army", "--kill-gateway", "local-eu"]).kill_gateway == ("local-eu", 10.0)
 
 
+def test_output_read_by_a_reader_that_went_away_stops_quietly(stopped):
+    """`fedgate status | head -3`: head leaves after its lines, the pipe closes, and fedgate
+    says nothing more (it printed "did not expect this failure: BrokenPipeError" before)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before fedgate writes its first line
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "fedgate.cli", "status"],
+            cwd=ROOT,
+            env=stopped.env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert out.returncode == 141, out.stderr
+    assert out.stderr == ""
+
+
+def test_a_broken_pipe_to_a_node_is_still_named_as_a_failure():
+    """Only standard output's reader going away is quiet: a peer's closed socket, while the
+    output is still read, is a failure `explain` names."""
+    probe = "from fedgate.failures import output_closed; print(output_closed(BrokenPipeError(32, 'x')))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout == "False\n", out.stderr
+
+
 def test_version_is_the_installed_distributions(stopped):
     out = fedgate(stopped, "--version")
     assert out.returncode == 0, out.stderr
@@ -210,4 +239,4 @@ def test_help_and_the_operations_guide_document_the_same_exit_codes():
     in_help = {int(n) for n in re.findall(r"^  (\d+) ", epilog, re.M)}
     guide = (ROOT / "docs" / "operations.md").read_text().split("### Exit codes")[1].split("\n#")[0]
     in_guide = {int(n) for n in re.findall(r"^\| (\d+) \|", guide, re.M)}
-    assert in_help == in_guide == {0, 1, 2, 3, 4, 5, 6, 130}
+    assert in_help == in_guide == {0, 1, 2, 3, 4, 5, 6, 130, 141}
