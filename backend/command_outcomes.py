@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from backend import contract as c
 from backend.amqp import Reply, ReplyWait
-from backend.kafka_read import partitions, throwaway_consumer
+from backend.kafka_read import not_yet, partitions, throwaway_consumer
 
 TOPIC = c.KAFKA_COMMAND_OUTCOMES_TOPIC
 #: Outcomes after which the router does nothing more with the command.
@@ -30,16 +30,6 @@ FINAL = ("acknowledged", "deadlettered")
 #: later step: a connection that ended as it was sent has it parked again (router/waiting.py,
 #: within 1 s of the gateway's close), and the close event reaches the router within this.
 QOS1_SETTLED_S = 3.0
-#: What a partition answers while its leader is being elected or moves, or its broker is
-#: out of reach for a moment (librdkafka does not flag these retriable on metadata calls).
-NOT_YET = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._TIMED_OUT,
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-)
 
 
 @dataclass(frozen=True)
@@ -129,7 +119,7 @@ class OutcomeFollower:
         except KafkaException as e:
             # A topic just created, or a partition whose leader moves, answers "not leader"
             # for a moment: not yet, like a topic that does not exist yet.
-            if e.args and e.args[0].code() in NOT_YET:
+            if not_yet(e):
                 return False
             raise
         self._read = low

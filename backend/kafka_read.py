@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from backend.kafka_security import KafkaSecurity
 from backend.polling import wait_until
@@ -22,6 +22,24 @@ Match = Callable[[Message, dict[str, str]], bool]
 #: A topic created a moment ago has partitions without a leader for a while; its offsets
 #: are asked for again this often, half a second apart.
 LEADER_RETRIES = 60
+#: What a partition answers while its leader is being elected or moves, or its broker is
+#: out of reach for a moment (librdkafka does not flag these retriable on metadata calls).
+#: Any other error (a refused authorization, say) is raised at once: asking again cannot help.
+NOT_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
+
+
+def not_yet(e: KafkaException) -> bool:
+    """Whether `e` says "not yet" (NOT_YET) rather than "no"."""
+    return bool(e.args) and isinstance(e.args[0], KafkaError) and e.args[0].code() in NOT_YET
 
 
 def throwaway_consumer(
@@ -62,8 +80,8 @@ def end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:
             try:
                 out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                 break
-            except KafkaException:
-                if attempt == LEADER_RETRIES - 1:
+            except KafkaException as e:
+                if not not_yet(e) or attempt == LEADER_RETRIES - 1:
                     raise
                 time.sleep(0.5)
     return out

@@ -37,6 +37,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from backend.kafka_read import not_yet
 from router.kafka import AsyncProducer, KafkaClient, client_config
 from router.lifecycle import Lifecycle
 from router.presence import Session
@@ -125,7 +126,8 @@ class KafkaTable(Lifecycle):
 
     def _end_offsets(self, parts: list[TopicPartition], timeout: float = 45.0) -> dict[int, int]:
         """Each partition's end offset.  A topic created a moment ago may not have its
-        leader yet (NOT_LEADER_FOR_PARTITION, "coordinator load in progress"): retried."""
+        leader yet (NOT_LEADER_FOR_PARTITION, "coordinator load in progress"): retried; any
+        other error (a refused authorization) is raised at once."""
         deadline = time.monotonic() + timeout
         ends = {}
         for tp in parts:
@@ -134,7 +136,7 @@ class KafkaTable(Lifecycle):
                     _, ends[tp.partition] = self._consumer.get_watermark_offsets(tp, timeout=10)
                     break
                 except KafkaException as e:
-                    if time.monotonic() > deadline:
+                    if not not_yet(e) or time.monotonic() > deadline:
                         raise
                     log.info("%s[%d] not readable yet (%s); retrying", self.topic, tp.partition, e)
                     time.sleep(0.5)
