@@ -847,6 +847,8 @@ def main(argv: list[str] | None = None) -> int:
         return Exit.INTERRUPTED
     except Exception as e:
         if output_closed(e):
+            # what is still buffered would fail again as the interpreter exits, with a message
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return Exit.OUTPUT_CLOSED
         # every failure, expected or not, is one line a person can act on; the traceback only
         # when debugging

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import select
 import socket
 import sys
@@ -170,11 +169,7 @@ def output_closed(exc: BaseException) -> bool:
         return False
     poll = select.poll()
     poll.register(fd, 0)  # POLLERR is always reported: a pipe's once its reader closed it
-    if not any(events & select.POLLERR for _, events in poll.poll(0)):
-        return False
-    # what is still buffered would fail again as the interpreter exits, with a message
-    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
-    return True
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def explain(exc: BaseException, command: str) -> tuple[Exit, str]:
