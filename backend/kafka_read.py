@@ -20,8 +20,9 @@ from backend.polling import wait_until
 Match = Callable[[Message, dict[str, str]], bool]
 
 #: A topic created a moment ago has partitions without a leader for a while; its offsets
-#: are asked for again this often, half a second apart.
+#: are asked for again this often, LEADER_RETRY_PAUSE_S apart.
 LEADER_RETRIES = 60
+LEADER_RETRY_PAUSE_S = 0.5
 #: What a partition answers while its leader is being elected or moves, or its broker is
 #: out of reach for a moment (librdkafka does not flag these retriable on metadata calls).
 #: Any other error (a refused authorization, say) is raised at once: asking again cannot help.
@@ -83,7 +84,7 @@ def end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:
             except KafkaException as e:
                 if not not_yet(e) or attempt == LEADER_RETRIES - 1:
                     raise
-                time.sleep(0.5)
+                time.sleep(LEADER_RETRY_PAUSE_S)
     return out
 
 

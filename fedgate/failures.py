@@ -271,8 +271,6 @@ def _connection(exc: BaseException) -> tuple[Exit, str, str] | None:
     r = _loaded("requests.exceptions")
     if r is not None and isinstance(exc, r.ConnectionError | r.Timeout):
         return Exit.UNREACHABLE, str(exc), UP_HINT
-    if isinstance(exc, BrokenPipeError):
-        return None  # our own stdout closed early (`fedgate status | head -1`), not a node
     if isinstance(exc, OSError) and (
         isinstance(exc, ConnectionError | TimeoutError | socket.gaierror) or exc.errno in _NO_ROUTE
     ):

@@ -16,6 +16,7 @@ import pytest
 from backend import contract as c
 from backend.command_outcomes import CommandEnd, Outcome
 from fedgate import cli
+from fedgate.failures import explain
 from infra.device_registry import DeviceRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,6 +181,8 @@ def test_a_broken_pipe_to_a_node_is_still_named_as_a_failure():
     probe = "from fedgate.failures import output_closed; print(output_closed(BrokenPipeError(32, 'x')))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout == "False\n", out.stderr
+    code, line = explain(BrokenPipeError(32, "Broken pipe"), "send")
+    assert code == UNREACHABLE and "cannot be reached (Broken pipe)" in line, line
 
 
 def test_version_is_the_installed_distributions(stopped):

@@ -23,7 +23,7 @@ class Answers:
 @pytest.fixture(autouse=True)
 def two_partitions(monkeypatch):
     monkeypatch.setattr(kafka_read, "partitions", lambda consumer, topic: [0, 1])
-    monkeypatch.setattr(kafka_read.time, "sleep", lambda s: None)
+    monkeypatch.setattr(kafka_read, "LEADER_RETRY_PAUSE_S", 0.0)
 
 
 def test_a_partition_without_a_leader_yet_is_asked_again():
