@@ -124,6 +124,7 @@ class Downlink(Lifecycle):
             has_pending=self._has_pending,
             ended=self.waiting.session_ended,
             found=self._found,
+            node_lost=self.waiting.node_lost,
         )
         self._checks: set[asyncio.Task[None]] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []

@@ -41,6 +41,10 @@ HELP = {
     "fedgate_router_reparked_total": (
         "Commands parked again because their connection ended as they were sent (clean sessions)."
     ),
+    "fedgate_router_resent_after_node_loss_total": (
+        "Commands parked again, once, because they went to a session that opened as a gateway node "
+        "of its region died (its queues may have gone with the node's)."
+    ),
     "fedgate_router_leading": "1 on the router that routes commands (router/leadership.py), else 0.",
     "fedgate_router_elected_total": "Times this router took over routing commands.",
     "fedgate_router_federation_links_absent": (

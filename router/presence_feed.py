@@ -2,25 +2,21 @@
 
 The router's presence table (router/presence.py) is fed from two places:
 
-- at start, `rebuild`: the table saved in Kafka by the previous run,
-  corrected by each gateway's connection list;
-- then the gateways' `connection.created` / `connection.closed` /
-  `binding.created` events, federated to the backend's presence exchange
-  and read from this router's own durable queue (bound before the rebuild,
-  so nothing that happens meanwhile is missed);
-- and every `presence_reconcile_s`, `reconcile`: each answering gateway's
-  connection list against the table.  Events cannot say everything: a
-  session the router ended because its gateway stopped answering (a frozen
-  or partitioned node, router/routing.py) comes back to life with no event
-  when the gateway does, and a close event lost with a gateway that died
+- at start, `rebuild`: the table saved in Kafka by the previous run, corrected by each
+  gateway's connection list;
+- then the gateways' `connection.created` / `connection.closed` / `binding.created` events,
+  federated to the backend's presence exchange and read from this router's own durable queue
+  (bound before the rebuild, so nothing that happens meanwhile is missed);
+- and every `presence_reconcile_s`, `reconcile`: each answering gateway's connection list
+  against the table.  Events cannot say everything: a session the router ended because its
+  gateway stopped answering (a frozen or partitioned node, router/routing.py) comes back to
+  life with no event when the gateway does, and a close event lost with a gateway that died
   leaves a session that is no longer there.
 
-What an event means for commands waiting on a device -- a connect with
-something parked, a subscription that matches a held command -- is the
-downlink's business: it hands in `deliver` (send what matches these
-filters now) and `has_pending` (is anything parked or desired for this
-device).  Every change runs under the downlink's lock, so a command never
-sees presence half-applied.
+What an event means for commands waiting on a device -- a connect with something parked, a
+subscription that matches a held command -- is the downlink's business: it hands in `deliver` (send
+what matches these filters now) and `has_pending` (is anything parked or desired for this device).
+Every change runs under the downlink's lock, so a command never sees presence half-applied.
 """
 
 from __future__ import annotations
@@ -78,6 +74,7 @@ class PresenceFeed:
         has_pending: Callable[[str], bool],
         ended: Ended | None = None,
         found: Found | None = None,
+        node_lost: Callable[[str, float], None] | None = None,
     ):
         self.presence = presence
         self.store = store
@@ -91,6 +88,7 @@ class PresenceFeed:
         self._has_pending = has_pending
         self._ended = ended
         self._found = found
+        self._node_lost = node_lost  # (region, last alive) of a session that ended unseen
         #: (node, connection) -> when a close event for it was applied (time.time())
         self._closed_at: dict[tuple[str, str], float] = {}
         #: (node, connection) -> when the last list that showed it was asked: a session that
@@ -276,6 +274,8 @@ class PresenceFeed:
 
     async def _end_unseen(self, s: Session, ended_at: float) -> None:
         self._forget(s)
+        if self._node_lost is not None:
+            self._node_lost(s.region, ended_at)
         if self._ended is not None:
             await self._ended(s, ended_at)
 
@@ -295,14 +295,12 @@ class PresenceFeed:
                 pending.append(write)
             written = all_confirmed(pending) if pending else None
             if written is not None:
-                # The event is acked once Kafka has the change (a restarted router starts
-                # from it), but that wait is outside the lock: the next events and the
-                # commands go on meanwhile.  A reconnect wave of thousands of devices used
-                # to hold every command behind one Kafka round trip per connect.  And it is
-                # bounded: with Kafka away, the write stays queued in the producer (sent
-                # once Kafka is back) and the event is acked all the same, so presence
-                # keeps following the devices; what a restart could then miss, its rebuild
-                # from the gateways' connection listings gives back.
+                # The event is acked once Kafka has the change (a restarted router starts from
+                # it), but that wait is outside the lock: the next events and the commands go on
+                # meanwhile (a reconnect wave of thousands used to hold every command behind one
+                # Kafka round trip per connect).  And it is bounded: with Kafka away, the write
+                # stays queued in the producer and the event is acked all the same; what a
+                # restart could then miss, its rebuild from the gateways' listings gives back.
                 await _wait_bounded(written, self.metrics)
 
     async def _apply(self, message: AbstractIncomingMessage) -> Awaitable[None] | None:
@@ -334,6 +332,8 @@ class PresenceFeed:
                         # its node, before the router knew: what was sent since the last list
                         # that showed it goes to the new session, as when a list ends it
                         at = closed_at if ended is change.session else self._last_alive(ended)
+                        if ended is change.displaced and self._node_lost is not None:
+                            self._node_lost(ended.region, at)
                         await self._ended(ended, at)
             if change.displaced is not None:
                 self.gateways.close_soon(change.displaced, self.presence)

@@ -15,6 +15,9 @@ what it cannot hand to the device's gateway at once waits here:
   SWEEP_EVERY_S while it is connected;
 - commands sent to QoS 0 subscriptions wait for the device's acknowledgement
   (router/acks.py) and are sent again when it does not come;
+- a command sent to a session that opened just after a gateway node of its region
+  died may vanish with the dead node's queues (MOVED_SETTLE_S): it is parked again,
+  once, when that time is past;
 - what outlives its expiry or parking's TTL is dead-lettered with the reason;
 - a command sent to a connection that ended moments later may never have
   reached the device: the router learns of a disconnect only after it
@@ -60,6 +63,15 @@ KAFKA_WAIT_S = 30.0
 DELIVERED_AFTER_S = 1.0
 #: How long the commands sent to a connection are remembered for that.
 REMEMBER_SENT_S = 30.0
+#: After a gateway node dies, the other nodes of its cluster delete its clean sessions' queues
+#: in batches, for seconds (RabbitMQ 4.0.5: up to ~20 s under load, 2026-12-06), and a queue of
+#: the same name that a moved device declares on another node meanwhile can be deleted with
+#: them, or its binding (rabbitmq-server issue #6271): what is routed to it then vanishes,
+#: though the router saw the subscription made.  So what goes to a session that opened in the
+#: region after a session of it ended unseen (its node died), within this many seconds of the
+#: router seeing it, is parked again, once, when they are past (at least once: the device may
+#: have had it).  500 devices, a node of three killed: 13-86 commands lost in 6 of 8 runs.
+NODE_LOSS_SETTLE_S = 30.0
 
 
 class Send(Protocol):
@@ -102,6 +114,11 @@ class Waiting:
         self._retry: set[str] = set()
         #: connection -> (sent at, command, payload) of the last REMEMBER_SENT_S seconds
         self._sent: dict[str, collections.deque[tuple[float, Command, bytes]]] = {}
+        #: region -> (when a session of it was last alive before it ended unseen, until when
+        #: its new sessions count as settling): see NODE_LOSS_SETTLE_S
+        self._node_lost: dict[str, tuple[float, float]] = {}
+        #: (when to park it again, device, command, payload) sent to a settling session
+        self._unsettled: collections.deque[tuple[float, str, Command, bytes]] = collections.deque()
 
     def has_pending(self, device: str) -> bool:
         return bool(self.parking.for_device(device) or self.desired.for_device(device))
@@ -150,6 +167,8 @@ class Waiting:
             await self.parking.remove(p)
             if not p.again:
                 self._remember(session, p.command(), p.payload)
+            else:  # parked again already, so not again as its connection ends; but a node's loss
+                self._settle(session, p.command(), p.payload)
 
     async def sent(self, session: Session, cmd: Command, payload: bytes) -> None:
         """A new command went to the session: on record until acknowledged if the device acks,
@@ -165,6 +184,21 @@ class Waiting:
         sent.append((now, cmd, payload))
         while sent[0][0] < now - REMEMBER_SENT_S:
             sent.popleft()
+        self._settle(session, cmd, payload)
+
+    def node_lost(self, region: str, last_alive: float) -> None:
+        """A session of `region` ended unseen, last alive at `last_alive` (epoch s): its
+        gateway node may have died, and the sessions that open in the region after it settle
+        for NODE_LOSS_SETTLE_S (what is sent to them is parked again after that)."""
+        since, _ = self._node_lost.get(region, (last_alive, 0.0))
+        self._node_lost[region] = (min(since, last_alive), time.time() + NODE_LOSS_SETTLE_S)
+
+    def _settle(self, session: Session, cmd: Command, payload: bytes) -> None:
+        lost = self._node_lost.get(session.region)
+        now = time.time()
+        if lost is None or now >= lost[1] or session.connected_at / 1000 < lost[0]:
+            return  # no node lost lately, or a session from before the loss
+        self._unsettled.append((lost[1], session.client_id, cmd, payload))
 
     async def session_ended(self, session: Session, ended_at: float) -> None:
         """The connection ended at `ended_at` (epoch s, the gateway's clock): what was sent to it
@@ -216,6 +250,17 @@ class Waiting:
                         await self._try(device, self.acks.resend_if_due(p, now))
                 except Exception as e:  # one record's trouble (Kafka) must not stop the others
                     log.error("%s: a parked message could not be swept: %r", device, e)
+        while self._unsettled and self._unsettled[0][0] <= now:
+            _, device, cmd, payload = self._unsettled.popleft()
+            # sent again after the window closed, so never settled (parked) a second time
+            await self.parking.park_command(cmd, payload, again=True)
+            if self.outcomes is not None:
+                why = "sent as a gateway node of its region died: again, once its queues settled"
+                self.outcomes.of(device, cmd.topic, payload, "parked", reason=why)
+            self.metrics.inc("fedgate_router_resent_after_node_loss_total")
+            if self.presence.get(device) is not None:
+                self.retry_later(device)
+        self._node_lost = {r: lost for r, lost in self._node_lost.items() if lost[1] > now}
         for connection in list(self._sent):
             sent = self._sent[connection]
             while sent and sent[0][0] < now - REMEMBER_SENT_S:

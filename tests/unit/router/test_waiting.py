@@ -195,3 +195,48 @@ def test_commands_sent_as_their_connection_ended_wait_for_the_next_session_once(
         assert w.parking.for_device("d1") == []
 
     asyncio.run(scenario())
+
+
+def test_commands_sent_to_a_session_that_opened_as_a_node_of_its_region_died_go_again_once(monkeypatch):
+    """A gateway node dies; its devices reconnect at the others, whose deletion of the dead
+    node's queues can take a moved device's new queue with them (rabbitmq-server #6271).  What
+    is sent to a session that opened after the loss, within NODE_LOSS_SETTLE_S, is parked again
+    once that time is past; a session from before the loss, and a later one, are left alone."""
+    import types
+
+    import router.waiting
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(router.waiting, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    async def scenario():
+        region, presence, subs, w = _world()
+        region.link_up = True
+        old = Session("d0", "local-eu", "rabbit@eu-2", "conn-0", (clock[0] - 60) * 1000)
+        for s in (old,):
+            presence.connected(s)
+            subs.opened(s.connection)
+            subs.add(s.connection, ["devices/d0/commands/#"], qos=1)
+        w.node_lost("local-eu", clock[0] - 1.0)  # a session of the region ended unseen
+        moved = Session("d1", "local-eu", "rabbit@eu-2", "conn-1", clock[0] * 1000)
+        presence.connected(moved)
+        subs.opened(moved.connection)
+        subs.add(moved.connection, ["devices/d1/commands/#"], qos=1)
+        await w.sent(moved, Command("d1", "devices/d1/commands/a"), b"a")
+        await w.sent(old, Command("d0", "devices/d0/commands/b"), b"b")
+        await w.sweep(clock[0])
+        assert w.parking.for_device("d1") == [], "not before the queues settled"
+
+        clock[0] += router.waiting.NODE_LOSS_SETTLE_S + 1
+        await w.sent(moved, Command("d1", "devices/d1/commands/c"), b"c")  # after the window
+        await w.sweep(clock[0])
+        # (w.sent records what the downlink sent; only the sweep's own sends reach the region)
+        assert region.sent == [("local-eu", "devices/d1/commands/a", b"a")], "a, sent again; b, c not"
+        assert w.parking.for_device("d1") == [] and w.parking.for_device("d0") == []
+        assert w.metrics.total("fedgate_router_resent_after_node_loss_total") == 1
+
+        clock[0] += router.waiting.NODE_LOSS_SETTLE_S + 1
+        await w.sweep(clock[0])
+        assert len(region.sent) == 1, "once, not in a loop"
+
+    asyncio.run(scenario())
