@@ -187,7 +187,29 @@ def _ha_goals(r: dict[str, Any]) -> list[dict[str, Any]]:
             f"single profile {sc['latency_ms']['p99']} ms, {sc['received']}/{sc['sent']}",
             0.0 if twice or hc["lost"] else _div(ha_bench.COMMAND_P99_MS, p99),
         ),
+        _fault_goal(h.get("faults")),
     ]
+
+
+def _fault_goal(f: dict[str, Any] | None) -> dict[str, Any]:
+    """Commands and readings through a node of each engine SIGKILLed in turn (bench/ha_faults.py)."""
+    from bench import ha_bench
+
+    goal = "HA profile: command p99 through a node of each engine SIGKILLed in turn, nothing lost"
+    target = f"<= {ha_bench.FAULT_COMMAND_P99_MS:,.0f} ms"
+    if f is None:
+        return _row(goal, target, "none", "not measured", "-", None)
+    d = f["commands"]
+    p99 = d["latency_ms"]["p99"]
+    lost = f["lost"] + d["lost"]
+    return _row(
+        goal,
+        target,
+        "none",
+        f"{p99} ms; readings {f['lost']} lost of {f['acked']:,}, commands {d['lost']} lost of {d['sent']}",
+        "-",
+        0.0 if lost or p99 is None else _div(ha_bench.FAULT_COMMAND_P99_MS, p99),
+    )
 
 
 def to_markdown(rows: list[dict[str, Any]], quick: bool) -> str:

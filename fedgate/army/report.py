@@ -105,6 +105,9 @@ def build_report(
             "lost_sent_at_s": [round(commands.sent_at[n] - t0, 2) for n in lost_cmds[:50]]
             if commands
             else [],
+            # and which they were (device, number in the command's body), to look them up in
+            # the router's command outcomes
+            "lost_first": [[d, n] for n in lost_cmds[:50] for d, ns in sent_cmds.items() if n in ns],
             "latency_ms": percentiles([x for w in done.values() for x in w["downlink_ms"]]),
         },
         "connections": {

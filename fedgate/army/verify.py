@@ -7,6 +7,7 @@ confirmed must reach its device (CommandSender).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -100,7 +101,7 @@ class CommandSender(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        send, close = self.opener()
+        link: tuple[Callable[[str, bytes], None], Callable[[], None]] | None = None
         try:
             start = time.monotonic()
             n = 0
@@ -110,10 +111,15 @@ class CommandSender(threading.Thread):
                     device = self.devices[n % len(self.devices)]
                     body = json.dumps({"n": n, "t": round(time.time() * 1000, 1)}).encode()
                     try:
-                        send(device, body)
+                        # a connection that failed is opened again (to any node of a backend
+                        # cluster) for the next command, as a client that outlives a node would
+                        link = link or self.opener()
+                        link[0](device, body)
                     except Exception as e:  # not confirmed: not promised, and reported
                         if len(self.errors) < 20:
                             self.errors.append(f"command {n} to {device}: {e}")
+                        _closed(link)
+                        link = None
                     else:
                         self.confirmed[device].append(n)
                         self.sent_at[n] = time.time()
@@ -121,4 +127,11 @@ class CommandSender(threading.Thread):
                     n += 1
                 time.sleep(0.01)
         finally:
-            close()
+            _closed(link)
+
+
+def _closed(link: tuple[Callable[[str, bytes], None], Callable[[], None]] | None) -> None:
+    """Close a sender's connection, which may have died already (nothing left to close)."""
+    if link is not None:
+        with contextlib.suppress(Exception):
+            link[1]()

@@ -53,6 +53,13 @@ def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
         assert (m["readings_per_s"], m["commands_per_s"]) == ha_bench.MIXED[True][:2], profile
         assert m["lost"] == 0 and m["acked"] > 0, f"{profile} lost readings beside the commands"
         assert d["latency_ms"]["p50"] is not None and d["latency_ms"]["p50"] <= d["latency_ms"]["p99"]
+    # through a node of each engine SIGKILLed in turn (the HA profile only): none lost
+    f = r["ha"]["faults"]
+    assert "faults" not in r["single"]
+    assert [k["kind"] for k in f["killed"]] == ["gateway", "kafka", "router", "backend"], f["killed"]
+    assert f["lost"] == 0 and f["acked"] > 0, f"readings lost through the faults: {f}"
+    d = f["commands"]
+    assert d["lost"] == 0 and d["received"] - d["duplicated"] == d["sent"] > 0, f"commands: {d}"
     assert r["ha"]["nodes"] > r["single"]["nodes"]
     assert r["ratios"]["rss_idle_ha_vs_single"] > 1, "three nodes of each engine hold more memory than one"
     # the CPU ratio is taken at the highest step both profiles carried (none: not measured)
@@ -68,6 +75,7 @@ def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
     md = ha_bench.to_markdown(r)
     assert "| sustained QoS 1" in md and "was up before the benchmark" in md
     assert "readings/s): delivered of sent, sent twice" in md
-    # its three goals, each with its ratio or "not measured", in the run's goals file
+    assert "through faults (" in md and "SIGKILLed and left down: gw-" in md
+    # its four goals, each with its ratio or "not measured", in the run's goals file
     rows = [g for g in goals(results) if g["goal"].startswith("HA profile")]
-    assert len(rows) == 3 and all(g["ratio"] is None or g["ratio"] >= 0 for g in rows), rows
+    assert len(rows) == 4 and all(g["ratio"] is None or g["ratio"] >= 0 for g in rows), rows

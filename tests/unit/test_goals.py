@@ -112,3 +112,25 @@ def test_a_region_holds_its_hundred_thousand_devices_only_if_nothing_is_lost():
     assert commands_lost["met"] is False and "commands 2998/3000, lost 2" in commands_lost["measured"]
     no_commands = by_goal(goals({"scale": scale(100_000, 0, commands=0)}))[goal]
     assert no_commands["met"] is False, "a sample of the devices gets commands"
+
+
+def test_the_ha_fault_goal_fails_on_any_loss_and_is_not_measured_without_its_run():
+    from bench.goals import _fault_goal
+
+    def faults(p99: float, readings_lost: int = 0, commands_lost: int = 0) -> dict:
+        latency = {"p50": 20.0, "p95": 90.0, "p99": p99, "max": p99}
+        commands = {
+            "sent": 100,
+            "received": 100,
+            "lost": commands_lost,
+            "duplicated": 0,
+            "latency_ms": latency,
+        }
+        return {"acked": 5_000, "lost": readings_lost, "commands": commands}
+
+    assert _fault_goal(faults(1_000.0))["met"] is True
+    assert _fault_goal(faults(1_000.0))["ratio"] == 5.0
+    assert _fault_goal(faults(6_000.0))["met"] is False, "slower than 5 s at p99"
+    assert _fault_goal(faults(10.0, readings_lost=1))["ratio"] == 0.0, "a reading lost"
+    assert _fault_goal(faults(10.0, commands_lost=1))["ratio"] == 0.0, "a command lost"
+    assert _fault_goal(None)["met"] is None, "a run without the fault sequence"
