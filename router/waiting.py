@@ -16,7 +16,7 @@ what it cannot hand to the device's gateway at once waits here:
 - commands sent to QoS 0 subscriptions wait for the device's acknowledgement
   (router/acks.py) and are sent again when it does not come;
 - a command sent to a session that opened just after a gateway node of its region
-  died may vanish with the dead node's queues (MOVED_SETTLE_S): it is parked again,
+  died may vanish with the dead node's queues (NODE_LOSS_SETTLE_S): it is parked again,
   once, when that time is past;
 - what outlives its expiry or parking's TTL is dead-lettered with the reason;
 - a command sent to a connection that ended moments later may never have
