@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import json
 import logging
 import threading
@@ -59,6 +60,13 @@ async def confirm_later() -> AsyncIterator[list[Awaitable[None]]]:
     token = _CONFIRM_LATER.set(pending)
     try:
         yield pending
+    except BaseException:
+        # what was collected will not be awaited (the input is requeued and handled again):
+        # closed, rather than left to warn "never awaited" (a backend node's death did so)
+        for confirmation in pending:
+            if inspect.iscoroutine(confirmation):
+                confirmation.close()
+        raise
     finally:
         _CONFIRM_LATER.reset(token)
 
