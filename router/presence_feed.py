@@ -13,10 +13,9 @@ The router's presence table (router/presence.py) is fed from two places:
   life with no event when the gateway does, and a close event lost with a gateway that died
   leaves a session that is no longer there.
 
-What an event means for commands waiting on a device -- a connect with something parked, a
-subscription that matches a held command -- is the downlink's business: it hands in `deliver` (send
-what matches these filters now) and `has_pending` (is anything parked or desired for this device).
-Every change runs under the downlink's lock, so a command never sees presence half-applied.
+What an event means for commands waiting on a device (a connect with something parked, a subscription
+that matches a held command) is the downlink's: it hands in `deliver` (send what matches these filters
+now) and `has_pending` (anything parked or desired?); each change runs under the downlink's lock.
 """
 
 from __future__ import annotations
@@ -332,8 +331,9 @@ class PresenceFeed:
                         # its node, before the router knew: what was sent since the last list
                         # that showed it goes to the new session, as when a list ends it
                         at = closed_at if ended is change.session else self._last_alive(ended)
-                        if ended is change.displaced and self._node_lost is not None:
-                            self._node_lost(ended.region, at)
+                        moved = change.session if ended is change.displaced else None
+                        if moved and moved.region == ended.region and self._node_lost:
+                            self._node_lost(ended.region, at)  # moved within its cluster (#6271)
                         await self._ended(ended, at)
             if change.displaced is not None:
                 self.gateways.close_soon(change.displaced, self.presence)

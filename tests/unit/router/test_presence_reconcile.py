@@ -5,6 +5,7 @@ a dead gateway -- the next list puts right, and a list never undoes a newer even
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 from backend.rabbitmq_admin import AdminError
@@ -221,6 +222,7 @@ def _waiting_feed(listing: list[dict[str, str]]) -> tuple[PresenceFeed, Presence
         deliver=_nothing,
         has_pending=lambda device: False,
         ended=waiting.session_ended,
+        node_lost=waiting.node_lost,
     )
     return feed, presence, waiting
 
@@ -327,5 +329,40 @@ def test_a_young_session_gone_unseen_gives_back_what_was_sent_since_it_was_last_
         assert [p.payload for p in waiting.parking.for_device("pump-1")] == [b'{"n": 7}'], (
             "the command sent to the dead node's session waits for the device's next one"
         )
+
+    asyncio.run(scenario())
+
+
+def test_a_device_that_moved_within_its_cluster_unseen_gets_what_follows_again_after_the_settling():
+    """RabbitMQ's surviving nodes delete a dead node's clean-session queues for seconds, and a
+    moved device's new queue of the same name can go with them (rabbitmq-server #6271): what
+    is sent to its new session in NODE_LOSS_SETTLE_S is parked again once they are past.  A
+    device that moved to another region (another cluster) is not at risk."""
+    from router.waiting import NODE_LOSS_SETTLE_S
+
+    async def scenario() -> None:
+        feed, presence, waiting, _ = await _sent_after_the_last_list()
+        new_at = int(time.time() * 1000) + 1000
+        event = created("pump-1", "local-us", "p:9 -> b:1883", new_at, node="rabbit@gw-b")
+        await feed._apply(_Event("connection.created", event))  # type: ignore[arg-type]
+        new = presence.get("pump-1")
+        assert new is not None
+        for p in waiting.parking.for_device("pump-1"):  # the old session's command, delivered
+            await waiting.parking.remove(p)
+        after = Command("pump-1", "devices/pump-1/commands/after")
+        await waiting.sent(new, after, b"after")
+        await waiting.sweep(time.time())
+        assert waiting.parking.for_device("pump-1") == [], "not before the settling is over"
+        await waiting.sweep(time.time() + NODE_LOSS_SETTLE_S + 1)
+        assert [p.payload for p in waiting.parking.for_device("pump-1")] == [b"after"]
+
+        # the same device moving to another region: its old cluster's queues cannot take its new one
+        feed2, presence2, waiting2, _ = await _sent_after_the_last_list()
+        away = created("pump-1", "local-eu", "p:9 -> e:1883", new_at, node="rabbit@gw-eu")
+        await feed2._apply(_Event("connection.created", away))  # type: ignore[arg-type]
+        moved = presence2.get("pump-1")
+        assert moved is not None and moved.region == "local-eu"
+        await waiting2.sent(moved, after, b"after")
+        assert waiting2._unsettled == collections.deque(), "no settling for a move to another region"
 
     asyncio.run(scenario())
