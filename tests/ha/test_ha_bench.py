@@ -59,7 +59,9 @@ def test_the_ha_benchmark_measures_both_profiles_and_loses_nothing(
     assert [k["kind"] for k in f["killed"]] == ["gateway", "kafka", "router", "backend"], f["killed"]
     assert f["lost"] == 0 and f["acked"] > 0, f"readings lost through the faults: {f}"
     d = f["commands"]
-    assert d["lost"] == 0 and d["received"] - d["duplicated"] == d["sent"] > 0, f"commands: {d}"
+    # every confirmed command arrived; one whose confirm died with the backend node may arrive
+    # too (not promised, and counted among the received): at least the confirmed ones
+    assert d["lost"] == 0 and d["received"] - d["duplicated"] >= d["sent"] > 0, f"commands: {d}"
     assert r["ha"]["nodes"] > r["single"]["nodes"]
     assert r["ratios"]["rss_idle_ha_vs_single"] > 1, "three nodes of each engine hold more memory than one"
     # the CPU ratio is taken at the highest step both profiles carried (none: not measured)
