@@ -118,7 +118,7 @@ class Waiting:
         #: its new sessions count as settling): see NODE_LOSS_SETTLE_S
         self._node_lost: dict[str, tuple[float, float]] = {}
         #: (when to park it again, device, command, payload) sent to a settling session
-        self._unsettled: collections.deque[tuple[float, str, Command, bytes]] = collections.deque()
+        self._unsettled: list[tuple[float, str, Command, bytes]] = []
 
     def has_pending(self, device: str) -> bool:
         return bool(self.parking.for_device(device) or self.desired.for_device(device))
@@ -250,10 +250,17 @@ class Waiting:
                         await self._try(device, self.acks.resend_if_due(p, now))
                 except Exception as e:  # one record's trouble (Kafka) must not stop the others
                     log.error("%s: a parked message could not be swept: %r", device, e)
-        while self._unsettled and self._unsettled[0][0] <= now:
-            _, device, cmd, payload = self._unsettled.popleft()
-            # sent again after the window closed, so never settled (parked) a second time
-            await self.parking.park_command(cmd, payload, again=True)
+        # not in time order across regions (a later loss elsewhere ends later): all that is due
+        due = [u for u in self._unsettled if u[0] <= now]
+        self._unsettled = [u for u in self._unsettled if u[0] > now]
+        for entry in due:
+            _, device, cmd, payload = entry
+            try:  # sent again after the window closed, so never settled (parked) a second time
+                await self.parking.park_command(cmd, payload, again=True)
+            except Exception as e:  # Kafka: kept for the next sweep, the others go on
+                log.error("%s: a command to send again could not be parked: %r", device, e)
+                self._unsettled.append(entry)
+                continue
             if self.outcomes is not None:
                 why = "sent as a gateway node of its region died: again, once its queues settled"
                 self.outcomes.of(device, cmd.topic, payload, "parked", reason=why)

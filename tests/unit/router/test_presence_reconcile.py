@@ -5,7 +5,6 @@ a dead gateway -- the next list puts right, and a list never undoes a newer even
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 
 from backend.rabbitmq_admin import AdminError
@@ -363,6 +362,6 @@ def test_a_device_that_moved_within_its_cluster_unseen_gets_what_follows_again_a
         moved = presence2.get("pump-1")
         assert moved is not None and moved.region == "local-eu"
         await waiting2.sent(moved, after, b"after")
-        assert waiting2._unsettled == collections.deque(), "no settling for a move to another region"
+        assert waiting2._unsettled == [], "no settling for a move to another region"
 
     asyncio.run(scenario())
