@@ -78,9 +78,13 @@ def run(
     plan_for: Callable[..., army.ArmyPlan],
     quick: bool,
     progress: Callable[[str], None],
+    kinds: tuple[str, ...] = KINDS,
+    plan: tuple[int, int, float, int] | None = None,
 ) -> dict[str, Any]:
-    """The army through the fault sequence; the killed nodes started again after it."""
-    readings, commands, gap, seconds = FAULT_PLAN[quick]
+    """The army through the fault sequence (`kinds`, in turn; `plan` the readings/s,
+    commands/s, seconds between kills and of the run, FAULT_PLAN's by default); the killed
+    nodes started again after it."""
+    readings, commands, gap, seconds = plan or FAULT_PLAN[quick]
     running = threading.Event()
     killed: list[dict[str, Any]] = []
     nodes: list[Node] = []
@@ -94,7 +98,7 @@ def run(
     def kill_in_turn() -> None:
         running.wait()
         t0 = time.monotonic()
-        for i, kind in enumerate(KINDS, start=1):
+        for i, kind in enumerate(kinds, start=1):
             if stop.wait(max(0.0, t0 + i * gap - time.monotonic())):
                 return
             node = victim(fed, kind)

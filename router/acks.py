@@ -98,12 +98,23 @@ class CommandAcks:
     async def resend_if_due(self, p: Parked, now: float) -> None:
         """Send a command again if it waited `ack_timeout_s` for its acknowledgement and its
         device is connected and subscribed now (one that is away gets it on its next
-        subscription).  Called by the downlink's sweep over the lot, expired records left out."""
-        if p.sent_to is None or now - p.sent_at < self.ack_timeout_s:
+        subscription).  Called by the downlink's sweep over the lot, expired records left out.
+        One sent as a gateway node of its region died (`settles_at`) goes again once that
+        time is past, unless the device acknowledged it meanwhile."""
+        if p.sent_to is None:
+            return
+        due = p.sent_at + self.ack_timeout_s if p.settles_at is None else p.settles_at
+        if now < due:
             return
         session = self.presence.get(p.device)
         if session is None or not self.subscriptions.covers(session.connection, p.topic):
             return
-        log.info("%s: command %s not acknowledged; sending it again", p.device, p.command_id)
+        if p.settles_at is None:
+            log.info("%s: command %s not acknowledged; sending it again", p.device, p.command_id)
+        else:
+            log.info("%s: command %s sent as a node died; sending it again", p.device, p.command_id)
         await self._send(session, p)
-        self.metrics.inc("fedgate_router_resent_total")
+        if p.settles_at is None:
+            self.metrics.inc("fedgate_router_resent_total")
+        else:
+            self.metrics.inc("fedgate_router_resent_after_node_loss_total")

@@ -1,29 +1,26 @@
 """Downstream routing: each command only to the gateway that holds the device.
 
-Backend services publish device-bound messages to COMMANDS_EXCHANGE with the
-device id and MQTT topic in headers (``fedgate send`` does the same).  For
-each one the downlink asks router/routing.py what to do -- send to the
-device's region only, hold or park it, broadcast, keep it as desired state,
-dead-letter it -- and does it:
+Backend services publish device-bound messages to COMMANDS_EXCHANGE with the device id and
+MQTT topic in headers (``fedgate send`` does the same).  For each one the downlink asks
+router/routing.py what to do -- send to the device's region only, hold or park it,
+broadcast, keep it as desired state, dead-letter it -- and does it:
 
-- parked messages (Kafka, with a TTL) are delivered in order once the device
-  has reconnected -- anywhere -- *and subscribed* to a matching topic;
-- desired state (a retained command) is replayed whenever the device
-  subscribes, in any region;
+- parked messages (Kafka, with a TTL) are delivered in order once the device has reconnected
+  -- anywhere -- *and subscribed* to a matching topic;
+- desired state (a retained command) is replayed whenever the device subscribes, in any region;
 - a command that came back from a region whose gateway did not take it
   (contract.DOWNLINK_RETURN_AFTER_MS) is routed again.
 
-Where things live: the decision in routing.py, presence events and the
-rebuild in presence_feed.py, subscriptions per connection in
-subscriptions.py, the gateways' management APIs in gateways.py, and what
-waits for a device (parked, desired, not yet sendable, expiring) in waiting.py.
+Where things live: the decision in routing.py, presence events and the rebuild in
+presence_feed.py (gateway nodes that stop: node_watch.py), subscriptions per connection in
+subscriptions.py, the gateways' management APIs in gateways.py, what waits for a device
+(parked, desired, not yet sendable, expiring) in waiting.py.  Every step that moves a
+message is confirmed before the input is acked.
 
-Every step that moves a message is confirmed before the input is acked.
-
-Every router with `downlink` on keeps presence and subscriptions current;
-only the leader (router/leadership.py) consumes commands and acknowledgements
-and delivers what waited.  A standby notes the devices that connected or
-subscribed with something waiting, and delivers to them when it takes over.
+Every router with `downlink` on keeps presence and subscriptions current; only the leader
+(router/leadership.py) consumes commands and acknowledgements and delivers what waited.  A
+standby notes the devices that connected or subscribed with something waiting, and delivers
+to them when it takes over.
 """
 
 from __future__ import annotations
@@ -44,6 +41,7 @@ from router.gateways import Gateways
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle, cancel_task
 from router.metrics import Metrics
+from router.node_watch import NodeWatch
 from router.outcomes import CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable, Session
@@ -60,8 +58,7 @@ from router.waiting import Waiting
 
 log = logging.getLogger(__name__)
 
-#: How long a shutdown waits on one AMQP call: what is not cancelled or acked in that time
-#: RabbitMQ redelivers once the connection closes.
+#: How long a shutdown waits on one AMQP call (what is not acked by then RabbitMQ redelivers).
 SHUTDOWN_CALL_TIMEOUT_S = 2.0
 #: Presence events taken at once (each is acked within PRESENCE_CONFIRM_WAIT_S at most).
 PRESENCE_PREFETCH = 100
@@ -126,11 +123,12 @@ class Downlink(Lifecycle):
             found=self._found,
             node_lost=self.waiting.node_lost,
         )
+        self.node_watch = NodeWatch(self.gateways, presence, self.feed, self._lock, self.waiting.node_lost)
         self._checks: set[asyncio.Task[None]] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._reasker: asyncio.Task[None] | None = None
-        self._reconciler: asyncio.Task[None] | None = None
+        self._followers: list[asyncio.Task[None]] = []  # the presence reconcile's, the node watch's
         #: devices that connected or subscribed with something waiting while this router stood by
         self._missed: dict[str, float] = {}
 
@@ -164,9 +162,11 @@ class Downlink(Lifecycle):
         await self.feed.rebuild()
         self._consumers.append((presence_q, await presence_q.consume(self.feed.on_event)))
         if self.settings.presence_reconcile_s > 0:
-            self._reconciler = self.spawn(
-                self.feed.reconcile_every(self.settings.presence_reconcile_s), "presence-reconcile"
-            )
+            reconciling = self.feed.reconcile_every(self.settings.presence_reconcile_s)
+            self._followers = [
+                self.spawn(reconciling, "reconcile"),
+                self.spawn(self.node_watch.run(), "node-watch"),
+            ]
 
     async def _found(self, session: Session) -> None:
         """A live session no event had given (presence_feed `reconcile`; the lock is held):
@@ -239,7 +239,7 @@ class Downlink(Lifecycle):
 
     async def _stop(self) -> None:
         """Stop intake: what is not acked by now RabbitMQ redelivers to the next router."""
-        for task in (self._sweeper, self._reasker, self._reconciler):
+        for task in (self._sweeper, self._reasker, *self._followers):
             await cancel_task(task)
         for check in list(self._checks):
             check.cancel()

@@ -57,6 +57,7 @@ CLOSE_PATIENCE_S = 30.0
 REFUSED_CALLS = {
     "users": ("user lookups", "the registry cannot say there, unknown_device decides"),
     "close": ("closing connections", "an older session there ends by its keepalive"),
+    "nodes": ("listing its nodes", "the sessions of a node that died end at the next connection list"),
 }
 
 
@@ -124,6 +125,17 @@ class Gateways:
         listed = await self._call(self.clients[region].connections)
         self._answered(region, True)
         return listed  # type: ignore[no-any-return]
+
+    async def nodes(self, region: str) -> dict[str, bool]:
+        """The region's cluster nodes, name -> whether it runs (AdminError when it does not
+        answer; nothing when it refuses this router's user)."""
+        try:
+            listed = await self._call(self.clients[region].get, "nodes?columns=name,running")
+        except AdminError as e:
+            if self._refused(region, "nodes", e):
+                return {}
+            raise
+        return {str(n["name"]): bool(n.get("running")) for n in listed}
 
     async def answers(self, region: str) -> bool:
         """Whether the region's management API answers, asked at most every few seconds:

@@ -4,7 +4,8 @@
 id>``, value JSON {topic, payload (base64), parked_at, expires_at, and when
 the command had them: its own expiry ``command_expires_at`` and its MQTT 5
 ``properties``; once sent to a device that acknowledges itself, ``sent_to``,
-``attempts``, ``sent_at``}.  Delivered in parking order when the device
+``attempts``, ``sent_at``; sent to a session as a gateway node of its region
+died, ``settles_at``}.  Delivered in parking order when the device
 subscribes to a matching topic, then tombstoned -- a command for a device
 subscribed at QoS 0 only when the device acknowledged it (router/acks.py).
 """
@@ -43,6 +44,9 @@ class Parked:
     #: parked again because its connection ended as it was sent (router/waiting.py): the
     #: next send is the last, so a device that always leaves at once does not loop on it
     again: bool = False
+    #: sent to a session that opened as a gateway node of its region died (router/waiting.py,
+    #: NODE_LOSS_SETTLE_S): waits at `sent_to` until then, and is sent once more after
+    settles_at: float | None = None
 
     def command(self) -> Command:
         """The command as it was parked, to be sent on."""
@@ -56,6 +60,11 @@ class Parked:
         return c.message_id(self.topic, self.payload)
 
     def expired_reason(self, ttl_s: float) -> str:
+        if self.settles_at is not None:
+            return (
+                "sent as a gateway node of its region died (it may have arrived), and the device "
+                "was not back to have it again before it expired"
+            )
         if self.attempts:
             return (
                 f"sent {self.attempts} time(s) to a device subscribed at QoS 0, never acknowledged "
@@ -107,9 +116,11 @@ class ParkingLot:
         properties: Mqtt5Properties = NO_PROPERTIES,
         sent_to: str | None = None,
         again: bool = False,
+        settles_at: float | None = None,
     ) -> Parked:
-        """Park a command; with `sent_to`, one just sent there that waits for its acknowledgement;
-        `again`: one sent as its connection ended."""
+        """Park a command; with `sent_to`, one just sent there that waits for its acknowledgement
+        or, with `settles_at`, for that time to be sent again; `again`: one sent as its
+        connection ended."""
         now = time.time()
         self._seq += 1
         # sortable id: parking order survives a restart
@@ -122,11 +133,18 @@ class ParkingLot:
             rec = dataclasses.replace(rec, sent_to=sent_to, attempts=1, sent_at=now)
         if again:
             rec = dataclasses.replace(rec, again=True)
+        if settles_at is not None:
+            rec = dataclasses.replace(rec, settles_at=settles_at)
         await self.table.put(rec.key, self._value(rec))
         return rec
 
     async def park_command(
-        self, cmd: Command, payload: bytes, sent_to: str | None = None, again: bool = False
+        self,
+        cmd: Command,
+        payload: bytes,
+        sent_to: str | None = None,
+        again: bool = False,
+        settles_at: float | None = None,
     ) -> Parked:
         return await self.park(
             cmd.device,
@@ -136,11 +154,14 @@ class ParkingLot:
             properties=cmd.properties,
             sent_to=sent_to,
             again=again,
+            settles_at=settles_at,
         )
 
     async def mark_sent(self, rec: Parked, connection: str) -> Parked:
         """It went to `connection` (once more), and waits there for its acknowledgement."""
-        sent = dataclasses.replace(rec, sent_to=connection, attempts=rec.attempts + 1, sent_at=time.time())
+        sent = dataclasses.replace(
+            rec, sent_to=connection, attempts=rec.attempts + 1, sent_at=time.time(), settles_at=None
+        )
         await self.table.put(sent.key, self._value(sent))
         return sent
 
@@ -160,6 +181,8 @@ class ParkingLot:
             record.update(sent_to=rec.sent_to, attempts=rec.attempts, sent_at=rec.sent_at)
         if rec.again:
             record["again"] = True
+        if rec.settles_at is not None:
+            record["settles_at"] = rec.settles_at
         return json.dumps(record).encode()
 
     def for_device(self, device: str) -> list[Parked]:
@@ -180,6 +203,7 @@ class ParkingLot:
                     d.get("attempts", 0),
                     d.get("sent_at", 0.0),
                     bool(d.get("again", False)),
+                    d.get("settles_at"),
                 )
             )
         return out

@@ -260,11 +260,11 @@ class PresenceFeed:
                 if self.store is not None:
                     self.gateways.in_background(self.store.offline(s.client_id))
 
-    async def end(self, s: Session) -> None:
-        """A session that ended unseen (its gateway died): forgotten, what was sent to it since
-        its gateway last listed it sent to its next session, and saved before returning.  The
-        caller holds the lock."""
-        await self._end_unseen(s, self._last_alive(s))
+    async def end(self, s: Session, alive_at: float | None = None) -> None:
+        """A session that ended unseen (its gateway, or its node, died; `alive_at`: when it was
+        last known alive, epoch s): forgotten, what was sent to it since sent to its next
+        session, and saved before returning.  The caller holds the lock."""
+        await self._end_unseen(s, max(self._last_alive(s), alive_at or 0.0))
         if self.store is not None:
             await self.store.offline(s.client_id)
 

@@ -159,9 +159,25 @@ class KafkaTable(Lifecycle):
         finally:
             self._consumer.close()
 
+    def _partitions(self, timeout: float = 45.0) -> list[TopicPartition]:
+        """The topic's partitions, from the beginning.  Right after the topic was created the
+        metadata can list none: a view assigned none then tails nothing, ever -- a standby
+        router so never saw what the leader parked, and lost it on taking over (2026-12-06).
+        So an empty list is asked again, as a leader not known yet is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            md = self._consumer.list_topics(self.topic, timeout=10)
+            meta = md.topics.get(self.topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                return [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+            why = "not in the metadata" if meta is None else (meta.error or "no partitions listed")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.topic}: {why} after {timeout:.0f}s")
+            log.info("%s has no partitions to read yet (%s); retrying", self.topic, why)
+            time.sleep(0.5)
+
     def _follow(self) -> None:
-        md = self._consumer.list_topics(self.topic, timeout=30)
-        parts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in md.topics[self.topic].partitions]
+        parts = self._partitions()
         ends = self._end_offsets(parts)
         self._consumer.assign(parts)
         pending = {p for p, high in ends.items() if high > 0}

@@ -16,8 +16,9 @@ what it cannot hand to the device's gateway at once waits here:
 - commands sent to QoS 0 subscriptions wait for the device's acknowledgement
   (router/acks.py) and are sent again when it does not come;
 - a command sent to a session that opened just after a gateway node of its region
-  died may vanish with the dead node's queues (NODE_LOSS_SETTLE_S): it is parked again,
-  once, when that time is past;
+  died may vanish with the dead node's queues (NODE_LOSS_SETTLE_S): it is kept in the
+  parking lot, marked as sent there, and sent once more when that time is past -- in
+  Kafka, so a router that takes over from a dead one sends it too;
 - what outlives its expiry or parking's TTL is dead-lettered with the reason;
 - a command sent to a connection that ended moments later may never have
   reached the device: the router learns of a disconnect only after it
@@ -117,8 +118,6 @@ class Waiting:
         #: region -> (when a session of it was last alive before it ended unseen, until when
         #: its new sessions count as settling): see NODE_LOSS_SETTLE_S
         self._node_lost: dict[str, tuple[float, float]] = {}
-        #: (when to park it again, device, command, payload) sent to a settling session
-        self._unsettled: list[tuple[float, str, Command, bytes]] = []
 
     def has_pending(self, device: str) -> bool:
         return bool(self.parking.for_device(device) or self.desired.for_device(device))
@@ -141,8 +140,8 @@ class Waiting:
             if p.expires_at < now:
                 await self.expire(p)
                 continue
-            if p.sent_to == session.connection:
-                continue  # sent to this very connection: waits for its acknowledgement
+            if p.sent_to == session.connection and (p.settles_at is None or p.settles_at > now):
+                continue  # sent to this very connection: waits for its acknowledgement, or settles
             if not await self._try(device, self.send_parked(session, p)):
                 return  # in order: what was parked after it must not overtake it
             self.metrics.inc("fedgate_router_unparked_total", region=session.region)
@@ -166,9 +165,9 @@ class Waiting:
         else:
             await self.parking.remove(p)
             if not p.again:
-                self._remember(session, p.command(), p.payload)
+                await self._remember(session, p.command(), p.payload)
             else:  # parked again already, so not again as its connection ends; but a node's loss
-                self._settle(session, p.command(), p.payload)
+                await self._settle(session, p.command(), p.payload)
 
     async def sent(self, session: Session, cmd: Command, payload: bytes) -> None:
         """A new command went to the session: on record until acknowledged if the device acks,
@@ -176,35 +175,45 @@ class Waiting:
         if self.acks.tracks(session, cmd.topic):
             await self.acks.sent(session, cmd, payload)
         else:
-            self._remember(session, cmd, payload)
+            await self._remember(session, cmd, payload)
 
-    def _remember(self, session: Session, cmd: Command, payload: bytes) -> None:
+    async def _remember(self, session: Session, cmd: Command, payload: bytes) -> None:
         sent = self._sent.setdefault(session.connection, collections.deque())
         now = time.time()
         sent.append((now, cmd, payload))
         while sent[0][0] < now - REMEMBER_SENT_S:
             sent.popleft()
-        self._settle(session, cmd, payload)
+        await self._settle(session, cmd, payload)
 
     def node_lost(self, region: str, last_alive: float) -> None:
         """A session of `region` ended unseen, last alive at `last_alive` (epoch s): its
         gateway node may have died, and the sessions that open in the region after it settle
-        for NODE_LOSS_SETTLE_S (what is sent to them is parked again after that)."""
+        for NODE_LOSS_SETTLE_S (what is sent to them is sent again after that)."""
         since, _ = self._node_lost.get(region, (last_alive, 0.0))
         self._node_lost[region] = (min(since, last_alive), time.time() + NODE_LOSS_SETTLE_S)
 
-    def _settle(self, session: Session, cmd: Command, payload: bytes) -> None:
+    async def _settle(self, session: Session, cmd: Command, payload: bytes) -> None:
         lost = self._node_lost.get(session.region)
         now = time.time()
         if lost is None or now >= lost[1] or session.connected_at / 1000 < lost[0]:
             return  # no node lost lately, or a session from before the loss
-        self._unsettled.append((lost[1], session.client_id, cmd, payload))
+        # kept in Kafka before the command is acked: the leader's memory would die with it
+        await self.parking.park_command(
+            cmd, payload, sent_to=session.connection, again=True, settles_at=lost[1]
+        )
 
     async def session_ended(self, session: Session, ended_at: float) -> None:
         """The connection ended at `ended_at` (epoch s, the gateway's clock): what was sent to it
         shortly before waits for the device's next session.  The caller holds the lock."""
         sent = self._sent.pop(session.connection, ())
-        late = [(cmd, payload) for at, cmd, payload in sent if at > ended_at - DELIVERED_AFTER_S]
+        # once each: a command the region returned and the router sent again is on record twice
+        late = list(
+            {
+                (cmd.topic, payload): (cmd, payload)
+                for at, cmd, payload in sent
+                if at > ended_at - DELIVERED_AFTER_S
+            }.values()
+        )
         for cmd, payload in late:
             await self.parking.park_command(cmd, payload, again=True)
             if self.outcomes is not None:
@@ -250,23 +259,6 @@ class Waiting:
                         await self._try(device, self.acks.resend_if_due(p, now))
                 except Exception as e:  # one record's trouble (Kafka) must not stop the others
                     log.error("%s: a parked message could not be swept: %r", device, e)
-        # not in time order across regions (a later loss elsewhere ends later): all that is due
-        due = [u for u in self._unsettled if u[0] <= now]
-        self._unsettled = [u for u in self._unsettled if u[0] > now]
-        for entry in due:
-            _, device, cmd, payload = entry
-            try:  # sent again after the window closed, so never settled (parked) a second time
-                await self.parking.park_command(cmd, payload, again=True)
-            except Exception as e:  # Kafka: kept for the next sweep, the others go on
-                log.error("%s: a command to send again could not be parked: %r", device, e)
-                self._unsettled.append(entry)
-                continue
-            if self.outcomes is not None:
-                why = "sent as a gateway node of its region died: again, once its queues settled"
-                self.outcomes.of(device, cmd.topic, payload, "parked", reason=why)
-            self.metrics.inc("fedgate_router_resent_after_node_loss_total")
-            if self.presence.get(device) is not None:
-                self.retry_later(device)
         self._node_lost = {r: lost for r, lost in self._node_lost.items() if lost[1] > now}
         for connection in list(self._sent):
             sent = self._sent[connection]

@@ -335,8 +335,13 @@ def test_a_young_session_gone_unseen_gives_back_what_was_sent_since_it_was_last_
 def test_a_device_that_moved_within_its_cluster_unseen_gets_what_follows_again_after_the_settling():
     """RabbitMQ's surviving nodes delete a dead node's clean-session queues for seconds, and a
     moved device's new queue of the same name can go with them (rabbitmq-server #6271): what
-    is sent to its new session in NODE_LOSS_SETTLE_S is parked again once they are past.  A
+    is sent to its new session in NODE_LOSS_SETTLE_S is kept in the parking lot (Kafka, so a
+    router that takes over has it too) and goes to the device again once they are past.  A
     device that moved to another region (another cluster) is not at risk."""
+    import types
+    from unittest import mock
+
+    import router.waiting
     from router.waiting import NODE_LOSS_SETTLE_S
 
     async def scenario() -> None:
@@ -350,10 +355,19 @@ def test_a_device_that_moved_within_its_cluster_unseen_gets_what_follows_again_a
             await waiting.parking.remove(p)
         after = Command("pump-1", "devices/pump-1/commands/after")
         await waiting.sent(new, after, b"after")
+        [kept] = waiting.parking.for_device("pump-1")
+        assert (kept.payload, kept.sent_to) == (b"after", new.connection) and kept.settles_at, kept
+        waiting.subscriptions.opened(new.connection)
+        waiting.subscriptions.add(new.connection, ["devices/pump-1/commands/#"], qos=1)
+        await waiting.deliver(new, ["devices/pump-1/commands/#"])
         await waiting.sweep(time.time())
-        assert waiting.parking.for_device("pump-1") == [], "not before the settling is over"
-        await waiting.sweep(time.time() + NODE_LOSS_SETTLE_S + 1)
-        assert [p.payload for p in waiting.parking.for_device("pump-1")] == [b"after"]
+        assert waiting.parking.for_device("pump-1") == [kept], "not sent again before it settles"
+
+        later = kept.settles_at + 1  # past the settling: sent again, once
+        with mock.patch.object(router.waiting, "time", types.SimpleNamespace(time=lambda: later)):
+            await waiting.sweep(later)
+        assert waiting.parking.for_device("pump-1") == [], "sent again, and gone from the lot"
+        assert NODE_LOSS_SETTLE_S - 2 <= kept.settles_at - time.time() <= NODE_LOSS_SETTLE_S
 
         # the same device moving to another region: its old cluster's queues cannot take its new one
         feed2, presence2, waiting2, _ = await _sent_after_the_last_list()
@@ -362,6 +376,8 @@ def test_a_device_that_moved_within_its_cluster_unseen_gets_what_follows_again_a
         moved = presence2.get("pump-1")
         assert moved is not None and moved.region == "local-eu"
         await waiting2.sent(moved, after, b"after")
-        assert waiting2._unsettled == [], "no settling for a move to another region"
+        assert not [p for p in waiting2.parking.for_device("pump-1") if p.settles_at], (
+            "no settling for a move to another region"
+        )
 
     asyncio.run(scenario())

@@ -200,8 +200,9 @@ def test_commands_sent_as_their_connection_ended_wait_for_the_next_session_once(
 def test_commands_sent_to_a_session_that_opened_as_a_node_of_its_region_died_go_again_once(monkeypatch):
     """A gateway node dies; its devices reconnect at the others, whose deletion of the dead
     node's queues can take a moved device's new queue with them (rabbitmq-server #6271).  What
-    is sent to a session that opened after the loss, within NODE_LOSS_SETTLE_S, is parked again
-    once that time is past; a session from before the loss, and a later one, are left alone."""
+    is sent to a session that opened after the loss, within NODE_LOSS_SETTLE_S, is kept in the
+    parking lot and sent again once that time is past; a session from before the loss, and a
+    later one, are left alone."""
     import types
 
     import router.waiting
@@ -225,7 +226,11 @@ def test_commands_sent_to_a_session_that_opened_as_a_node_of_its_region_died_go_
         await w.sent(moved, Command("d1", "devices/d1/commands/a"), b"a")
         await w.sent(old, Command("d0", "devices/d0/commands/b"), b"b")
         await w.sweep(clock[0])
-        assert w.parking.for_device("d1") == [], "not before the queues settled"
+        [kept] = w.parking.for_device("d1")  # in Kafka: a router taking over would have it too
+        assert (kept.payload, kept.sent_to) == (b"a", "conn-1") and region.sent == [], (
+            "kept, not sent again before the queues settled"
+        )
+        assert w.parking.for_device("d0") == [], "a session from before the loss is not at risk"
 
         clock[0] += router.waiting.NODE_LOSS_SETTLE_S + 1
         await w.sent(moved, Command("d1", "devices/d1/commands/c"), b"c")  # after the window
@@ -238,5 +243,26 @@ def test_commands_sent_to_a_session_that_opened_as_a_node_of_its_region_died_go_
         clock[0] += router.waiting.NODE_LOSS_SETTLE_S + 1
         await w.sweep(clock[0])
         assert len(region.sent) == 1, "once, not in a loop"
+
+    asyncio.run(scenario())
+
+
+def test_a_command_sent_again_after_its_region_returned_it_waits_once_for_the_next_session():
+    """A gateway node dies: the region returns each command sent to a device that was on it
+    (no queue takes it) and the router sends it again, several times before it learns that
+    the session ended.  The next session gets each such command once, not once per send."""
+
+    async def scenario():
+        _, presence, subs, w = _world()
+        session = Session("d1", "local-eu", "rabbit@eu-1", "conn-1", time.time() * 1000)
+        presence.connected(session)
+        subs.opened(session.connection)
+        subs.add(session.connection, ["devices/d1/commands/#"], qos=1)
+        for _ in range(4):  # returned three times, sent again each time
+            await w.sent(session, Command("d1", "devices/d1/commands/a"), b"a")
+        await w.sent(session, Command("d1", "devices/d1/commands/b"), b"b")
+        presence.closed(session.node, session.connection)
+        await w.session_ended(session, time.time())
+        assert [p.payload for p in w.parking.for_device("d1")] == [b"a", b"b"]
 
     asyncio.run(scenario())
