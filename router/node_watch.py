@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: How often each region's cluster is asked which of its nodes run.
 NODE_WATCH_S = 2.0
+#: How often a region whose gateway is one node is asked (whether it became a cluster): its
+#: node's death is its gateway's, which the gateway checks treat (router/gateways.py).
+ONE_NODE_EVERY_S = 60.0
 
 
 class NodeWatch:
@@ -58,6 +61,8 @@ class NodeWatch:
         self._running_at: dict[tuple[str, str], float] = {}
         #: (region, node) of the nodes seen stopped, logged once per stop
         self._stopped: set[tuple[str, str]] = set()
+        #: region -> (when last asked, monotonic; how many nodes it listed)
+        self._asked: dict[str, tuple[float, int]] = {}
 
     async def check(self) -> int:
         """One round over the regions; returns how many sessions it ended."""
@@ -65,10 +70,14 @@ class NodeWatch:
         for region in list(self.gateways.regions):
             if not self.gateways.allows(region, "nodes"):
                 continue
+            asked_at, listed = self._asked.get(region, (0.0, 0))
+            if listed == 1 and time.monotonic() - asked_at < ONE_NODE_EVERY_S:
+                continue
             try:
                 nodes = await self.gateways.nodes(region)
             except AdminError:
                 continue  # a region that does not answer: the gateway checks treat it
+            self._asked[region] = (time.monotonic(), len(nodes))
             now = time.time()
             for node, running in nodes.items():
                 key = (region, node)

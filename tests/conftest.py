@@ -139,6 +139,7 @@ TERRAFORM_2 = {
 }
 OWN_ENGINES = {
     "tests/ha/test_ha_node_loss.py": "ha",
+    "tests/ha/test_ha_double_fault.py": "ha",
     "tests/ha/test_ha_bench.py": "ha",
     "tests/integration/test_cloud_rehearsal.py": "federation-2",
     "tests/integration/test_bench.py": "unit",
@@ -172,6 +173,8 @@ def lane_of(nodeid: str) -> str:
         return "unit"
     if path in FEDERATION_2:
         return "federation-2"
+    if path.startswith("tests/ha/"):  # one HA federation on its ports: a second would collide
+        return "ha"
     return OWN_ENGINES.get(path, "federation")
 
 

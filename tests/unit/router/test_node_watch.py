@@ -88,3 +88,17 @@ def test_a_cluster_that_does_not_answer_or_refuses_ends_nothing():
         assert await watch.check() == 0 and presence.get("pump-1") == on_it
 
     asyncio.run(scenario())
+
+
+def test_a_gateway_of_one_node_is_asked_once_a_minute_not_every_two_seconds():
+    async def scenario() -> None:
+        _, _, _, cluster, watch, _, _ = _world()
+        del cluster.running[OTHER]
+        asked = []
+        real_get = cluster.get
+        cluster.get = lambda path: asked.append(path) or real_get(path)  # type: ignore[method-assign]
+        for _ in range(3):
+            await watch.check()
+        assert len(asked) == 1, "a one-node gateway's death is its region's: the gateway checks see it"
+
+    asyncio.run(scenario())
