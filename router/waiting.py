@@ -197,6 +197,12 @@ class Waiting:
         now = time.time()
         if lost is None or now >= lost[1] or session.connected_at / 1000 < lost[0]:
             return  # no node lost lately, or a session from before the loss
+        kept = (cmd.topic, payload, session.connection)
+        if any(
+            p.settles_at and (p.topic, p.payload, p.sent_to) == kept
+            for p in self.parking.for_device(cmd.device)
+        ):
+            return  # sent again after its region returned it: on record already
         # kept in Kafka before the command is acked: the leader's memory would die with it
         await self.parking.park_command(
             cmd, payload, sent_to=session.connection, again=True, settles_at=lost[1]

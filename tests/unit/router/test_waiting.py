@@ -224,6 +224,7 @@ def test_commands_sent_to_a_session_that_opened_as_a_node_of_its_region_died_go_
         subs.opened(moved.connection)
         subs.add(moved.connection, ["devices/d1/commands/#"], qos=1)
         await w.sent(moved, Command("d1", "devices/d1/commands/a"), b"a")
+        await w.sent(moved, Command("d1", "devices/d1/commands/a"), b"a")  # returned, sent again
         await w.sent(old, Command("d0", "devices/d0/commands/b"), b"b")
         await w.sweep(clock[0])
         [kept] = w.parking.for_device("d1")  # in Kafka: a router taking over would have it too
