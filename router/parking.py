@@ -125,7 +125,12 @@ class ParkingLot:
         self._seq += 1
         # sortable id: parking order survives a restart
         pid = f"{int(now * 1e6):020d}-{self._seq:06d}-{uuid.uuid4().hex[:6]}"
-        until = now + self.ttl_s if command_expires_at is None else min(now + self.ttl_s, command_expires_at)
+        # one kept to be sent again when its settling is over lives parking's TTL from then:
+        # expired before, it would go to the dead-letter topic instead of to the device
+        start = now if settles_at is None else max(now, settles_at)
+        until = (
+            start + self.ttl_s if command_expires_at is None else min(start + self.ttl_s, command_expires_at)
+        )
         rec = Parked(
             f"{device}{SEP}{pid}", device, topic, payload, now, until, command_expires_at, properties
         )

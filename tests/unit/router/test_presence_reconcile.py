@@ -357,6 +357,10 @@ def test_a_device_that_moved_within_its_cluster_unseen_gets_what_follows_again_a
         await waiting.sent(new, after, b"after")
         [kept] = waiting.parking.for_device("pump-1")
         assert (kept.payload, kept.sent_to) == (b"after", new.connection) and kept.settles_at, kept
+        assert kept.expires_at == kept.settles_at + waiting.parking.ttl_s, (
+            "parking's TTL counts from the settling's end: a TTL shorter than it (the tests' 25 s) "
+            "dead-lettered such commands instead of sending them again"
+        )
         waiting.subscriptions.opened(new.connection)
         waiting.subscriptions.add(new.connection, ["devices/pump-1/commands/#"], qos=1)
         await waiting.deliver(new, ["devices/pump-1/commands/#"])

@@ -231,6 +231,7 @@ def test_commands_sent_to_a_session_that_opened_as_a_node_of_its_region_died_go_
         assert (kept.payload, kept.sent_to) == (b"a", "conn-1") and region.sent == [], (
             "kept, not sent again before the queues settled"
         )
+
         assert w.parking.for_device("d0") == [], "a session from before the loss is not at risk"
 
         clock[0] += router.waiting.NODE_LOSS_SETTLE_S + 1
