@@ -123,7 +123,7 @@ class Downlink(Lifecycle):
             found=self._found,
             node_lost=self.waiting.node_lost,
         )
-        self.node_watch = NodeWatch(self.gateways, presence, self.feed, self._lock, self.waiting.node_lost)
+        self.node_watch = NodeWatch(self.feed, self._lock, self.waiting.node_lost)
         self._checks: set[asyncio.Task[None]] = set()
         self._consumers: list[tuple[aio_pika.abc.AbstractQueue, str]] = []
         self._sweeper: asyncio.Task[None] | None = None

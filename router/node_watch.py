@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable
 
 from backend.rabbitmq_admin import AdminError
-from router.gateways import Gateways
-from router.presence import PresenceTable
 from router.presence_feed import PresenceFeed
 from router.stores import all_confirmed, confirm_later
 from router.tasks import every
@@ -44,16 +42,10 @@ ONE_NODE_EVERY_S = 60.0
 
 
 class NodeWatch:
-    def __init__(
-        self,
-        gateways: Gateways,
-        presence: PresenceTable,
-        feed: PresenceFeed,
-        lock: asyncio.Lock,
-        node_lost: Callable[[str, float], None],
-    ):
-        self.gateways = gateways
-        self.presence = presence
+    def __init__(self, feed: PresenceFeed, lock: asyncio.Lock, node_lost: Callable[[str, float], None]):
+        """`feed`'s presence and gateways are the ones watched; `lock` is the downlink's."""
+        self.gateways = feed.gateways
+        self.presence = feed.presence
         self.feed = feed
         self._lock = lock
         self._node_lost = node_lost

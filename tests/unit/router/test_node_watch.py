@@ -35,7 +35,7 @@ def _world():
     feed, presence, waiting = _waiting_feed([])
     cluster = _Cluster()
     feed.gateways.clients["local-us"] = cluster  # type: ignore[assignment]
-    watch = NodeWatch(feed.gateways, presence, feed, feed._lock, waiting.node_lost)
+    watch = NodeWatch(feed, feed._lock, waiting.node_lost)
     on_it = Session("pump-1", "local-us", NODE, "p:1 -> a:1883", _ago(600))
     elsewhere = Session("pump-2", "local-us", OTHER, "p:2 -> b:1883", _ago(600))
     for s in (on_it, elsewhere):
