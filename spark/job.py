@@ -50,6 +50,8 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,27 @@ def last_progress(query: StreamingQuery) -> dict[str, Any]:
     return json.loads(progress.json()) if progress is not None else {}
 
 
+#: The pacing (pause_after) expects the next batch to take as long as the slowest of this
+#: many batches before it.
+PACE_WINDOW = 10
+
+
+def pause_after(took_s: float, recent_s: Sequence[float], target_s: float) -> float:
+    """How long to wait after a micro-batch that took `took_s` (from its start to its last
+    commit) before the next one starts, so that a record that arrived just after this batch
+    started is a row within `target_s` at a steady rate: the next batch starts `target_s`
+    less what it is expected to take (the slowest of `recent_s`) after this one did.
+
+    Why wait at all: a batch costs about the same CPU whatever its size (Spark's planning,
+    the MERGE's scan planning and commit; ~0.5 s of CPU for 600 records at 300/s), so the
+    fewer batches a freshness target allows, the less the job costs.  0 when off (a target
+    of 0) or when batches take the whole target (a backlog, a burst)."""
+    if target_s <= 0:
+        return 0.0
+    expected = max(recent_s, default=took_s)
+    return max(0.0, target_s - expected - took_s)
+
+
 def interpreted_for(session: SparkSession, records: int) -> None:
     """Plan the next queries of `session` with Spark's generated code for a batch of
     `records`, or without it (INTERPRETED_BELOW_RECORDS)."""
@@ -161,6 +184,15 @@ class TelemetryJob:
     def __init__(self, settings: SparkSettings):
         self.settings = settings
         self.spark = build_session(settings, "fedgate-tables", serve=True)
+        # Iceberg's vectorized Parquet reader takes a child of Arrow's root allocator for
+        # every file it opens and never closes it (apache/iceberg#13937): 65,800 of them in
+        # the heap of a job 20 minutes old at 300 readings/s, growing ~7,000 a minute (its
+        # MERGEs and counts open a few files each, several times a minute), until G1 marks
+        # without pause.  What the job reads back is small (a batch's copies, a minute's
+        # new rows): read row by row.  Set on the job's own session (its streaming query's
+        # clone inherits it), not the analysts' (Spark Connect's sessions start from the
+        # context's settings), whose large scans keep vectorized reads.
+        self.spark.conf.set("spark.sql.iceberg.vectorization.enabled", "false")
         self.catalog = Catalog(self.spark, settings)
         self.query: StreamingQuery | None = None
         self._stop = threading.Event()
@@ -191,6 +223,10 @@ class TelemetryJob:
         #: refreshes run from run() (and stop()), compactions from the batches: never both
         #: at once (both rewrite the aggregates' files)
         self._refresh_lock = threading.Lock()
+        #: what the last steady batches took, start to last commit (pause_after)
+        self._batch_times: deque[float] = deque(maxlen=PACE_WINDOW)
+        #: the pause after the last batch (s), in its log line and the progress
+        self.last_pause_s = 0.0
 
     def start(self) -> None:
         s = self.settings
@@ -229,9 +265,10 @@ class TelemetryJob:
         message, instead of an action per table and a shuffle for copies that are rare."""
         # as many tasks as cores: local[N]'s N, or the cores the cluster's executors have now
         cores = max(1, self.spark.sparkContext.defaultParallelism)
-        batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         t0 = time.monotonic()
+        batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         kept = False
+        steady = True
         try:
             timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
@@ -243,6 +280,8 @@ class TelemetryJob:
             # cores (minutes 3-4 at 300/s; the code is generated anew for each batch, even
             # where Spark's cache spares its compile).
             interpreted_for(batch.sparkSession, summary.raw_records)
+            # a batch read with generated code is a backlog's: the next follows at once
+            steady = summary.raw_records < INTERPRETED_BELOW_RECORDS
             if summary.rejects is not None:
                 self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
             if summary.raw is not None:
@@ -260,13 +299,19 @@ class TelemetryJob:
                 if self._counting_due_by_rows():
                     self._wake.set()  # counted as soon as run() is free, not at its next round
             self.last_batch_ms = timings
+            took = time.monotonic() - t0
+            pause = pause_after(took, self._batch_times, self.settings.freshness_target_s) if steady else 0.0
+            if steady:
+                self._batch_times.append(took)
+            self.last_pause_s = round(pause, 2)
             # every batch, from here: the run loop's rounds see one batch of several
             log.info(
-                "batch %s: %d records for telemetry_raw landed in %.1f s; commits (ms): %s",
+                "batch %s: %d records for telemetry_raw landed in %.1f s; commits (ms): %s; next in %.1f s",
                 batch_id,
                 summary.raw_records,
-                time.monotonic() - t0,
+                took,
                 timings,
+                pause,
             )
         finally:
             if not kept:  # else run() lets it go once counted
@@ -276,6 +321,12 @@ class TelemetryJob:
             and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0
         ):
             self.compact()
+        # The engine starts the next batch when this function returns (its trigger's time
+        # is past): waiting here spaces the batches; what arrives meanwhile waits in Kafka.
+        # This batch is in every table already; a stop ends the wait.
+        wait = t0 + took + self.last_pause_s - time.monotonic()
+        if wait > 0:
+            self._stop.wait(wait)
 
     def _landed(self, table: Table, rows: DataFrame, span: TimeSpan, timings: dict[str, int]) -> None:
         """Land `rows` (of `span`) in `table` (Catalog.land), timed; note its dates for
@@ -416,6 +467,8 @@ class TelemetryJob:
                 # commits), the checkpoint's writes
                 "durations_ms": p.get("durationMs") or {},
                 "commit_ms": self.last_batch_ms,
+                # of batch_ms, the wait after the commits that spaced it from the next batch
+                "pause_ms": round(self.last_pause_s * 1000),
                 "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),
             }

@@ -122,7 +122,19 @@ class SparkSettings:
     )
     trigger_s: float = field(
         default=2.0,
-        metadata={"doc": "How often new records become rows of every table (one micro-batch)."},
+        metadata={
+            "doc": "How often the job looks for new records; with freshness_target_s, the shortest "
+            "time between two micro-batches."
+        },
+    )
+    freshness_target_s: float = field(
+        default=4.0,
+        metadata={
+            "doc": "How long a record may wait, at a steady rate, before it is a row of every table: "
+            "the job spaces its micro-batches as far apart as this allows, each batch's own time "
+            "taken off, since a batch costs about the same whatever its size (0: a batch every "
+            "trigger_s).  A backlog's batches follow each other at once."
+        },
     )
     aggregate_interval_s: float = field(
         default=60.0,
@@ -219,7 +231,12 @@ class SparkSettings:
             raise SparkSettingsError("starting_offsets: 'earliest' or 'latest'")
         if self.trigger_s <= 0:
             raise SparkSettingsError("trigger_s: must be > 0")
-        for name in ("aggregate_interval_s", "compact_interval_s", "snapshots_kept_hours"):
+        for name in (
+            "aggregate_interval_s",
+            "compact_interval_s",
+            "snapshots_kept_hours",
+            "freshness_target_s",
+        ):
             if getattr(self, name) < 0:
                 raise SparkSettingsError(f"{name}: must be >= 0")
         if self.aggregate_after_rows < 0:

@@ -50,6 +50,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "block_manager_port": job.spec.ports["block_manager"],
         "connect_port": job.spec.ports["connect"],
         "trigger_s": s.spark_trigger_s,
+        "freshness_target_s": s.spark_freshness_target_s,
         "aggregate_interval_s": s.spark_aggregate_interval_s,
         "aggregate_after_rows": s.spark_aggregate_after_rows,
         "compact_interval_s": s.spark_compact_interval_s,

@@ -182,6 +182,10 @@ class LocalSettings:
         default=2.0,
         metadata={"doc": "Spark: how often new records become rows of every table (one micro-batch)."},
     )
+    spark_freshness_target_s: float = field(
+        default=4.0,
+        metadata={"doc": "Spark: how long a record may wait to be a row at a steady rate (batches paced)."},
+    )
     spark_aggregate_interval_s: float = field(
         default=60.0,
         metadata={"doc": "Spark: how often the job counts the rows it landed in the per-minute aggregates."},

@@ -26,6 +26,10 @@ def test_file_then_environment_then_overrides(tmp_path, monkeypatch):
             "^compact_interval_s: must be >= 0",
         ),
         (
+            'kafka_bootstrap = "k"\nwarehouse = "w"\nfreshness_target_s = -4\n',
+            "^freshness_target_s: must be >= 0",
+        ),
+        (
             'kafka_bootstrap = "k"\nwarehouse = "w"\naggregate_after_rows = -5\n',
             "^aggregate_after_rows: must be >= 0",
         ),
