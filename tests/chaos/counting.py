@@ -162,8 +162,10 @@ def spark_rows(federation, device_prefix: str, expect: int, timeout: float = 120
             return False
 
     wait_until(landed, timeout, 2)
-    # a duplicate would land in a later micro-batch
-    time.sleep(federation.settings.spark_trigger_s + 1)
+    # a duplicate would land in a later micro-batch: the next starts within the freshness
+    # target (the job's pacing) or the trigger, whichever is longer
+    s = federation.settings
+    time.sleep(max(s.spark_trigger_s, s.spark_freshness_target_s) + 1)
     return read()
 
 
