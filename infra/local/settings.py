@@ -178,13 +178,9 @@ class LocalSettings:
         default=1024,
         metadata={"doc": "Spark driver memory (MB); local mode runs everything in the driver."},
     )
-    spark_trigger_s: float = field(
-        default=2.0,
-        metadata={"doc": "Spark: how often new records become rows of every table (one micro-batch)."},
-    )
+    spark_trigger_s: float = field(default=2.0, metadata={"doc": "Spark: how often it looks for records."})
     spark_freshness_target_s: float = field(
-        default=4.0,
-        metadata={"doc": "Spark: how long a record may wait to be a row at a steady rate (batches paced)."},
+        default=4.0, metadata={"doc": "Spark: how long a record may wait to be a row (batches spaced to it)."}
     )
     spark_aggregate_interval_s: float = field(
         default=60.0,
