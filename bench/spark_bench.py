@@ -44,6 +44,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from confluent_kafka import Producer
@@ -59,7 +60,9 @@ from fedgate.stats import percentile
 from infra.local import processes
 from infra.local.driver import LocalFederation
 from infra.local.layout import ROLE_SPARK
+from infra.local.services import SparkNode
 from router.kafka import ensure_topics
+from spark.phases import median_phases
 
 #: Where the references read the same records: the job's topic pattern does not match it.
 REFERENCE_TOPIC = "bench.spark-reference"
@@ -204,6 +207,7 @@ def steady_publish(
     finally:
         for d in fleet:
             d.close()
+    phases = batch_phases(fed, since_ms / 1000, since_ms / 1000 + publish_s)
     return {
         "sent": n,
         "rate_per_s": rate,
@@ -212,6 +216,24 @@ def steady_publish(
         "job_cpu_cores": by_role[ROLE_SPARK],
         "cpu_cores_by_role": by_role,
         "job_rss_mb_peak": rss_peak,
+        "batch_phases": phases,
+    }
+
+
+def batch_phases(fed: LocalFederation, start: float, end: float) -> dict[str, Any]:
+    """The job's batches that began between `start` and `end` (epoch s), from its progress
+    file's recent_batches: how many, their records, and per phase the median wall and CPU ms
+    (spark/phases.py)."""
+    job = fed.node(SPARK_NODE)
+    assert isinstance(job, SparkNode)
+    queries = job.progress().get("queries") or {}
+    batches = [
+        b for q in queries.values() for b in q.get("recent_batches") or [] if start <= b.get("at", 0) <= end
+    ]
+    return {
+        "batches": len(batches),
+        "records_median": median([b["records"] for b in batches]) if batches else None,
+        "phases": median_phases(batches),
     }
 
 
@@ -525,6 +547,7 @@ def to_markdown(r: dict[str, Any]) -> str:
             + ", ".join(f"{role} {cores}" for role, cores in s["cpu_cores_by_role"].items())
             + f" (sum {sum(s['cpu_cores_by_role'].values()):.2f}).",
             "",
+            *phase_lines(s.get("batch_phases") or {}),
             f"Idle, no reading for {r['idle']['seconds']:g} s after the steady rate ("
             + (
                 "its batches counted first"
@@ -556,3 +579,20 @@ def to_markdown(r: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def phase_lines(p: dict[str, Any]) -> list[str]:
+    """The steady batches' phases as a table (spark/phases.py), or nothing before any."""
+    if not p.get("batches"):
+        return []
+    lines = [
+        f"A steady batch, by phase (medians of the {p['batches']} batches that began while the "
+        f"readings were sent, {p['records_median']:g} records each; CPU: the job's JVM and driver, "
+        "whatever ran beside the phase included):",
+        "",
+        "| phase | wall ms | CPU ms | batches |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, v in p["phases"].items():
+        lines.append(f"| {name} | {v['wall_ms']:g} | {v.get('cpu_ms', '')} | {v['batches']} |")
+    return [*lines, ""]

@@ -63,6 +63,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from spark import transforms as tr
+from spark.phases import PhaseClock, engine_ms
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
 from spark.tables import RAW, REJECTS, BatchSummary, Catalog, Table, TimeSpan, summarize_batch
@@ -122,6 +123,10 @@ def last_progress(query: StreamingQuery) -> dict[str, Any]:
     progress = query._jsq.lastProgress()
     return json.loads(progress.json()) if progress is not None else {}
 
+
+#: How many of the last batches the progress file shows, phase by phase (spark/phases.py):
+#: at a steady rate, two minutes of them.
+RECENT_BATCHES = 40
 
 #: The pacing (pause_after) expects the next batch to take as long as the slowest of this
 #: many batches before it.
@@ -227,6 +232,11 @@ class TelemetryJob:
         self._batch_times: deque[float] = deque(maxlen=PACE_WINDOW)
         #: the pause after the last batch (s), in its log line and the progress
         self.last_pause_s = 0.0
+        #: the last batches, phase by phase (spark/phases.py), for the progress file
+        self.recent_batches: deque[dict[str, Any]] = deque(maxlen=RECENT_BATCHES)
+        # the JVM PySpark started (local mode: the executors' tasks run in it too)
+        proc = getattr(self.spark.sparkContext._gateway, "proc", None)
+        self._jvm_pid: int | None = proc.pid if proc is not None else None
 
     def start(self) -> None:
         s = self.settings
@@ -265,13 +275,16 @@ class TelemetryJob:
         message, instead of an action per table and a shuffle for copies that are rare."""
         # as many tasks as cores: local[N]'s N, or the cores the cluster's executors have now
         cores = max(1, self.spark.sparkContext.defaultParallelism)
+        self._note_engine_phases()
         t0 = time.monotonic()
+        clock = PhaseClock(self._jvm_pid)
         batch = batch.coalesce(cores).persist()  # read from Kafka once, whatever the tables
         kept = False
         steady = True
         try:
             timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
+            clock.lap("summary")
             # On the streaming query's own session, where it stays: the next batch's read
             # and parse are planned like this one, before land_batch sees them (the engine
             # hands over planned rows), so a backlog's first batch is read interpreted
@@ -284,6 +297,7 @@ class TelemetryJob:
             steady = summary.raw_records < INTERPRETED_BELOW_RECORDS
             if summary.rejects is not None:
                 self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
+                clock.lap("rejects")
             if summary.raw is not None:
                 rows = tr.accepted_rows(batch)
                 if summary.raw_copies:
@@ -292,7 +306,10 @@ class TelemetryJob:
                     rows = rows.dropDuplicates(["message_id"])
                 rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
                 self._landed(RAW, rows, summary.raw, timings)
+                clock.lap("telemetry_raw")
                 kept = self._keep_for_counting(batch, rows, batch_id, summary)
+                if kept:
+                    clock.lap("keep")
                 # counted in the aggregates by run(), beside the next batches
                 with self._pending_lock:
                     self._pending_rows[batch_id] = summary.raw_records
@@ -306,11 +323,12 @@ class TelemetryJob:
             self.last_pause_s = round(pause, 2)
             # every batch, from here: the run loop's rounds see one batch of several
             log.info(
-                "batch %s: %d records for telemetry_raw landed in %.1f s; commits (ms): %s; next in %.1f s",
+                "batch %s: %d records for telemetry_raw landed in %.1f s; phases (ms wall, cpu): %s; "
+                "next in %.1f s",
                 batch_id,
                 summary.raw_records,
                 took,
-                timings,
+                clock.phases,
                 pause,
             )
         finally:
@@ -327,6 +345,28 @@ class TelemetryJob:
         wait = t0 + took + self.last_pause_s - time.monotonic()
         if wait > 0:
             self._stop.wait(wait)
+        clock.lap("pause")
+        self.recent_batches.append(
+            {
+                "batch": batch_id,
+                "at": round(time.time() - (time.monotonic() - t0), 3),
+                "records": summary.raw_records,
+                "phases": clock.phases,
+            }
+        )
+
+    def _note_engine_phases(self) -> None:
+        """The streaming engine's own phases of the previous batch (its progress is complete
+        once this batch began), beside that batch's in recent_batches."""
+        if self.query is None or not self.recent_batches:
+            return
+        try:
+            progress = last_progress(self.query)
+        except (Py4JError, PySparkException):  # a query stopping: no figure, no harm
+            return
+        previous = self.recent_batches[-1]
+        if progress.get("batchId") == previous["batch"]:
+            previous["engine_ms"] = engine_ms(progress)
 
     def _landed(self, table: Table, rows: DataFrame, span: TimeSpan, timings: dict[str, int]) -> None:
         """Land `rows` (of `span`) in `table` (Catalog.land), timed; note its dates for
@@ -469,6 +509,8 @@ class TelemetryJob:
                 "commit_ms": self.last_batch_ms,
                 # of batch_ms, the wait after the commits that spaced it from the next batch
                 "pause_ms": round(self.last_pause_s * 1000),
+                # the last batches phase by phase (spark/phases.py)
+                "recent_batches": [dict(b) for b in list(self.recent_batches)],
                 "offsets_read": offsets_read(p),
                 "status": q.status.get("message"),
             }
