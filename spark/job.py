@@ -140,7 +140,7 @@ def pause_after(took_s: float, recent_s: Sequence[float], target_s: float) -> fl
     less what it is expected to take (the slowest of `recent_s`) after this one did.
 
     Why wait at all: a batch costs about the same CPU whatever its size (Spark's planning,
-    the MERGE's scan planning and commit; ~0.5 s of CPU for 600 records at 300/s), so the
+    the MERGE's scan planning and commit: ~0.6 s of CPU for 980 records at 300/s), so the
     fewer batches a freshness target allows, the less the job costs.  0 when off (a target
     of 0) or when batches take the whole target (a backlog, a burst)."""
     if target_s <= 0:
@@ -209,8 +209,6 @@ class TelemetryJob:
         self._uncompacted: dict[Table, dt.date] = {}
         self._compacted_at = time.monotonic()
         self.last_compaction: dict[str, Any] = {}
-        #: what each table's commit of the last batch took (ms)
-        self.last_batch_ms: dict[str, int] = {}
         self.last_refresh: dict[str, Any] = {}
         #: the last count asked for (SIGUSR1): when it was answered, through which batch
         self.last_count_request: dict[str, Any] = {}
@@ -282,7 +280,6 @@ class TelemetryJob:
         kept = False
         steady = True
         try:
-            timings: dict[str, int] = {}
             summary = summarize_batch(batch, self.settings.dedupe_lookback_days)
             clock.lap("summary")
             # On the streaming query's own session, where it stays: the next batch's read
@@ -296,7 +293,7 @@ class TelemetryJob:
             # a batch read with generated code is a backlog's: the next follows at once
             steady = summary.raw_records < INTERPRETED_BELOW_RECORDS
             if summary.rejects is not None:
-                self._landed(REJECTS, tr.reject_rows(batch), summary.rejects, timings)
+                self._landed(REJECTS, tr.reject_rows(batch), summary.rejects)
                 clock.lap("rejects")
             if summary.raw is not None:
                 rows = tr.accepted_rows(batch)
@@ -305,7 +302,7 @@ class TelemetryJob:
                     # by the MERGE
                     rows = rows.dropDuplicates(["message_id"])
                 rows = rows.withColumn("ingest_batch", F.lit(batch_id).cast("long"))
-                self._landed(RAW, rows, summary.raw, timings)
+                self._landed(RAW, rows, summary.raw)
                 clock.lap("telemetry_raw")
                 kept = self._keep_for_counting(batch, rows, batch_id, summary)
                 if kept:
@@ -315,7 +312,6 @@ class TelemetryJob:
                     self._pending_rows[batch_id] = summary.raw_records
                 if self._counting_due_by_rows():
                     self._wake.set()  # counted as soon as run() is free, not at its next round
-            self.last_batch_ms = timings
             took = time.monotonic() - t0
             pause = pause_after(took, self._batch_times, self.settings.freshness_target_s) if steady else 0.0
             if steady:
@@ -339,6 +335,7 @@ class TelemetryJob:
             and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0
         ):
             self.compact()
+            clock.lap("compaction")
         # The engine starts the next batch when this function returns (its trigger's time
         # is past): waiting here spaces the batches; what arrives meanwhile waits in Kafka.
         # This batch is in every table already; a stop ends the wait.
@@ -368,13 +365,10 @@ class TelemetryJob:
         if progress.get("batchId") == previous["batch"]:
             previous["engine_ms"] = engine_ms(progress)
 
-    def _landed(self, table: Table, rows: DataFrame, span: TimeSpan, timings: dict[str, int]) -> None:
-        """Land `rows` (of `span`) in `table` (Catalog.land), timed; note its dates for
-        compaction."""
-        t0 = time.monotonic()
+    def _landed(self, table: Table, rows: DataFrame, span: TimeSpan) -> None:
+        """Land `rows` (of `span`) in `table` (Catalog.land); note its dates for compaction."""
         self.catalog.land(table, rows, span=span)
         self._note_dates(table, span)
-        timings[table.name] = round((time.monotonic() - t0) * 1000)
 
     def _note_dates(self, table: Table, span: TimeSpan | None) -> None:
         if span is not None:
@@ -495,6 +489,7 @@ class TelemetryJob:
             return {}
         if p is None:
             p = last_progress(q)
+        last = self.recent_batches[-1]["phases"] if self.recent_batches else {}
         return {
             q.name: {
                 "active": q.isActive,
@@ -506,7 +501,8 @@ class TelemetryJob:
                 # where a batch's time went: Kafka offsets, planning, addBatch (the tables'
                 # commits), the checkpoint's writes
                 "durations_ms": p.get("durationMs") or {},
-                "commit_ms": self.last_batch_ms,
+                # what each table's MERGE of the last batch took (its phases' wall time)
+                "commit_ms": {t.name: last[t.name][0] for t in (REJECTS, RAW) if t.name in last},
                 # of batch_ms, the wait after the commits that spaced it from the next batch
                 "pause_ms": round(self.last_pause_s * 1000),
                 # the last batches phase by phase (spark/phases.py)

@@ -9,6 +9,7 @@ A batch's phases, in order (spark/job.py, TelemetryJob.land_batch):
   telemetry_raw  the MERGE into telemetry_raw: Iceberg's scan planning, the lookup of
                  earlier copies, the write and the commit
   keep           the batch kept in memory for the aggregates' count (a backlog's only)
+  compaction     the tables' small files rewritten (every compact_interval_s)
   pause          the wait that spaces the batches (freshness_target_s): its CPU is what
                  ran beside it (a count, compaction's files, GC), not the batch's
 
