@@ -59,14 +59,13 @@ from fedgate.devices import SimDevice
 from fedgate.stats import percentile
 from infra.local import processes
 from infra.local.driver import LocalFederation
-from infra.local.layout import ROLE_SPARK
+from infra.local.layout import ROLE_SPARK, SPARK_NODE
 from infra.local.services import SparkNode
 from router.kafka import ensure_topics
 from spark.phases import median_phases
 
 #: Where the references read the same records: the job's topic pattern does not match it.
 REFERENCE_TOPIC = "bench.spark-reference"
-SPARK_NODE = "spark"
 FRESH_PREFIX = "fresh-"
 WARMUP_PREFIX = "warmup-"
 #: How long the job runs at the measured rate before the steady figures (a full run).

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from statistics import median
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -81,13 +82,7 @@ def median_phases(batches: list[dict]) -> dict[str, dict[str, float]]:
             walls.setdefault(f"engine: {name}", []).append(wall)
     out = {}
     for name, values in walls.items():
-        out[name] = {"wall_ms": _median(values), "batches": len(values)}
+        out[name] = {"wall_ms": float(median(values)), "batches": len(values)}
         if name in cpus:
-            out[name]["cpu_ms"] = _median(cpus[name])
+            out[name]["cpu_ms"] = float(median(cpus[name]))
     return out
-
-
-def _median(values: list[int]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
