@@ -147,6 +147,10 @@ def gateway_upstream_name(region: str) -> str:
 #: Header RabbitMQ federation adds to every message it moves: a list, newest
 #: hop first, of tables with `cluster-name`, `exchange`, `uri`, `redelivered`.
 RECEIVED_FROM_HEADER = "x-received-from"
+#: Header of an uplink batch (gateways/uplink_batcher_plugin): when its first reading reached
+#: the gateway's batcher, in ms since the epoch.  The routers' gateway-to-Kafka latency
+#: (fedgate_router_reading_latency_seconds) runs from it.
+FIRST_READING_AT_HEADER = "x-fedgate-first-reading-at"
 
 # --- regions -----------------------------------------------------------------
 

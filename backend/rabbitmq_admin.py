@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import quote
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend.definitions import (
     Binding,
@@ -341,11 +342,6 @@ class RabbitAdmin:
         return self.get("queues")  # type: ignore[no-any-return]
 
 
-_QUEUE_MESSAGES = re.compile(
-    r'^rabbitmq_detailed_queue_messages\{vhost="([^"]*)",queue="((?:[^"\\]|\\.)*)"\} (\S+)$'
-)
-
-
 def prometheus_queue_messages(url: str, timeout: float = 5.0) -> dict[str, int]:
     """Messages in each queue of a node, from its Prometheus endpoint (`url`: http://host:port).
 
@@ -359,9 +355,9 @@ def prometheus_queue_messages(url: str, timeout: float = 5.0) -> dict[str, int]:
             body = resp.read().decode()
     except (urllib.error.URLError, OSError) as e:
         raise AdminError(f"GET {url}{path}: {e}", retriable=True) from e
-    out: dict[str, int] = {}
-    for line in body.splitlines():
-        m = _QUEUE_MESSAGES.match(line)
-        if m:
-            out[m.group(2).replace('\\"', '"').replace("\\\\", "\\")] = int(float(m.group(3)))
-    return out
+    return {
+        sample.labels["queue"]: int(sample.value)
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "rabbitmq_detailed_queue_messages" and sample.labels.get("vhost") == VHOST
+    }

@@ -68,6 +68,7 @@ SHUTDOWN_ACK_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 30.0
 BRIDGED = "fedgate_router_bridged_total"
 DEADLETTERED = "fedgate_router_deadlettered_total"
+READING_LATENCY = "fedgate_router_reading_latency_seconds"
 
 
 class Poison(ValueError):
@@ -224,6 +225,9 @@ class UplinkBridge(Lifecycle):
             )
             return
         self.metrics.inc("fedgate_router_batches_total")
+        # the gateway's time of the batch (its first reading's), for the latency histogram
+        gateway_at = _gateway_at(message.header.properties.headers)
+        region = c.region_from_headers(message.header.properties.headers) or ""
         # the batch is acked once every reading's record is in Kafka (or dead-lettered); one
         # that is not goes back to RabbitMQ whole, and the readings already stored are duplicates
         left, all_ok = len(readings), True
@@ -238,11 +242,18 @@ class UplinkBridge(Lifecycle):
         if not readings:
             self.acks.settled(channel, tag, message, ok=True)
         for reading in readings:
-            self._bridge(reading, settle)
+            self._bridge(reading, settle, gateway_at, region)
 
-    def _bridge(self, message: DeliveredMessage | BatchedReading, settle: Settle) -> None:
+    def _bridge(
+        self,
+        message: DeliveredMessage | BatchedReading,
+        settle: Settle,
+        gateway_at: float | None = None,
+        region: str = "",
+    ) -> None:
         """Produce one reading; `settle(ok)` once Kafka stored its record (or its dead-letter
-        record), or not (back to RabbitMQ)."""
+        record), or not (back to RabbitMQ).  `gateway_at`: when its batch's first reading
+        reached its gateway (s since the epoch; `region`'s clock), for the latency histogram."""
         try:
             topic, key, headers = self.route(message)
             counter = BRIDGED
@@ -265,6 +276,8 @@ class UplinkBridge(Lifecycle):
                 # back to RabbitMQ rather than lost (fedgate.poison after 20 times)
             else:
                 self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
+                if gateway_at is not None:
+                    self.metrics.observe(READING_LATENCY, max(0.0, time.time() - gateway_at), region=region)
                 self.metrics.inc(counter, topic=topic)
             settle(err is None)
 
@@ -318,6 +331,13 @@ class UplinkBridge(Lifecycle):
     async def drain_acks(self) -> None:
         """Send the acks still queued (shutdown)."""
         await self.acks.drain(SHUTDOWN_ACK_TIMEOUT_S)
+
+
+def _gateway_at(batch_headers: dict[str, Any] | None) -> float | None:
+    """The batch's FIRST_READING_AT_HEADER in seconds since the epoch (None: not there, as
+    from a gateway older than the header)."""
+    at = (batch_headers or {}).get(c.FIRST_READING_AT_HEADER)
+    return at / 1000 if isinstance(at, int) and not isinstance(at, bool) else None
 
 
 class BatchedReading:

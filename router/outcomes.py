@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 
 from backend import contract as c
 from router.kafka import AsyncProducer
@@ -58,6 +59,11 @@ OUTCOMES_TOPIC = c.KAFKA_COMMAND_OUTCOMES_TOPIC
 #: not fill the producer's queue (librdkafka's default holds 100,000), whose writes for parked
 #: commands and device messages must always find room.
 MAX_QUEUED = 50_000
+#: Commands whose acceptance time is kept for fedgate_router_command_seconds: the oldest is
+#: forgotten past this many (commands parked for days, acknowledgements that never come).
+MAX_TIMED = 100_000
+#: The outcomes fedgate_router_command_seconds times, from `accepted`.
+TIMED_OUTCOMES = ("routed", "acknowledged", "deadlettered")
 OUTCOMES = (
     "accepted",
     "returned",
@@ -78,6 +84,8 @@ class CommandOutcomes:
         self.router_id = settings.router_id
         self.deadletter_topic = settings.deadletter_topic
         self.topic = OUTCOMES_TOPIC
+        #: command id -> when this router accepted it (monotonic), until its last outcome
+        self._accepted: OrderedDict[str, float] = OrderedDict()
 
     async def deadletter(self, reason: str, device: str, topic: str, payload: bytes) -> None:
         """The command to the dead-letter topic with the reason, and its last outcome on record."""
@@ -110,6 +118,7 @@ class CommandOutcomes:
         delivery: str = "",
     ) -> None:
         assert outcome in OUTCOMES, outcome
+        self._time(command_id, outcome, delivery)
         if len(self.producer) > MAX_QUEUED:
             self.metrics.inc("fedgate_router_outcomes_dropped_total")
             return
@@ -129,6 +138,25 @@ class CommandOutcomes:
             written, "a command outcome record was refused by Kafka: %r", logger=log, on_failure=self._failed
         )
         self.metrics.inc("fedgate_router_outcomes_total", outcome=outcome)
+
+    def _time(self, command_id: str, outcome: str, delivery: str) -> None:
+        """fedgate_router_command_seconds: from the command's acceptance here to `outcome`.
+        A command accepted by another router (it died, or this one took over) is not timed."""
+        if outcome == "accepted":
+            self._accepted[command_id] = time.monotonic()
+            self._accepted.move_to_end(command_id)
+            if len(self._accepted) > MAX_TIMED:
+                self._accepted.popitem(last=False)
+            return
+        if outcome not in TIMED_OUTCOMES:
+            return
+        # routed over QoS 1 is the command's last step; over QoS 0 an acknowledgement follows
+        last = outcome != "routed" or delivery == "qos1"
+        accepted = self._accepted.pop(command_id, None) if last else self._accepted.get(command_id)
+        if accepted is not None:
+            self.metrics.observe(
+                "fedgate_router_command_seconds", time.monotonic() - accepted, outcome=outcome
+            )
 
     def of(self, device: str, topic: str, payload: bytes, outcome: str, **kw: str) -> None:
         """Record a step of the command `payload` on `topic` (its id computed here)."""

@@ -46,7 +46,7 @@ class RegionWatch(Lifecycle):
         self._malformed: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
-        metrics.gauge("fedgate_router_region_registry_failures", lambda: {(): float(self._failures)})
+        metrics.gauge("fedgate_router_region_registry_failures_total", lambda: {(): float(self._failures)})
 
     def read(self) -> tuple[GatewayAccess, ...]:
         """The registered regions whose entry parses (blocking: run it in an executor)."""

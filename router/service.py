@@ -43,7 +43,7 @@ from router.kafka import (
 from router.leadership import Leadership
 from router.lifecycle import Lifecycle
 from router.link_keeper import LinkKeeper
-from router.metrics import HttpEndpoint, Metrics, json_response
+from router.metrics import CONTENT_TYPE, HttpEndpoint, Metrics, json_response
 from router.outcomes import OUTCOMES_TOPIC, CommandOutcomes
 from router.parking import ParkingLot
 from router.presence import PresenceTable
@@ -139,7 +139,7 @@ class Router(Lifecycle):
         )
         self.metrics.gauge("fedgate_router_inflight", lambda: {(): float(self.bridge.inflight)})
         self.metrics.gauge(
-            "fedgate_router_uplink_reconnects",
+            "fedgate_router_uplink_reconnects_total",
             lambda: {(): float(self.bridge.connection.reconnects if self.bridge.connection else 0)},
         )
 
@@ -195,7 +195,7 @@ class Router(Lifecycle):
                 s.metrics_host,
                 s.metrics_port,
                 {
-                    "/metrics": lambda q: (200, "text/plain; version=0.0.4", self.metrics.render()),
+                    "/metrics": lambda q: (200, CONTENT_TYPE, self.metrics.render()),
                     "/presence": self._presence_json,
                     "/regions": lambda q: json_response(
                         {"regions": self.settings.regions, "configured": self.configured.regions}

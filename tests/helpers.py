@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Message, Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend import contract as c
 from backend.kafka_read import Match, read_records
@@ -68,13 +69,14 @@ def operator_client(endpoints: dict[str, Any], region: str, client_id: str, **kw
 
 
 def _metrics(url: str) -> dict[str, float]:
+    """A router's samples by name with their labels as exposed: 'fedgate_router_held_total{region="x"}'."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
 

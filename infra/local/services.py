@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from backend.kafka_security import KafkaSecurity
 from infra.local.dns_node import DnsNode
 from infra.local.layout import (
@@ -282,11 +284,9 @@ class RouterNode(Node):
         """The router's Prometheus metrics, summed over labels."""
         out: dict[str, float] = {}
         with urllib.request.urlopen(self.metrics_url + "/metrics", timeout=3) as r:
-            for line in r.read().decode().splitlines():
-                if line and not line.startswith("#"):
-                    name, value = line.rsplit(" ", 1)
-                    name = name.split("{", 1)[0]
-                    out[name] = out.get(name, 0.0) + float(value)
+            for family in text_string_to_metric_families(r.read().decode()):
+                for sample in family.samples:
+                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
         return out
 
     def ready(self) -> bool:

@@ -29,7 +29,7 @@ from fedgate.dns_resolver import resolver_for
 from fedgate.resolver import Endpoint
 from infra.local.driver import gateway_node_name
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
-from tests.helpers import leader_url, record_counts, wait_present
+from tests.helpers import record_counts, router_metrics, wait_present
 
 pytestmark = [
     pytest.mark.integration,
@@ -116,11 +116,4 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
 
 
 def router_returned(ep: dict) -> float:
-    import urllib.request
-
-    with urllib.request.urlopen(leader_url(ep) + "/metrics", timeout=5) as r:
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in r.read().decode().splitlines()
-            if line.startswith("fedgate_router_returned_total") and REGION in line
-        )
+    return router_metrics(ep).get(f'fedgate_router_returned_total{{region="{REGION}"}}', 0.0)

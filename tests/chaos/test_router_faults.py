@@ -39,11 +39,7 @@ def _bridged(federation, name: str) -> float:
 
 def _metric(federation, name: str, metric: str) -> float:
     """The sum of a metric's series on the router `name`."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"{federation.node(name).metrics_url}/metrics", timeout=5) as r:
-        lines = r.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(metric))
+    return federation.node(name).metrics().get(metric, 0.0)
 
 
 def test_two_routers_share_the_uplink_and_keep_per_device_order(federation, endpoints, uid):
@@ -132,7 +128,7 @@ def test_the_backend_closing_every_router_connection_mid_stream_loses_nothing(fe
         endpoints["admin"]["password"],
     )
     routers = ("router-0", "router-1")
-    reconnects = "fedgate_router_uplink_reconnects"
+    reconnects = "fedgate_router_uplink_reconnects_total"
     before = {n: _metric(federation, n, reconnects) for n in routers}
     logged = _log_sizes(federation, routers)
     with Fleet.on_both_gateways(endpoints, f"closed-{uid}", per_region=4) as fleet:

@@ -22,7 +22,7 @@ from backend.amqp import send_command
 from backend.command_outcomes import read_outcomes
 from backend.polling import wait_until
 from fedgate import cli
-from tests.helpers import device, record_counts, wait_present
+from tests.helpers import device, record_counts, router_metrics, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -46,17 +46,25 @@ def _steps(endpoints, command_id: str, until: str, timeout: float = 20.0) -> lis
     return got
 
 
+def _timed(endpoints, outcome: str) -> float:
+    """Commands the leading router timed to `outcome` (fedgate_router_command_seconds)."""
+    return router_metrics(endpoints).get(f'fedgate_router_command_seconds_count{{outcome="{outcome}"}}', 0.0)
+
+
 def test_a_command_to_a_connected_device_that_acknowledges_is_routed_then_acknowledged(endpoints, uid):
     dev_id = f"life-ack-{uid}"
     d = device(endpoints, "local-us", dev_id)
     try:
         d.subscribe(c.device_command_topic(dev_id, "#"), qos=0)
         wait_present(endpoints, dev_id, "local-us")
+        timed = _timed(endpoints, "acknowledged")
         command_id = _send(endpoints, dev_id, "open", '{"valve": 2}')
         d.ack(*d.wait_for(1))
         steps = _steps(endpoints, command_id, "acknowledged")
         record_counts(sent=1, delivered=len(d.received), steps=len(steps), acknowledged=1, lost=0)
         assert steps == [("accepted", ""), ("routed", "local-us"), ("acknowledged", "")]
+        # its way timed on the router that routes commands, for an objective on it
+        assert wait_until(lambda: _timed(endpoints, "acknowledged") >= timed + 1, 10, 0.2)
     finally:
         d.close()
 

@@ -16,6 +16,7 @@ from backend.errors import FedgateError
 from backend.polling import wait_until
 from fedgate import cli
 from tests.helpers import (
+    _metrics,
     device,
     kafka_records,
     operator_client,
@@ -218,8 +219,19 @@ def test_desired_state_follows_the_device_to_another_region(endpoints, uid):
         elsewhere.close()
 
 
+def _reading_latency(endpoints) -> tuple[float, float]:
+    """(count, sum) of fedgate_router_reading_latency_seconds for local-eu, over the routers."""
+    count = total = 0.0
+    for url in endpoints["routers"].values():
+        m = _metrics(url)
+        count += m.get('fedgate_router_reading_latency_seconds_count{region="local-eu"}', 0.0)
+        total += m.get('fedgate_router_reading_latency_seconds_sum{region="local-eu"}', 0.0)
+    return count, total
+
+
 def test_telemetry_is_bridged_into_kafka_with_key_and_headers(endpoints, uid):
     dev_id = f"bridged-{uid}"
+    count, total = _reading_latency(endpoints)
     with device(endpoints, "local-eu", dev_id) as d:
         for i in range(5):
             d.publish(f"devices/{dev_id}/telemetry/temp", {"seq": i})
@@ -232,6 +244,10 @@ def test_telemetry_is_bridged_into_kafka_with_key_and_headers(endpoints, uid):
         assert h[c.KAFKA_REGION_HEADER] == "local-eu"
         assert h[c.KAFKA_MQTT_TOPIC_HEADER] == f"devices/{dev_id}/telemetry/temp"
         assert int(h[c.KAFKA_RECEIVED_AT_HEADER]) > 0
+    # each reading timed from its gateway's batcher to Kafka (the batch's header, in ms)
+    assert wait_until(lambda: _reading_latency(endpoints)[0] >= count + 5, 10, 0.2)
+    count_after, total_after = _reading_latency(endpoints)
+    assert 0.001 < (total_after - total) / (count_after - count) < 10
 
 
 def test_unmatched_topics_go_to_the_catch_all_with_their_topic(endpoints, uid):

@@ -36,9 +36,13 @@
 -define(BATCH_CONTENT_TYPE, <<"application/vnd.fedgate.uplink-batch.v1">>).
 -define(RECEIVED_FROM, <<"x-received-from">>).
 -define(BATCH_KEY_PREFIX, "fedgate-batch").
+%% backend/contract.py's FIRST_READING_AT_HEADER: when the batch's first reading reached the
+%% batcher (ms since the epoch), for the routers' gateway-to-Kafka latency histogram
+-define(FIRST_READING_AT, <<"x-fedgate-first-reading-at">>).
 -define(RECONNECT_MS, 1000).
 
--record(bucket, {entries = [] :: iolist(), n = 0 :: non_neg_integer(), bytes = 0 :: non_neg_integer()}).
+-record(bucket, {entries = [] :: iolist(), n = 0 :: non_neg_integer(), bytes = 0 :: non_neg_integer(),
+                 first_ms = 0 :: non_neg_integer()}).
 -record(st, {
     cfg :: map(),
     conn :: pid() | undefined,
@@ -197,7 +201,10 @@ add(Key, Props, Body, S = #st{cfg = Cfg, buckets = Bs}) ->
              <<(byte_size(Body)):32>>, Body],
     Size = 10 + byte_size(Key) + byte_size(PropsBin) + byte_size(Body),
     N = bucket_of(Key, maps:get(buckets, Cfg)),
-    B = maps:get(N, Bs, #bucket{}),
+    B = case maps:get(N, Bs, #bucket{}) of
+            Empty = #bucket{n = 0} -> Empty#bucket{first_ms = erlang:system_time(millisecond)};
+            Filling -> Filling
+        end,
     B1 = B#bucket{entries = [Entry | B#bucket.entries], n = B#bucket.n + 1, bytes = B#bucket.bytes + Size},
     S1 = S#st{buckets = Bs#{N => B1}, buffered = S#st.buffered + 1},
     case B1#bucket.n >= maps:get(max_readings, Cfg) orelse B1#bucket.bytes >= maps:get(max_bytes, Cfg) of
@@ -238,10 +245,12 @@ flush(S = #st{timer = T}) ->
 
 publish_bucket(_N, #bucket{n = 0}, S) ->
     S;
-publish_bucket(N, #bucket{entries = Entries, n = Count}, S = #st{cfg = #{exchange := X, cluster_name := C}}) ->
+publish_bucket(N, #bucket{entries = Entries, n = Count, first_ms = First},
+               S = #st{cfg = #{exchange := X, cluster_name := C}}) ->
     %% backend/contract.py's UPLINK_BATCH_KEY_PREFIX, the region, the bucket
     Key = <<?BATCH_KEY_PREFIX, ".", C/binary, ".", (integer_to_binary(N))/binary>>,
-    Props = #'P_basic'{delivery_mode = 2, content_type = ?BATCH_CONTENT_TYPE},
+    Props = #'P_basic'{delivery_mode = 2, content_type = ?BATCH_CONTENT_TYPE,
+                       headers = [{?FIRST_READING_AT, long, First}]},
     S1 = publish(X, Key, Props, lists:reverse(Entries), S),
     S1#st{batches = S1#st.batches + 1, readings = S1#st.readings + Count}.
 

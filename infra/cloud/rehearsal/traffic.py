@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pika
+from prometheus_client.parser import text_string_to_metric_families
 
 from backend import contract as c
 from backend.errors import FedgateError
@@ -80,8 +81,12 @@ def _get(url: str, timeout: float = 3) -> tuple[int, str]:
 def bridged(host: Host) -> float:
     """fedgate_router_bridged_total on the router's metrics port (0 when it does not answer)."""
     _, text = _get(f"http://{host.address}:9100/metrics")
-    found = re.search(r"^fedgate_router_bridged_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "fedgate_router_bridged_total"
+    )
 
 
 def _publish(url: str, start: int, count: int) -> None:

@@ -6,6 +6,7 @@ is dead-lettered whole, with the reason; nothing in it is dropped."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiormq.abc import DeliveredMessage
@@ -42,10 +43,10 @@ def reading(device: str, body: bytes, **props: Any) -> uplink_batch.Reading:
     return uplink_batch.Reading(key, body, spec.Basic.Properties(**props))
 
 
-def batch(ch: Channel, tag: int, body: bytes) -> DeliveredMessage:
+def batch(ch: Channel, tag: int, body: bytes, **headers: Any) -> DeliveredMessage:
     """A batch as the backend's federation link delivers it: the hop's header on the batch."""
     props = spec.Basic.Properties(
-        content_type=uplink_batch.BATCH_CONTENT_TYPE, headers={c.RECEIVED_FROM_HEADER: HOPS}
+        content_type=uplink_batch.BATCH_CONTENT_TYPE, headers={c.RECEIVED_FROM_HEADER: HOPS, **headers}
     )
     return DeliveredMessage(
         delivery=spec.Basic.Deliver(consumer_tag="c", delivery_tag=tag, routing_key="7"),
@@ -181,3 +182,26 @@ def test_readings_that_share_their_properties_and_readings_that_do_not_each_get_
     decoded = list(uplink_batch.decode(uplink_batch.encode(readings)))
     assert decoded[0].properties is decoded[2].properties, "the same bytes parsed once a batch"
     assert decoded[0].properties is not decoded[1].properties
+
+
+def test_each_reading_of_a_batch_is_timed_from_its_gateway_to_kafka_per_region(tmp_path):
+    readings = [reading("d1", b'{"seq": 1}'), reading("d2", b'{"seq": 1}')]
+    latency = "fedgate_router_reading_latency_seconds"
+
+    async def scenario() -> UplinkBridge:
+        b, producer = bridge(tmp_path)
+        ch = Channel()
+        # its first reading reached the gateway's batcher 1.5 s ago
+        at = int((time.time() - 1.5) * 1000)
+        await b.on_message(batch(ch, 1, uplink_batch.encode(readings), **{c.FIRST_READING_AT_HEADER: at}))  # type: ignore[arg-type]
+        # a batch from a gateway without the header is bridged all the same, not timed
+        await b.on_message(batch(ch, 2, uplink_batch.encode(readings)))  # type: ignore[arg-type]
+        for r in producer.records:
+            r["report"](None, None)
+        await asyncio.sleep(0.01)
+        assert len(producer.records) == 4
+        return b
+
+    b = asyncio.run(scenario())
+    assert b.metrics.observations(latency, region="local-eu") == 2
+    assert 1.5 <= b.metrics.hist_sum[(latency, (("region", "local-eu"),))] / 2 < 3

@@ -63,3 +63,32 @@ def test_with_kafka_away_and_the_producer_full_a_step_is_dropped_and_counted_not
     asyncio.run(step())
     assert producer.records == []
     assert metrics.get("fedgate_router_outcomes_dropped_total") == 1
+
+
+def test_a_commands_way_is_timed_from_its_acceptance_to_each_outcome_that_ends_or_hands_it_on():
+    producer = _Producer()
+    outcomes, metrics = _outcomes(producer)
+    seconds = "fedgate_router_command_seconds"
+
+    async def steps() -> None:
+        # QoS 1: routed is its last step
+        outcomes.record("a", "pump-1", "t", "accepted")
+        outcomes.record("a", "pump-1", "t", "routed", delivery="qos1")
+        # QoS 0: routed, then acknowledged by the device
+        outcomes.record("b", "pump-2", "t", "accepted")
+        outcomes.record("b", "pump-2", "t", "routed", delivery="qos0")
+        outcomes.record("b", "pump-2", "t", "acknowledged")
+        # parked, then dead-lettered when it expired
+        outcomes.record("c", "pump-3", "t", "accepted")
+        outcomes.record("c", "pump-3", "t", "parked")
+        outcomes.record("c", "pump-3", "t", "deadlettered")
+        # accepted by another router (it died): not timed here
+        outcomes.record("d", "pump-4", "t", "acknowledged")
+        # an acknowledgement repeated: timed once
+        outcomes.record("b", "pump-2", "t", "acknowledged")
+
+    asyncio.run(steps())
+    assert metrics.observations(seconds, outcome="routed") == 2
+    assert metrics.observations(seconds, outcome="acknowledged") == 1
+    assert metrics.observations(seconds, outcome="deadlettered") == 1
+    assert metrics.observations(seconds, outcome="parked") == 0
