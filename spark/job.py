@@ -63,6 +63,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from spark import transforms as tr
+from spark.metrics import JobMetrics
 from spark.phases import PhaseClock, engine_ms
 from spark.session import build_session
 from spark.settings import SparkSettings, SparkSettingsError
@@ -232,6 +233,8 @@ class TelemetryJob:
         self.last_pause_s = 0.0
         #: the last batches, phase by phase (spark/phases.py), for the progress file
         self.recent_batches: deque[dict[str, Any]] = deque(maxlen=RECENT_BATCHES)
+        #: its Prometheus series (served on metrics_port from start())
+        self.metrics = JobMetrics()
         # the JVM PySpark started (local mode: the executors' tasks run in it too)
         proc = getattr(self.spark.sparkContext._gateway, "proc", None)
         self._jvm_pid: int | None = proc.pid if proc is not None else None
@@ -239,6 +242,8 @@ class TelemetryJob:
     def start(self) -> None:
         s = self.settings
         self.catalog.create_tables(upgrade=True)
+        if s.metrics_port:
+            self.metrics.serve(s.bind_host, s.metrics_port)
         # batches landed in telemetry_raw before a crash and not yet counted: the first
         # refresh covers them (batch ids go on from the checkpoint)
         self._refreshed_through = self.catalog.refreshed_through()
@@ -313,6 +318,9 @@ class TelemetryJob:
                 if self._counting_due_by_rows():
                     self._wake.set()  # counted as soon as run() is free, not at its next round
             took = time.monotonic() - t0
+            self.metrics.landed(
+                summary.raw_records, summary.rejected_records, took, summary.kafka_first_s, time.time()
+            )
             pause = pause_after(took, self._batch_times, self.settings.freshness_target_s) if steady else 0.0
             if steady:
                 self._batch_times.append(took)
@@ -545,6 +553,7 @@ class TelemetryJob:
                 self.write_progress("failed")
                 return 1
             p = last_progress(q)
+            self.metrics.progressed(p)
             asked = self._count_asked.is_set()
             self._count_asked.clear()
             due = (

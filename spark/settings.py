@@ -211,6 +211,10 @@ class SparkSettings:
             "bind it where only analysts reach."
         },
     )
+    metrics_port: int = field(
+        default=0,
+        metadata={"doc": "Port (on bind_host) of the job's Prometheus metrics, /metrics (0: not served)."},
+    )
     progress_file: str = field(
         default="", metadata={"doc": "Where the job writes its queries' progress (JSON); empty: nowhere."}
     )

@@ -457,6 +457,10 @@ class BatchSummary:
     raw_copies: bool
     #: the batch's records bound for telemetry_raw (copies included)
     raw_records: int
+    #: the batch's records bound for rejects
+    rejected_records: int = 0
+    #: when the batch's oldest record reached Kafka (Unix time, s; None: an empty batch)
+    kafka_first_s: float | None = None
 
 
 def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
@@ -473,6 +477,8 @@ def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
     rejects = [g for g in groups if g["level"] == 0 and not g["raw"]]
     accepted = [g for g in groups if g["level"] == 0 and g["raw"]]
     kind = next((g for g in groups if g["level"] == 1 and g["raw"]), None)
+    rejected = next((g for g in groups if g["level"] == 1 and not g["raw"]), None)
+    whole = next((g for g in groups if g["level"] == 3), None)
     return BatchSummary(
         _raw_window(accepted, lookback_days),
         TimeSpan(_utc(min(g["first"] for g in rejects)), _utc(max(g["last"] for g in rejects)))
@@ -480,6 +486,8 @@ def summarize_batch(parsed: DataFrame, lookback_days: int) -> BatchSummary:
         else None,
         kind is not None and kind["records"] > kind["ids"],
         0 if kind is None else kind["records"],
+        0 if rejected is None else rejected["records"],
+        None if whole is None or whole["kafka_first"] is None else whole["kafka_first"] / _SECOND_US,
     )
 
 
@@ -490,9 +498,10 @@ _DEVICE_SECOND_SQL = f"CAST(floor(unix_micros(device_ts) / {_SECOND_US}) AS BIGI
 # second is its device time's (_device_second); its time the table's time column.
 _SUMMARY_SQL = f"""
 SELECT grouping_id() AS level, raw, second, count(1) AS records,
-       count(DISTINCT message_id) AS ids, min(t) AS first, max(t) AS last
+       count(DISTINCT message_id) AS ids, min(t) AS first, max(t) AS last, min(k) AS kafka_first
 FROM (
   SELECT reject_reason IS NULL AS raw,
+         unix_micros(kafka_ts) AS k,
          {_DEVICE_SECOND_SQL} AS second,
          message_id,
          unix_micros(CASE WHEN reject_reason IS NULL THEN `{RAW.time}` ELSE `{REJECTS.time}` END) AS t

@@ -80,6 +80,16 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
+def firing(federation: LocalFederation, alert: str, **labels: str) -> bool:
+    """Whether the federation's Prometheus fires `alert` with `labels` now."""
+    return any(
+        a["labels"].get("alertname") == alert
+        and a["state"] == "firing"
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+        for a in federation.node("prometheus").alerts()  # type: ignore[attr-defined]
+    )
+
+
 def leader_url(endpoints: dict[str, Any], timeout: float = 15.0) -> str:
     """The metrics URL of the router that routes commands now (router/leadership.py)."""
 

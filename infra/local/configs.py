@@ -49,6 +49,7 @@ def spark_config(settings: LocalSettings, warehouse: Path, nodes: list[Node], jo
         "driver_port": job.spec.ports["driver"],
         "block_manager_port": job.spec.ports["block_manager"],
         "connect_port": job.spec.ports["connect"],
+        "metrics_port": job.spec.ports["metrics"],
         "trigger_s": s.spark_trigger_s,
         "freshness_target_s": s.spark_freshness_target_s,
         "aggregate_interval_s": s.spark_aggregate_interval_s,

@@ -43,6 +43,7 @@ from infra.local.layout import (
     ROLE_EPMD,
     ROLE_GATEWAY,
     ROLE_KAFKA,
+    ROLE_PROMETHEUS,
     ROLE_ROUTER,
     ROLE_SPARK,
     SPARK_NODE,
@@ -224,6 +225,7 @@ class LocalFederation:
         # the Spark job first: it finishes or abandons its micro-batch (replayed at the next start)
         order = {
             ROLE_DNS: 0,
+            ROLE_PROMETHEUS: 0,
             ROLE_SPARK: 0,
             ROLE_ROUTER: 1,
             ROLE_KAFKA: 2,

@@ -35,6 +35,7 @@ ROLE_KAFKA = "kafka"
 ROLE_ROUTER = "router"
 ROLE_SPARK = "spark"
 ROLE_DNS = "dns"
+ROLE_PROMETHEUS = "prometheus"
 
 #: Offsets of each node's ports from port_base.
 EPMD_OFFSET = 0
@@ -79,7 +80,10 @@ ROUTER_OFFSETS = {"metrics": 30}
 #: the DNS server devices resolve mqtt.<domain> at (infra/dns)
 DNS_OFFSETS = {"dns": 8}
 DNS_NODE = "dns"
-SPARK_OFFSETS = {"driver": 40, "block_manager": 41, "connect": 42}
+#: the federation's Prometheus (infra/local/prometheus_node.py)
+PROMETHEUS_OFFSETS = {"http": 9}
+PROMETHEUS_NODE = "prometheus"
+SPARK_OFFSETS = {"driver": 40, "block_manager": 41, "connect": 42, "metrics": 43}
 SPARK_NODE = "spark"
 BACKEND_NODE = "backend"
 #: the router that routes commands (the others only bridge the uplink)
@@ -307,6 +311,8 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
     if settings.spark:
         specs.append(spec(SPARK_NODE, ROLE_SPARK, None, SPARK_OFFSETS, base))
     specs.append(spec(DNS_NODE, ROLE_DNS, None, DNS_OFFSETS, base))
+    if settings.prometheus_scrape_interval_s:
+        specs.append(spec(PROMETHEUS_NODE, ROLE_PROMETHEUS, None, PROMETHEUS_OFFSETS, base))
 
     names = [s.name for s in specs]
     if len(set(names)) != len(names):

@@ -24,6 +24,7 @@ from backend.rabbitmq_admin import AdminError
 from infra.local.dns_node import DnsNode
 from infra.local.layout import ROLE_GATEWAY, FederationError, gateway_node_name, port_layout
 from infra.local.nodes import Node, NodeError, start_and_wait, stop_started
+from infra.local.prometheus_node import PrometheusNode
 from infra.local.services import RouterNode
 
 if TYPE_CHECKING:
@@ -120,7 +121,11 @@ class RegionChanges:
         fed.files.forget_gateway(region)
 
     def reload_dns(self, nodes: list[Node]) -> None:
-        """The DNS server's zone rewritten from federation.json and read again."""
+        """The DNS server's zone rewritten from federation.json and read again; Prometheus's
+        targets too."""
+        for n in nodes:
+            if isinstance(n, PrometheusNode) and n.is_running():
+                n.reload()
         for n in nodes:
             if isinstance(n, DnsNode) and n.is_running():
                 n.reload()

@@ -29,6 +29,7 @@ from infra.local.layout import (
     ROLE_EPMD,
     ROLE_GATEWAY,
     ROLE_KAFKA,
+    ROLE_PROMETHEUS,
     ROLE_ROUTER,
     ROLE_SPARK,
     NodeSpec,
@@ -44,6 +45,7 @@ from infra.local.nodes import (
     render,
     runtime_of,
 )
+from infra.local.prometheus_node import PrometheusNode
 from infra.local.settings import PROJECT_ROOT
 from infra.local.toml_out import to_toml, toml_lines
 
@@ -381,4 +383,5 @@ NODE_CLASSES: dict[str, type[Node]] = {
     ROLE_ROUTER: RouterNode,
     ROLE_SPARK: SparkNode,
     ROLE_DNS: DnsNode,
+    ROLE_PROMETHEUS: PrometheusNode,
 }

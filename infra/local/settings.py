@@ -116,10 +116,13 @@ class LocalSettings:
     )
     health_check_interval: int = field(
         default=2,
-        metadata={
-            "doc": "Seconds between the DNS server's MQTT checks of each gateway (a CONNACK within 2 s)."
-        },
+        metadata={"doc": "Seconds between the DNS server's MQTT checks of each gateway (CONNACK in 2 s)."},
     )
+    prometheus_scrape_interval_s: int = field(
+        default=5,
+        metadata={"doc": "How often the federation's Prometheus scrapes every node (0: no Prometheus)."},
+    )
+    prometheus_retention: str = field(default="7d", metadata={"doc": "How long Prometheus keeps samples."})
     rabbitmq_memory_mb: int = field(
         default=1024,
         metadata={"doc": "Memory high watermark of each RabbitMQ node (absolute, MB)."},
@@ -141,9 +144,7 @@ class LocalSettings:
     )
     routers: int = field(
         default=2,
-        metadata={
-            "doc": "Router processes: router-0 routes commands, all of them share the uplink to Kafka."
-        },
+        metadata={"doc": "Router processes: router-0 routes commands, all share the uplink to Kafka."},
     )
     uplink_shards: int = field(
         default=4,
@@ -171,8 +172,7 @@ class LocalSettings:
         metadata={"doc": "Run the Spark job that keeps the analysts' tables (1) or not (0)."},
     )
     spark_master: str = field(
-        default="local[2]",
-        metadata={"doc": "Spark master of the local job (a cluster's URL runs it there)."},
+        default="local[2]", metadata={"doc": "Spark master of the local job (a cluster's URL runs it there)."}
     )
     spark_driver_memory_mb: int = field(
         default=1024,
@@ -184,7 +184,7 @@ class LocalSettings:
     )
     spark_aggregate_interval_s: float = field(
         default=60.0,
-        metadata={"doc": "Spark: how often the job counts the rows it landed in the per-minute aggregates."},
+        metadata={"doc": "Spark: how often the job counts its rows in the per-minute aggregates."},
     )
     spark_aggregate_after_rows: int = field(
         default=50_000, metadata={"doc": "Spark: count sooner than the interval once this many rows wait."}

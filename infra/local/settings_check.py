@@ -4,6 +4,7 @@ fields they check so that infra/local/settings.py stays one page of fields."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
 from backend.contract import InvalidRegionError, validate_region
@@ -99,4 +100,10 @@ def check_settings(self: LocalSettings) -> LocalSettings:
             raise SettingsError(f"{name}: {getattr(self, name)} is not a TCP port")
     if self.dns_ttl < 0 or self.health_check_interval < 1:
         raise SettingsError("dns_ttl: 0 or more; health_check_interval: 1 or more (seconds)")
+    if self.prometheus_scrape_interval_s < 0:
+        raise SettingsError("prometheus_scrape_interval_s: 0 (no Prometheus) or more (seconds)")
+    if not re.fullmatch(r"[0-9]+(ms|s|m|h|d|w|y)", self.prometheus_retention):
+        raise SettingsError(
+            f"prometheus_retention: a Prometheus duration (7d, 12h), got {self.prometheus_retention!r}"
+        )
     return self

@@ -17,6 +17,7 @@ from infra.local import processes
 from infra.local.dns_node import dns_endpoint
 from infra.local.layout import ROLE_BACKEND, ROLE_DNS, ROUTER_NODE, NodeSpec, gateway_clusters, region_nodes
 from infra.local.nodes import Node, RabbitNode
+from infra.local.prometheus_node import PrometheusNode
 from infra.local.services import KafkaNode, RouterNode, SparkNode, kafka_bootstrap
 from infra.local.settings import LocalSettings
 from infra.local.tls import LocalCA, tls_server_name
@@ -240,6 +241,8 @@ def endpoints(
         "router": {"metrics": router.metrics_url if router else None},
         # every router's, by name: any of them may be the one routing commands
         "routers": {n.name: n.metrics_url for n in nodes if isinstance(n, RouterNode)},
+        # the federation's Prometheus (infra/local/prometheus_node.py), None when it runs none
+        "prometheus": next((n.url for n in nodes if isinstance(n, PrometheusNode)), None),
         "admin": {"user": c.ADMIN_USER, "password": sec["admin"]},
         # devices check the gateways' certificates against this CA (MQTT over TLS)
         "tls": {"ca": str(LocalCA(tls_dir).ca_cert), "server_name": tls_server_name(host)}

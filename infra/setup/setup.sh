@@ -21,8 +21,8 @@
 #   5. the Spark driver's classes archived for the JVM to map at each start
 #      (.cache/cds/, spark/class_archive.py)
 #   (1. also installs PowerDNS, the devices' DNS server: pdns-server and
-#      pdns-backend-bind; their package would start a system-wide server,
-#      which policy-rc.d below keeps from starting)
+#      pdns-backend-bind, and Prometheus; their packages would start a
+#      system-wide server, which policy-rc.d below keeps from starting)
 #
 # From nothing it takes about a minute here, most of it the Debian 13 root and the jars:
 # the virtualenv (2) starts at once, beside the system packages; once those
@@ -149,6 +149,9 @@ command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)  # the local federati
 # with LUA records, the bind backend reading the zone file fedgate writes
 [[ -x /usr/sbin/pdns_server ]] || need_pkgs+=(pdns-server)
 compgen -G "/usr/lib/*/pdns/libbindbackend.so" >/dev/null || need_pkgs+=(pdns-backend-bind)
+# the federation's own Prometheus (infra/local/prometheus_node.py) and promtool, which
+# checks its rules in make test
+[[ -x /usr/bin/prometheus ]] || need_pkgs+=(prometheus)
 # the tables' shared Iceberg catalog as the cloud keeps it (PostgreSQL, RDS there): the tests
 # start a server of their own (infra/local/postgres.py)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_pkgs+=(postgresql)
@@ -170,7 +173,7 @@ if ((${#need_pkgs[@]})); then
     if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
     created_policy=0
 else
-    step "Debian packages present (java, maven, openssl, pdns-server, postgresql)"
+    step "Debian packages present (java, maven, openssl, pdns-server, postgresql, prometheus)"
 fi
 java_major=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')
 [[ "${java_major%%.*}" -ge 17 ]] || die "Kafka 4 and Spark 4 need Java 17 or newer; found $java_major"

@@ -24,12 +24,13 @@ import time
 import pytest
 
 from backend import contract as c
+from backend.polling import wait_until
 from fedgate.devices import SimDevice
 from fedgate.dns_resolver import resolver_for
 from fedgate.resolver import Endpoint
 from infra.local.driver import gateway_node_name
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
-from tests.helpers import record_counts, router_metrics, wait_present
+from tests.helpers import firing, record_counts, router_metrics, wait_present
 
 pytestmark = [
     pytest.mark.integration,
@@ -75,7 +76,13 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
             failover_s = time.monotonic() - killed_at
             for d in devices:
                 wait_present(ep, d.device_id, FALLBACK, timeout=30)
-            time.sleep(12)  # commands sent into the dead region come back (10 s) and follow
+            # the federation's Prometheus pages: the region has no gateway up
+            assert wait_until(lambda: firing(federation, "FedgateRegionDown", region=REGION), 45, 1), (
+                f"FedgateRegionDown never fired for {REGION}: {federation.node('prometheus').alerts()}"
+            )
+            alert_s = time.monotonic() - killed_at
+            # commands sent into the dead region come back (10 s) and follow
+            time.sleep(max(0.0, 12 - (time.monotonic() - killed_at - failover_s)))
             federation.start_node(gateway_node_name(REGION))
             federation.wait_for_links(timeout=60)
             time.sleep(2)
@@ -87,6 +94,7 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         got = read_back(ep["kafka"]["bootstrap"], fleet.acked, timeout=120)
         record_counts(
             failover_s=round(failover_s, 1),
+            region_down_alert_s=round(alert_s, 1),
             dns_ttl_plus_health_check_s=ep["dns"]["ttl"] + ep["dns"]["health_check_interval"],
             acked_before_kill=acked_before,
             commands_sent=sum(len(v) for v in commands.sent.values()),
@@ -111,6 +119,8 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         )
         assert returned > 0, "commands sent while the devices were away came back from the dead region"
         assert all(d.failovers == [near] for d in devices), [(d.device_id, d.failovers) for d in devices]
+        # the gateway back, the alert is no longer firing
+        assert wait_until(lambda: not firing(federation, "FedgateRegionDown", region=REGION), 30, 1)
     finally:
         federation.remove_region(REGION)
 

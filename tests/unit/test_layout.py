@@ -31,6 +31,7 @@ def test_every_node_gets_distinct_ports_clear_of_the_standard_ones_but_gateways_
         "router-1",
         "spark",
         "dns",
+        "prometheus",
     ]
     listeners = _host_ports(specs)
     assert len(listeners) == len(set(listeners))

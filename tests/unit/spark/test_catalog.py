@@ -162,6 +162,9 @@ def test_one_aggregate_tells_the_job_both_tables_copy_windows_and_the_batchs_own
     assert summary.raw == copy_window(RAW, tr.raw_rows(decoded), 2)
     assert summary.rejects == copy_window(REJECTS, tr.reject_rows(decoded), 2)
     assert summary.raw_copies is False, "every message once: no in-batch dedupe needed"
+    # what the job's metrics count: records per table, and the oldest record's Kafka time
+    assert (summary.raw_records, summary.rejected_records) == (4, 1)
+    assert summary.kafka_first_s == pytest.approx(min(r[5] for r in records).timestamp())
     with_copy = decode(spark, [*records, record(reading, 6)])
     again = summarize_batch(tr.parse(with_copy), lookback_days=2)
     assert again.raw_copies is True, "the redelivered copy was not seen"
