@@ -41,6 +41,8 @@ ROLE_PROMETHEUS = "prometheus"
 EPMD_OFFSET = 0
 #: `sasl`: the SASL_SSL (SCRAM) listener beside the plaintext one (with tls, infra/local/services.py)
 KAFKA_OFFSETS = {"bootstrap": 10, "controller": 11, "sasl": 12}
+#: each broker's metrics (infra/local/kafka_metrics.py): a block of their own, a port a broker
+KAFKA_METRICS_OFFSET = 80
 #: `management_tls`: the management API over HTTPS (with tls, gateways/templates/tls.conf)
 BACKEND_OFFSETS = {
     "amqp": 20,
@@ -240,11 +242,12 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
         offsets: dict[str, int],
         start: int,
         address: str | None = None,
+        **fixed: int,
     ) -> NodeSpec:
         if name in recorded:
             address = recorded[name].address  # a node recorded without one keeps the host
         # a port kind added since the node was recorded (an upgrade) gets its layout place
-        ports = {k: start + off for k, off in offsets.items()}
+        ports = {k: start + off for k, off in offsets.items()} | fixed
         if address is not None:  # a host of its own: the standard device ports
             ports.update(mqtt=settings.mqtt_port, mqtts=settings.mqtts_port)
         if name in recorded:
@@ -302,10 +305,13 @@ def port_layout(settings: LocalSettings, recorded: dict[str, NodeSpec] | None = 
             specs.append(
                 spec(gateway_node_name(region, m), ROLE_GATEWAY, region, GATEWAY_OFFSETS, start, address)
             )
-    specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base))
+    metrics = base + KAFKA_METRICS_OFFSET
+    specs.append(spec(KAFKA_NODE, ROLE_KAFKA, None, KAFKA_OFFSETS, base, metrics=metrics))
     for i in range(2, settings.kafka_broker_count + 1):
         start = base + KAFKA_EXTRA_OFFSET + KAFKA_EXTRA_STRIDE * (i - 2) - KAFKA_OFFSETS["bootstrap"]
-        specs.append(spec(kafka_node_name(i), ROLE_KAFKA, None, KAFKA_OFFSETS, start))
+        specs.append(
+            spec(kafka_node_name(i), ROLE_KAFKA, None, KAFKA_OFFSETS, start, metrics=metrics + i - 1)
+        )
     for i in range(settings.routers):
         specs.append(spec(f"router-{i}", ROLE_ROUTER, None, ROUTER_OFFSETS, base + i))
     if settings.spark:

@@ -11,6 +11,7 @@ by itself.  What it scrapes:
                    queues and the federation links' (a gateway's device sessions dropped)
   router           each router's /metrics
   spark            the Spark job's /metrics (spark/metrics.py)
+  kafka            each broker's JMX exporter agent (infra/local/kafka_metrics.py)
   prometheus       itself
 
 Its data lives in the node's folder (`data/`, kept `prometheus_retention`); no Alertmanager
@@ -27,7 +28,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infra.local.layout import ROLE_BACKEND, ROLE_GATEWAY, ROLE_ROUTER, ROLE_SPARK, NodeSpec, StateFiles
+from infra.local.layout import (
+    ROLE_BACKEND,
+    ROLE_GATEWAY,
+    ROLE_KAFKA,
+    ROLE_ROUTER,
+    ROLE_SPARK,
+    NodeSpec,
+    StateFiles,
+)
 from infra.local.nodes import Node, NodeError
 from infra.local.settings import PROJECT_ROOT
 
@@ -48,17 +57,21 @@ def targets(specs: list[NodeSpec], host: str) -> dict[str, list[dict[str, Any]]]
         for s in specs
         if s.role in (ROLE_BACKEND, ROLE_GATEWAY)
     ]
-    routers = [
-        {"targets": [f"{host}:{s.ports['metrics']}"], "labels": {"node": s.name, "role": s.role}}
-        for s in specs
-        if s.role == ROLE_ROUTER
-    ]
-    jobs = [
-        {"targets": [f"{host}:{s.ports['metrics']}"], "labels": {"node": s.name, "role": s.role}}
-        for s in specs
-        if s.role == ROLE_SPARK and "metrics" in s.ports
-    ]
-    return {"rabbitmq": rabbit, "rabbitmq_queues": rabbit, "router": routers, "spark": jobs}
+
+    def own(role: str) -> list[dict[str, Any]]:
+        return [
+            {"targets": [f"{host}:{s.ports['metrics']}"], "labels": {"node": s.name, "role": s.role}}
+            for s in specs
+            if s.role == role and "metrics" in s.ports
+        ]
+
+    return {
+        "rabbitmq": rabbit,
+        "rabbitmq_queues": rabbit,
+        "router": own(ROLE_ROUTER),
+        "spark": own(ROLE_SPARK),
+        "kafka": own(ROLE_KAFKA),
+    }
 
 
 def config(folder: Path, scrape_interval_s: int, self_address: str) -> dict[str, Any]:
@@ -88,6 +101,7 @@ def config(folder: Path, scrape_interval_s: int, self_address: str) -> dict[str,
             ),
             job("router"),
             job("spark"),
+            job("kafka"),
             {"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]},
         ],
     }

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend.kafka_security import KafkaSecurity
 from infra.local.dns_node import DnsNode
+from infra.local.kafka_metrics import agent_args
 from infra.local.layout import (
     ROLE_BACKEND,
     ROLE_DNS,
@@ -200,7 +201,9 @@ class KafkaNode(Node):
         ]
 
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
-        argv = [*self.java_prefix(), "kafka.Kafka", str(self.dir / "server.properties")]
+        # the broker alone serves metrics (the format tool shares java_prefix)
+        metrics = agent_args(self.settings, self.dir, self.host, self.spec.ports["metrics"])
+        argv = [*self.java_prefix(), *metrics, "kafka.Kafka", str(self.dir / "server.properties")]
         return argv, self.base_env(), 65536
 
     def ready(self) -> bool:

@@ -39,6 +39,7 @@ VENV="${FEDGATE_VENV:-$ROOT/.venv}"
 CACHE="${FEDGATE_CACHE:-$ROOT/.cache}"
 PYTHON="${PYTHON:-python3}"
 KAFKA_VERSION="4.1.0"
+JMX_EXPORTER_VERSION="1.0.1"  # infra/local/kafka_metrics.py names it too
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -215,6 +216,9 @@ fetch_all_jars() {
         "$CACHE/jars/kafka-$KAFKA_VERSION" -Dkafka.version="$KAFKA_VERSION"
     fetch_jars "Spark $spark_version: Kafka source, Iceberg, s3a" "$ROOT/infra/setup/spark-pom.xml" \
         "$spark_jars" -Dspark.version="$spark_version"
+    # each Kafka broker's metrics for the federation's Prometheus (infra/local/kafka_metrics.py)
+    fetch_jars "Prometheus JMX exporter" "$ROOT/infra/setup/jmx-exporter-pom.xml" \
+        "$CACHE/jars/jmx-exporter-$JMX_EXPORTER_VERSION" -Djmx.exporter.version="$JMX_EXPORTER_VERSION"
 }
 bg_start jars fetch_all_jars
 bg_wait "${venv_job[@]}" jars

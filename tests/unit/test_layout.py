@@ -135,8 +135,8 @@ def test_the_ha_profile_lays_out_three_kafka_brokers_and_a_federation_keeps_its_
     assert [s.name for s in port_layout(single) if s.role == "kafka"] == ["kafka"]
     kafka = [s for s in port_layout(ha) if s.role == "kafka"]
     assert [s.name for s in kafka] == ["kafka", "kafka-2", "kafka-3"]
-    assert len({p for s in kafka for p in s.ports.values()}) == 9, (
-        "each broker its own ports (bootstrap, controller, sasl)"
+    assert len({p for s in kafka for p in s.ports.values()}) == 12, (
+        "each broker its own ports (bootstrap, controller, sasl, metrics)"
     )
     assert (ha.kafka_replication, ha.kafka_min_insync) == (3, 2)
     assert (single.kafka_replication, single.kafka_min_insync) == (1, 1)
