@@ -26,6 +26,9 @@ status: ## nodes, ports, state, connections and queue depths (JSON=1 for --json)
 command: ## what the router did with a command, step by step: make command ID=<id printed by send> [WAIT=30]
 	@$(FEDGATE) command "$(ID)" $(if $(WAIT),--wait --timeout $(WAIT),)
 
+console: ## the fleet console in the browser (http://127.0.0.1:<port base + 7>, admin credentials)
+	@$(FEDGATE) console
+
 presence: ## where devices are connected (DEVICE=<id> for one)
 	@$(FEDGATE) presence $(DEVICE)
 
@@ -83,4 +86,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence send gateway gateway-destroy regions query count-now recompute army demo cloud-rehearsal release spark-package test unit bench lint clean
+.PHONY: help setup up down status presence console send gateway gateway-destroy regions query count-now recompute army demo cloud-rehearsal release spark-package test unit bench lint clean

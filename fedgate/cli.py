@@ -30,6 +30,7 @@ Settings come from the environment (FEDGATE_*) and fedgate.toml; see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import functools
 import importlib.metadata
@@ -377,6 +378,32 @@ def cmd_presence(ctx: Context, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def cmd_console(ctx: Context, args: argparse.Namespace) -> int:
+    """The fleet console in the browser (fedgate/console), until SIGTERM or Ctrl-C."""
+    import signal
+    import threading
+
+    from fedgate.console.server import CONSOLE_OFFSET, Console
+
+    ep = ctx.fed.endpoints()
+    port = args.port if args.port is not None else ctx.settings.port_base + CONSOLE_OFFSET
+    try:
+        console = Console(ep, ep["admin"]["user"], ep["admin"]["password"], args.host, port).start()
+    except OSError as e:
+        print(f"fedgate: the console cannot listen on {args.host}:{port}: {e}", file=sys.stderr)
+        return Exit.FAILED
+    user = ep["admin"]["user"]
+    print(f"fleet console: {console.url}  (user {user}, its password: 'admin' in {ctx.fed.secrets_file})")
+    if not ep.get("prometheus"):
+        print("fedgate: this federation runs no Prometheus: the console shows little", file=sys.stderr)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        done.wait()
+    console.stop()
+    return Exit.OK
+
+
 def cmd_gateway(ctx: Context, args: argparse.Namespace) -> int:
     driver = ctx.driver_for(args.region)
     if args.action == "add":
@@ -706,6 +733,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--auto-approve", action="store_true", help="cloud: apply or destroy the plan without asking"
     )
     gw.set_defaults(fn=cmd_gateway)
+    con = sub.add_parser("console", help="the fleet console in the browser (admin credentials)")
+    con.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    con.add_argument("--port", type=int, default=None, help="port (default: the port base + 7)")
+    con.set_defaults(fn=cmd_console)
     rg = sub.add_parser("regions", help="the regions, their gateways and state")
     rg.add_argument("--json", action="store_true")
     rg.set_defaults(fn=cmd_regions)

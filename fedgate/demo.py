@@ -407,6 +407,7 @@ def run_demo(fed: LocalFederation, progress: Callable[[str], None] = print) -> i
     say("   fedgate presence               which device is where (make presence)")
     say("   fedgate send DEVICE TOPIC MSG  a command to a device, wherever it is; prints its id")
     say("   fedgate command ID             what the router did with that command, step by step")
+    say("   make console                   the fleet console in your browser (fedgate console)")
     if ep.get("prometheus"):
         say(f"   Prometheus: {ep['prometheus']}  (every node's metrics; alerts: {ep['prometheus']}/alerts)")
     say("Stop it with: make down")

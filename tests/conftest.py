@@ -87,6 +87,10 @@ def missing_java() -> str | None:
     return None if shutil.which("java") else "no Java runtime for a local SparkSession (run `make setup`)"
 
 
+def missing_chromium() -> str | None:
+    return None if os.access("/usr/bin/chromium", os.X_OK) else "no /usr/bin/chromium (run `make setup`)"
+
+
 def missing_postgres() -> str | None:
     from infra.local.postgres import PostgresError, server_bin
 
@@ -156,6 +160,8 @@ PLACE_IN_LANE = {
     "tests/integration/test_lifecycle.py": 1,
     "tests/integration/test_mapping_rules.py": 1,
     "tests/integration/test_spark.py": 1,
+    # a fault (a region's gateway killed): with the fault scenarios
+    "tests/integration/test_console.py": 2,
     **{path: n + 1 for n, path in enumerate(OWN_ENGINES)},
 }
 
@@ -231,6 +237,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ("spark", missing_java()),
         ("dns", missing_powerdns()),
         ("postgres", missing_postgres()),
+        ("browser", missing_chromium()),
     ):
         needing = [item for item in items if marker in item.keywords]
         if reason is None or not needing:

@@ -48,6 +48,8 @@ class PowerDNS:
     spec: ZoneSpec
     address: str = "127.0.0.1"
     port: int = 5353
+    #: its webserver's port, for Prometheus's scrape of /metrics (0: no webserver)
+    webserver_port: int = 0
 
     @property
     def socket_dir(self) -> Path:
@@ -94,7 +96,17 @@ class PowerDNS:
                     "daemon=no",
                     "disable-syslog=yes",
                     "log-timestamp=yes",
-                    "webserver=no",
+                    *(
+                        [
+                            "webserver=yes",
+                            f"webserver-address={self.address}",
+                            f"webserver-port={self.webserver_port}",
+                            # who may read /metrics: this host (its Prometheus)
+                            "webserver-allow-from=127.0.0.0/8,::1",
+                        ]
+                        if self.webserver_port
+                        else ["webserver=no"]
+                    ),
                     "security-poll-suffix=",
                     "",
                 ]

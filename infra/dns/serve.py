@@ -27,10 +27,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from infra.dns.health import Change, HealthChecks, Prober
 from infra.dns.powerdns import PowerDNS, PowerDNSError
@@ -54,6 +58,10 @@ class ServeConfig:
     port: int
     zone: ZoneSpec
     checks: HealthChecks = HealthChecks()
+    #: where this process serves its gateways' health for Prometheus (/metrics; 0: not served)
+    metrics_port: int = 0
+    #: PowerDNS's webserver, its own /metrics (0: none)
+    webserver_port: int = 0
 
     def to_json(self) -> dict[str, Any]:
         z = self.zone
@@ -70,6 +78,8 @@ class ServeConfig:
                 "nameserver": z.nameserver,
             },
             "checks": dataclasses.asdict(self.checks),
+            "metrics_port": self.metrics_port,
+            "webserver_port": self.webserver_port,
         }
 
     def write(self, path: Path) -> None:
@@ -92,7 +102,15 @@ class ServeConfig:
                 nameserver=z.get("nameserver", "127.0.0.1"),
             ).check()
             checks = HealthChecks(**raw.get("checks", {})).check()
-            return cls(Path(raw["folder"]), raw["address"], int(raw["port"]), zone, checks)
+            return cls(
+                Path(raw["folder"]),
+                raw["address"],
+                int(raw["port"]),
+                zone,
+                checks,
+                int(raw.get("metrics_port", 0)),
+                int(raw.get("webserver_port", 0)),
+            )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ServeError(f"{path}: {type(e).__name__}: {e}") from e
 
@@ -104,6 +122,25 @@ def _say(line: str) -> None:
     print(f"{time.strftime('%b %d %H:%M:%S')} {line}", flush=True)
 
 
+class GatewayHealth(Collector):
+    """fedgate_dns_gateway_up: each gateway address as the checks find it now, by region."""
+
+    def __init__(self, service: Service):
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "fedgate_dns_gateway_up",
+            "1 while the DNS server's MQTT checks find a gateway address healthy (it is answered), else 0.",
+            labels=["region", "address"],
+        )
+        is_up = self.service.prober.health.is_up
+        for region, addresses in self.service.config.zone.regions.items():
+            for address in addresses:
+                up.add_metric([region, address], 1.0 if is_up(address) else 0.0)
+        yield up
+
+
 class Service:
     """The running pair; `run()` returns the exit code."""
 
@@ -111,7 +148,8 @@ class Service:
         self.config_path = config_path
         self.say = say
         self.config = ServeConfig.load(config_path)
-        self.server = PowerDNS(self.config.folder, self.config.zone, self.config.address, self.config.port)
+        c = self.config
+        self.server = PowerDNS(c.folder, c.zone, c.address, c.port, c.webserver_port)
         self.prober = Prober(self.config.zone.mqtt_port, self.config.checks, self._changed)
         self._serial = int(time.time())
         self._config_mtime = self._mtime()
@@ -193,6 +231,10 @@ class Service:
             f"{checks.interval_s:g} s, CONNACK within {checks.timeout_s:g} s, down after "
             f"{checks.failure_threshold} failed check(s)"
         )
+        if c.metrics_port:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(GatewayHealth(self))
+            start_http_server(c.metrics_port, addr=c.address, registry=registry)
         await self.prober.check_all(c.addresses())
         self.server.spec = self.zone()
         self.server.write(self._next_serial())

@@ -108,6 +108,9 @@ class DnsNode(Node):
             port=self.spec.ports["dns"],
             zone=zone_spec(self.settings, specs),
             checks=health_checks(self.settings),
+            # what the federation's Prometheus scrapes (infra/local/prometheus_node.py)
+            metrics_port=self.spec.ports.get("metrics", 0),
+            webserver_port=self.spec.ports.get("webserver", 0),
         )
 
     def preflight(self) -> None:

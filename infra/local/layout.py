@@ -80,7 +80,7 @@ GATEWAY_EXTRA_STRIDE = 20
 GATEWAY_EXTRA_PORTS = 400
 ROUTER_OFFSETS = {"metrics": 30}
 #: the DNS server devices resolve mqtt.<domain> at (infra/dns)
-DNS_OFFSETS = {"dns": 8}
+DNS_OFFSETS = {"dns": 8, "metrics": 5, "webserver": 6}
 DNS_NODE = "dns"
 #: the federation's Prometheus (infra/local/prometheus_node.py)
 PROMETHEUS_OFFSETS = {"http": 9}

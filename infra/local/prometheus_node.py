@@ -12,6 +12,7 @@ by itself.  What it scrapes:
   router           each router's /metrics
   spark            the Spark job's /metrics (spark/metrics.py)
   kafka            each broker's JMX exporter agent (infra/local/kafka_metrics.py)
+  dns, powerdns    the DNS server's gateway health checks (infra/dns/serve.py), PowerDNS's own
   prometheus       itself
 
 Its data lives in the node's folder (`data/`, kept `prometheus_retention`); no Alertmanager
@@ -30,6 +31,7 @@ from typing import Any
 
 from infra.local.layout import (
     ROLE_BACKEND,
+    ROLE_DNS,
     ROLE_GATEWAY,
     ROLE_KAFKA,
     ROLE_ROUTER,
@@ -58,11 +60,11 @@ def targets(specs: list[NodeSpec], host: str) -> dict[str, list[dict[str, Any]]]
         if s.role in (ROLE_BACKEND, ROLE_GATEWAY)
     ]
 
-    def own(role: str) -> list[dict[str, Any]]:
+    def own(role: str, port: str = "metrics") -> list[dict[str, Any]]:
         return [
-            {"targets": [f"{host}:{s.ports['metrics']}"], "labels": {"node": s.name, "role": s.role}}
+            {"targets": [f"{host}:{s.ports[port]}"], "labels": {"node": s.name, "role": s.role}}
             for s in specs
-            if s.role == role and "metrics" in s.ports
+            if s.role == role and port in s.ports
         ]
 
     return {
@@ -71,6 +73,9 @@ def targets(specs: list[NodeSpec], host: str) -> dict[str, list[dict[str, Any]]]
         "router": own(ROLE_ROUTER),
         "spark": own(ROLE_SPARK),
         "kafka": own(ROLE_KAFKA),
+        # the DNS server's gateway health checks, and PowerDNS's own figures
+        "dns": own(ROLE_DNS),
+        "powerdns": own(ROLE_DNS, "webserver"),
     }
 
 
@@ -102,6 +107,8 @@ def config(folder: Path, scrape_interval_s: int, self_address: str) -> dict[str,
             job("router"),
             job("spark"),
             job("kafka"),
+            job("dns"),
+            job("powerdns"),
             {"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]},
         ],
     }

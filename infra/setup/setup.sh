@@ -153,6 +153,8 @@ compgen -G "/usr/lib/*/pdns/libbindbackend.so" >/dev/null || need_pkgs+=(pdns-ba
 # the federation's own Prometheus (infra/local/prometheus_node.py) and promtool, which
 # checks its rules in make test
 [[ -x /usr/bin/prometheus ]] || need_pkgs+=(prometheus)
+# the fleet console's test looks at it in a headless browser (tests/integration/test_console.py)
+[[ -x /usr/bin/chromium ]] || need_pkgs+=(chromium)
 # the tables' shared Iceberg catalog as the cloud keeps it (PostgreSQL, RDS there): the tests
 # start a server of their own (infra/local/postgres.py)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_pkgs+=(postgresql)
@@ -174,7 +176,7 @@ if ((${#need_pkgs[@]})); then
     if ((created_policy)); then rm -f /usr/sbin/policy-rc.d; fi
     created_policy=0
 else
-    step "Debian packages present (java, maven, openssl, pdns-server, postgresql, prometheus)"
+    step "Debian packages present (java, maven, openssl, pdns-server, postgresql, prometheus, chromium)"
 fi
 java_major=$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')
 [[ "${java_major%%.*}" -ge 17 ]] || die "Kafka 4 and Spark 4 need Java 17 or newer; found $java_major"

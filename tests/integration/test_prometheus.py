@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.usefixtures("spark_job"),
 ]
 
-JOBS = {"rabbitmq", "rabbitmq_queues", "router", "kafka", "spark", "prometheus"}
+JOBS = {"rabbitmq", "rabbitmq_queues", "router", "kafka", "spark", "dns", "powerdns", "prometheus"}
 
 
 def _value(prom, expr: str) -> float | None:
@@ -53,6 +53,10 @@ def test_every_node_is_scraped_and_what_the_alerts_read_is_there(federation):
     assert _value(prom, "sum(kafka_server_replicamanager_underreplicatedpartitions)") == 0
     assert _value(prom, 'count(rabbitmq_detailed_queue_messages{queue=~"fedgate\\\\.uplink\\\\..*"})') >= 1
     assert _value(prom, "fedgate_spark_batches_total") is not None
+    # the DNS server finds each region's gateways healthy
+    gateways = [n for n in federation.nodes() if n.spec.role == "gateway"]
+    assert _value(prom, "count(fedgate_dns_gateway_up == 1)") == len(gateways)
+    assert _value(prom, "pdns_auth_backend_queries") is not None
     # nothing is down (other tests' dead-lettered commands may page meanwhile: not looked at)
     down = [
         a["labels"]["alertname"]

@@ -1,0 +1,80 @@
+"""The fleet console's server without a federation: nothing without the admin credentials,
+the page and its script with them, and a view that names what it could not reach."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from fedgate.console.fleet import CommandTail
+from fedgate.console.server import Console
+
+ENDPOINTS = {
+    "kafka": {"bootstrap": "127.0.0.1:1"},
+    "gateways": {"local-eu": {"nodes": [{"name": "gw-local-eu", "address": "127.170.1.1"}]}},
+    "dns": None,
+    # a Prometheus nobody answers for
+    "prometheus": "http://127.0.0.1:1",
+}
+
+
+def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+@pytest.fixture
+def console():
+    served = Console(ENDPOINTS, "fedgate-admin", "s3cret", "127.0.0.1", 0).start()
+    yield served
+    served.stop()
+
+
+def test_nothing_is_served_without_the_admin_credentials(console):
+    for path in ("/", "/api/fleet", "/app.js"):
+        assert _get(console.url + path)[0] == 401
+        assert _get(console.url + path, "fedgate-admin", "wrong")[0] == 401
+        assert _get(console.url + path, "someone", "s3cret")[0] == 401
+    status, _, headers = _get(console.url + "/")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+
+
+def test_the_page_and_its_script_come_with_a_policy_that_allows_nothing_from_elsewhere(console):
+    status, body, headers = _get(console.url + "/", "fedgate-admin", "s3cret")
+    assert status == 200 and b'<script src="/app.js"' in body
+    assert headers["Content-Security-Policy"] == "default-src 'self'"
+    assert _get(console.url + "/app.js", "fedgate-admin", "s3cret")[0] == 200
+    assert _get(console.url + "/nope", "fedgate-admin", "s3cret")[0] == 404
+
+
+def test_a_source_that_does_not_answer_is_named_in_the_view(console):
+    status, body, _ = _get(console.url + "/api/fleet", "fedgate-admin", "s3cret")
+    view = json.loads(body)
+    assert status == 200
+    assert any(e.startswith("Prometheus (http://127.0.0.1:1)") for e in view["errors"]), view["errors"]
+
+
+def test_the_command_list_shows_each_commands_last_step_and_the_region_it_went_to():
+    tail = CommandTail("127.0.0.1:1")
+    for step in (
+        {"command_id": "a", "device": "pump-1", "outcome": "accepted", "region": "", "at": 1},
+        {"command_id": "b", "device": "pump-2", "outcome": "accepted", "region": "", "at": 2},
+        {"command_id": "a", "device": "pump-1", "outcome": "routed", "region": "local-eu", "at": 3},
+        {"command_id": "a", "device": "pump-1", "outcome": "acknowledged", "region": "", "at": 4},
+    ):
+        tail._add(step)
+    first, second = tail.last()
+    assert (first["command_id"], first["outcome"], first["region"]) == ("a", "acknowledged", "local-eu")
+    assert first["steps"] == ["accepted", "routed", "acknowledged"]
+    assert (second["command_id"], second["outcome"]) == ("b", "accepted")
