@@ -69,6 +69,7 @@ DRAIN_TIMEOUT_S = 30.0
 BRIDGED = "fedgate_router_bridged_total"
 DEADLETTERED = "fedgate_router_deadlettered_total"
 READING_LATENCY = "fedgate_router_reading_latency_seconds"
+SHARD_DELIVERIES = "fedgate_router_shard_deliveries_total"
 
 
 class Poison(ValueError):
@@ -95,6 +96,9 @@ class UplinkBridge(Lifecycle):
         self._last_properties: tuple[Any, bytes, list[tuple[str, bytes]]] | None = None
         #: acks coalesced per channel (router/uplink_acks.py)
         self.acks = CoalescedAcks()
+        #: consumer tag -> the shard it reads (a single active consumer: deliveries say which
+        #: shards this router reads now, fedgate_router_shard_deliveries_total)
+        self._shard_of: dict[str, str] = {}
 
     def kafka_topics(self) -> list[str]:
         return self.settings.kafka_topics()
@@ -122,9 +126,10 @@ class UplinkBridge(Lifecycle):
         for shard in range(s.uplink_shards):
             queue = c.uplink_shard_queue(shard)
             await channel.queue_declare(queue, passive=True)  # a missing shard: a clear error
-            await channel.basic_consume(
+            ok = await channel.basic_consume(
                 queue, self.on_message, arguments={"x-priority": shard_priority(s, shard)}
             )
+            self._shard_of[ok.consumer_tag] = str(shard)
 
     async def stop_intake(self) -> None:
         """Take no new message into Kafka; what is in flight still drains.
@@ -208,6 +213,7 @@ class UplinkBridge(Lifecycle):
         if channel.is_closed:
             return  # its channel closed before this delivery ran: RabbitMQ redelivers it
         tag = self.acks.track(channel, message.delivery_tag)
+        self.metrics.inc(SHARD_DELIVERIES, shard=self._shard_of.get(message.delivery.consumer_tag or "", ""))
         if message.header.properties.content_type != uplink_batch.BATCH_CONTENT_TYPE:
             self._bridge(message, lambda ok: self.acks.settled(channel, tag, message, ok=ok))
             return

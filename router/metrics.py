@@ -79,6 +79,11 @@ CATALOG: dict[str, Spec] = {
         "Device messages and commands sent to the dead-letter topic with their reason.", "topic"
     ),
     "fedgate_router_batches_total": _counter("Uplink batches taken apart (backend/uplink_batch.py)."),
+    "fedgate_router_shard_deliveries_total": _counter(
+        "Deliveries from each uplink shard (a batch or a message each): the shards this router reads "
+        "(single active consumer: the others' go to their router).",
+        "shard",
+    ),
     "fedgate_router_batches_malformed_total": _counter(
         "Uplink batches that did not parse, dead-lettered whole."
     ),

@@ -172,6 +172,10 @@ def fleet_view(endpoints: dict[str, Any], commands: CommandTail | None) -> dict[
         )
         readings = p.by("region:fedgate_readings:rate1m", "region")
         leading = p.by("fedgate_router_leading", "node")
+        # the shards each router read in the last minute (single active consumer per shard)
+        shards: dict[str, list[str]] = {}
+        for m, _ in p.vector("sum by (node, shard) (rate(fedgate_router_shard_deliveries_total[1m])) > 0"):
+            shards.setdefault(m.get("node", ""), []).append(m.get("shard", ""))
         queues = p.vector(f"rabbitmq_detailed_queue_messages{{queue=~{json.dumps(WATCHED_QUEUES)}}} > 0")
         view["hops"] = [
             {
@@ -232,7 +236,7 @@ def fleet_view(endpoints: dict[str, Any], commands: CommandTail | None) -> dict[
             }
         )
     view["routers"] = [
-        {"node": node, "up": ok, "leading": leading.get(node, 0) == 1}
+        {"node": node, "up": ok, "leading": leading.get(node, 0) == 1, "shards": sorted(shards.get(node, []))}
         for (job, node), ok in sorted(up.items())
         if job == "router"
     ]

@@ -190,6 +190,7 @@ def test_each_reading_of_a_batch_is_timed_from_its_gateway_to_kafka_per_region(t
 
     async def scenario() -> UplinkBridge:
         b, producer = bridge(tmp_path)
+        b._shard_of["c"] = "2"  # the consumer tag basic_consume gave on shard 2
         ch = Channel()
         # its first reading reached the gateway's batcher 1.5 s ago
         at = int((time.time() - 1.5) * 1000)
@@ -203,5 +204,6 @@ def test_each_reading_of_a_batch_is_timed_from_its_gateway_to_kafka_per_region(t
         return b
 
     b = asyncio.run(scenario())
+    assert b.metrics.get("fedgate_router_shard_deliveries_total", shard="2") == 2, "two batches read from shard 2"
     assert b.metrics.observations(latency, region="local-eu") == 2
     assert 1.5 <= b.metrics.hist_sum[(latency, (("region", "local-eu"),))] / 2 < 3
