@@ -57,12 +57,13 @@ def agent_jar(settings: LocalSettings) -> Path:
     return folder / f"jmx_prometheus_javaagent-{JMX_EXPORTER_VERSION}.jar"
 
 
-def agent_args(settings: LocalSettings, node_dir: Path, host: str, port: int) -> list[str]:
-    """The broker JVM's -javaagent option (its config written into `node_dir`); none when
-    the federation runs no Prometheus or the agent was not fetched (the broker runs all the
-    same, its metrics missing: `make setup` fetches it)."""
+def agent_args(settings: LocalSettings, node_dir: Path, host: str, port: int | None) -> list[str]:
+    """The broker JVM's -javaagent option (its config written into `node_dir`); none for a
+    broker without a metrics port (the cloud rehearsal's), when the federation runs no
+    Prometheus or the agent was not fetched (the broker runs all the same, its metrics
+    missing: `make setup` fetches it)."""
     jar = agent_jar(settings)
-    if not settings.prometheus_scrape_interval_s or not jar.exists():
+    if not port or not settings.prometheus_scrape_interval_s or not jar.exists():
         return []
     config = node_dir / "jmx-exporter.yml"
     config.write_text(json.dumps(EXPORTER_CONFIG, indent=1))  # JSON is YAML too

@@ -202,7 +202,7 @@ class KafkaNode(Node):
 
     def command(self) -> tuple[list[str], dict[str, str], int | None]:
         # the broker alone serves metrics (the format tool shares java_prefix)
-        metrics = agent_args(self.settings, self.dir, self.host, self.spec.ports["metrics"])
+        metrics = agent_args(self.settings, self.dir, self.host, self.spec.ports.get("metrics"))
         argv = [*self.java_prefix(), *metrics, "kafka.Kafka", str(self.dir / "server.properties")]
         return argv, self.base_env(), 65536
 

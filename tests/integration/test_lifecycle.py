@@ -27,14 +27,21 @@ def test_status_json_gives_every_nodes_role_region_and_ports(federation):
         "router",
         "spark",
         "dns",
+        "prometheus",
     }
-    assert nodes["dns"]["ports"] == {"dns": TEST_PORT_BASE + 8}
+    assert nodes["dns"]["ports"] == {
+        "dns": TEST_PORT_BASE + 8,
+        "metrics": TEST_PORT_BASE + 5,
+        "webserver": TEST_PORT_BASE + 6,
+    }
+    assert nodes["prometheus"]["ports"] == {"http": TEST_PORT_BASE + 9}
     answers = json.loads(out.stdout)["dns"]["dns"]
     assert set(answers) == {"local-eu", "local-us"}, "what the DNS server answers each region's devices"
     assert nodes["spark"]["ports"] == {
         "driver": TEST_PORT_BASE + 40,
         "block_manager": TEST_PORT_BASE + 41,
         "connect": TEST_PORT_BASE + 42,
+        "metrics": TEST_PORT_BASE + 43,
     }
     assert nodes["router-0"]["ports"]["metrics"] == TEST_PORT_BASE + 30
     for name, region in (("gw-local-eu", "local-eu"), ("gw-local-us", "local-us")):

@@ -204,6 +204,8 @@ def test_each_reading_of_a_batch_is_timed_from_its_gateway_to_kafka_per_region(t
         return b
 
     b = asyncio.run(scenario())
-    assert b.metrics.get("fedgate_router_shard_deliveries_total", shard="2") == 2, "two batches read from shard 2"
+    assert b.metrics.get("fedgate_router_shard_deliveries_total", shard="2") == 2, (
+        "two batches read from shard 2"
+    )
     assert b.metrics.observations(latency, region="local-eu") == 2
     assert 1.5 <= b.metrics.hist_sum[(latency, (("region", "local-eu"),))] / 2 < 3
