@@ -49,7 +49,7 @@ from backend.polling import await_until
 from gateways import mqtt_plugin
 from router.kafka import AsyncProducer
 from router.lifecycle import Lifecycle
-from router.metrics import Metrics
+from router.metrics import Metrics, Series
 from router.settings import RouterSettings
 from router.shards import shard_priority
 from router.topics import TopicMapper
@@ -69,6 +69,8 @@ DRAIN_TIMEOUT_S = 30.0
 BRIDGED = "fedgate_router_bridged_total"
 DEADLETTERED = "fedgate_router_deadlettered_total"
 READING_LATENCY = "fedgate_router_reading_latency_seconds"
+#: no labels: its series, built once
+KAFKA_DELIVERY: Series = ("fedgate_router_kafka_delivery_seconds", ())
 SHARD_DELIVERIES = "fedgate_router_shard_deliveries_total"
 
 
@@ -99,6 +101,8 @@ class UplinkBridge(Lifecycle):
         #: consumer tag -> the shard it reads (a single active consumer: deliveries say which
         #: shards this router reads now, fedgate_router_shard_deliveries_total)
         self._shard_of: dict[str, str] = {}
+        #: (counter, its label's value) -> its series (_counted)
+        self._series: dict[tuple[str, str], Series] = {}
 
     def kafka_topics(self) -> list[str]:
         return self.settings.kafka_topics()
@@ -129,7 +133,7 @@ class UplinkBridge(Lifecycle):
             ok = await channel.basic_consume(
                 queue, self.on_message, arguments={"x-priority": shard_priority(s, shard)}
             )
-            self._shard_of[ok.consumer_tag] = str(shard)
+            self._shard_of[ok.consumer_tag or ""] = str(shard)
 
     async def stop_intake(self) -> None:
         """Take no new message into Kafka; what is in flight still drains.
@@ -213,7 +217,9 @@ class UplinkBridge(Lifecycle):
         if channel.is_closed:
             return  # its channel closed before this delivery ran: RabbitMQ redelivers it
         tag = self.acks.track(channel, message.delivery_tag)
-        self.metrics.inc(SHARD_DELIVERIES, shard=self._shard_of.get(message.delivery.consumer_tag or "", ""))
+        # a delivery on a consumer (basic.deliver) names the consumer
+        consumer = getattr(message.delivery, "consumer_tag", None) or ""
+        self.metrics.inc_series(self._shard_series(consumer))
         if message.header.properties.content_type != uplink_batch.BATCH_CONTENT_TYPE:
             self._bridge(message, lambda ok: self.acks.settled(channel, tag, message, ok=ok))
             return
@@ -234,6 +240,7 @@ class UplinkBridge(Lifecycle):
         # the gateway's time of the batch (its first reading's), for the latency histogram
         gateway_at = _gateway_at(message.header.properties.headers)
         region = c.region_from_headers(message.header.properties.headers) or ""
+        latency = self.metrics.series(READING_LATENCY, region=region)
         # the batch is acked once every reading's record is in Kafka (or dead-lettered); one
         # that is not goes back to RabbitMQ whole, and the readings already stored are duplicates
         left, all_ok = len(readings), True
@@ -248,18 +255,18 @@ class UplinkBridge(Lifecycle):
         if not readings:
             self.acks.settled(channel, tag, message, ok=True)
         for reading in readings:
-            self._bridge(reading, settle, gateway_at, region)
+            self._bridge(reading, settle, gateway_at, latency)
 
     def _bridge(
         self,
         message: DeliveredMessage | BatchedReading,
         settle: Settle,
         gateway_at: float | None = None,
-        region: str = "",
+        latency: Series | None = None,
     ) -> None:
         """Produce one reading; `settle(ok)` once Kafka stored its record (or its dead-letter
         record), or not (back to RabbitMQ).  `gateway_at`: when its batch's first reading
-        reached its gateway (s since the epoch; `region`'s clock), for the latency histogram."""
+        reached its gateway (s since the epoch, its clock), for the `latency` histogram."""
         try:
             topic, key, headers = self.route(message)
             counter = BRIDGED
@@ -281,13 +288,25 @@ class UplinkBridge(Lifecycle):
                 # a fatal producer error (message.timeout.ms=0: nothing else ends here):
                 # back to RabbitMQ rather than lost (fedgate.poison after 20 times)
             else:
-                self.metrics.observe("fedgate_router_kafka_delivery_seconds", time.monotonic() - started)
-                if gateway_at is not None:
-                    self.metrics.observe(READING_LATENCY, max(0.0, time.time() - gateway_at), region=region)
-                self.metrics.inc(counter, topic=topic)
+                self.metrics.observe_series(KAFKA_DELIVERY, time.monotonic() - started)
+                if gateway_at is not None and latency is not None:
+                    self.metrics.observe_series(latency, max(0.0, time.time() - gateway_at))
+                self.metrics.inc_series(self._counted(counter, topic))
             settle(err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
+
+    def _shard_series(self, consumer: str) -> Series:
+        """fedgate_router_shard_deliveries_total of the shard `consumer` reads."""
+        return self._counted(SHARD_DELIVERIES, self._shard_of.get(consumer, ""), label="shard")
+
+    def _counted(self, counter: str, value: str, label: str = "topic") -> Series:
+        """The series of `counter` whose `label` is `value` (a handful of topics or shards:
+        each built once)."""
+        series = self._series.get((counter, value))
+        if series is None:
+            series = self._series[(counter, value)] = self.metrics.series(counter, **{label: value})
+        return series
 
     def _send_alone(
         self,
