@@ -243,6 +243,7 @@ class TelemetryJob:
         s = self.settings
         self.catalog.create_tables(upgrade=True)
         if s.metrics_port:
+            self.metrics.hold_to(s.freshness_target_s)
             self.metrics.serve(s.bind_host, s.metrics_port)
         # batches landed in telemetry_raw before a crash and not yet counted: the first
         # refresh covers them (batch ids go on from the checkpoint)

@@ -24,6 +24,9 @@ from prometheus_client import (
 #: Upper bounds (s) of a batch's duration and of its freshness: seconds at a steady rate, minutes
 #: for a backlog.
 BATCH_BUCKETS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+#: the least freshness objective (s): a target of 0 (no pacing) or 2 s still leaves room for
+#: a batch that plans slowly
+MIN_OBJECTIVE_S = 10.0
 FRESHNESS_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
@@ -58,6 +61,12 @@ class JobMetrics:
             buckets=FRESHNESS_BUCKETS,
             registry=r,
         )
+        self.objective = Gauge(
+            "fedgate_spark_freshness_objective_seconds",
+            "The freshness the tables are held to: twice the job's freshness_target_s, at least 10 s "
+            "(FedgateTablesFreshnessHigh fires when the p95 of fedgate_spark_freshness_seconds is over it).",
+            registry=r,
+        )
         self.last_commit = Gauge(
             "fedgate_spark_last_commit_timestamp_seconds",
             "When telemetry_raw last committed a micro-batch's rows (Unix time).",
@@ -70,6 +79,10 @@ class JobMetrics:
         )
         # the driver process's CPU and memory (the JVM's are its child's)
         ProcessCollector(registry=r)
+
+    def hold_to(self, freshness_target_s: float) -> None:
+        """The job's pacing target gives the objective its alert reads."""
+        self.objective.set(max(2 * freshness_target_s, MIN_OBJECTIVE_S))
 
     def serve(self, host: str, port: int) -> None:
         """Serve /metrics on `host`:`port` (a daemon thread of prometheus_client's)."""

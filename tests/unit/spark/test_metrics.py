@@ -52,3 +52,11 @@ def test_records_behind_sums_the_kafka_sources_lag_over_its_partitions():
     m = JobMetrics()
     m.progressed(progress)
     assert _samples(m)["fedgate_spark_records_behind"] == 120.0
+
+
+def test_the_freshness_objective_is_twice_the_target_and_never_under_ten_seconds():
+    m = JobMetrics()
+    m.hold_to(4.0)
+    assert _samples(m)["fedgate_spark_freshness_objective_seconds"] == 10.0
+    m.hold_to(8.0)
+    assert _samples(m)["fedgate_spark_freshness_objective_seconds"] == 16.0
