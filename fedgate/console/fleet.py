@@ -40,7 +40,7 @@ COMMANDS_READ_BACK = 200
 class Prometheus:
     """Instant queries against Prometheus's HTTP API."""
 
-    def __init__(self, url: str, timeout: float = 3.0):
+    def __init__(self, url: str, timeout: float = 10.0):
         self.url = url.rstrip("/")
         self.timeout = timeout
 
@@ -147,6 +147,52 @@ def _dns_answers(dns: dict[str, Any] | None) -> dict[str, list[str]]:
     return out
 
 
+#: every node Prometheus scrapes whose health the console shows
+UP = 'up{job=~"rabbitmq|router|kafka|spark"}'
+
+
+def _flows(p: Prometheus, view: dict[str, Any]) -> None:
+    """Readings through each hop, what waits where, the tables, the alerts: into `view`."""
+    queues = p.vector(f"rabbitmq_detailed_queue_messages{{queue=~{json.dumps(WATCHED_QUEUES)}}} > 0")
+    view["hops"] = [
+        {
+            "hop": "gateways -> routers -> Kafka",
+            "per_s": p.scalar("sum(rate(fedgate_router_reading_latency_seconds_count[1m]))"),
+        },
+        {
+            "hop": "into Kafka (every topic)",
+            "per_s": p.scalar("sum(rate(kafka_server_brokertopicmetrics_messagesin_total[1m]))"),
+        },
+        {
+            "hop": "Kafka -> tables",
+            "per_s": p.scalar('sum(rate(fedgate_spark_records_total{table="telemetry_raw"}[1m]))'),
+        },
+    ]
+    view["latency_p99_s"] = p.by("region:fedgate_reading_latency_seconds:p99_5m", "region")
+    view["waiting"] = [
+        {"node": m.get("node", ""), "queue": m.get("queue", ""), "messages": v} for m, v in queues
+    ]
+    behind = p.scalar("sum(fedgate_spark_records_behind)")
+    if behind:
+        view["waiting"].append({"node": "spark", "queue": "Kafka records not read yet", "messages": behind})
+    view["tables"] = {
+        "last_commit_age_s": p.scalar("time() - max(fedgate_spark_last_commit_timestamp_seconds)"),
+        "freshness_p95_s": p.scalar(
+            "histogram_quantile(0.95, sum by (le) (rate(fedgate_spark_freshness_seconds_bucket[5m])))"
+        ),
+        "records_behind": behind,
+    }
+    view["alerts"] = [
+        {
+            "name": a["labels"]["alertname"],
+            "severity": a["labels"].get("severity", ""),
+            "state": a["state"],
+            "summary": a.get("annotations", {}).get("summary", ""),
+        }
+        for a in p.get("alerts")["alerts"]
+    ]
+
+
 def fleet_view(endpoints: dict[str, Any], commands: CommandTail | None) -> dict[str, Any]:
     """The console's whole picture of the fleet now (the page's /api/fleet)."""
     errors: list[str] = []
@@ -157,82 +203,51 @@ def fleet_view(endpoints: dict[str, Any], commands: CommandTail | None) -> dict[
     except (DnsQueryError, OSError) as e:
         answers = {}
         errors.append(f"DNS: {e}")
+    # what Prometheus says; without it the regions still show, their state unknown
+    up: dict[tuple[str, str], bool] = {}
+    devices: dict[str, float] = {}
+    readings: dict[str, float] = {}
+    leading: dict[str, float] = {}
+    shards: dict[str, list[str]] = {}
     prom_url = endpoints.get("prometheus")
     if not prom_url:
         errors.append("no Prometheus in this federation (prometheus_scrape_interval_s = 0)")
-        return view
-    p = Prometheus(prom_url)
-    try:
-        nodes = p.vector('up{job=~"rabbitmq|router|kafka|spark"}')
-        # as the router that routes commands sees them (the others follow the same events)
-        devices = p.by(
-            "sum by (region) (fedgate_router_presence_devices * on (node) group_left () "
-            "fedgate_router_leading)",
-            "region",
-        )
-        readings = p.by("region:fedgate_readings:rate1m", "region")
-        leading = p.by("fedgate_router_leading", "node")
-        # the shards each router read in the last minute (single active consumer per shard)
-        shards: dict[str, list[str]] = {}
-        for m, _ in p.vector("sum by (node, shard) (rate(fedgate_router_shard_deliveries_total[1m])) > 0"):
-            shards.setdefault(m.get("node", ""), []).append(m.get("shard", ""))
-        queues = p.vector(f"rabbitmq_detailed_queue_messages{{queue=~{json.dumps(WATCHED_QUEUES)}}} > 0")
-        view["hops"] = [
-            {
-                "hop": "gateways -> routers -> Kafka",
-                "per_s": p.scalar("sum(rate(fedgate_router_reading_latency_seconds_count[1m]))"),
-            },
-            {
-                "hop": "into Kafka (every topic)",
-                "per_s": p.scalar("sum(rate(kafka_server_brokertopicmetrics_messagesin_total[1m]))"),
-            },
-            {
-                "hop": "Kafka -> tables",
-                "per_s": p.scalar('sum(rate(fedgate_spark_records_total{table="telemetry_raw"}[1m]))'),
-            },
-        ]
-        view["latency_p99_s"] = p.by("region:fedgate_reading_latency_seconds:p99_5m", "region")
-        view["waiting"] = [
-            {"node": m.get("node", ""), "queue": m.get("queue", ""), "messages": v} for m, v in queues
-        ]
-        behind = p.scalar("sum(fedgate_spark_records_behind)")
-        if behind:
-            view["waiting"].append(
-                {"node": "spark", "queue": "Kafka records not read yet", "messages": behind}
+    else:
+        p = Prometheus(prom_url)
+        try:
+            up = {(m.get("job", ""), m.get("node", "")): v == 1 for m, v in p.vector(UP)}
+            # as the router that routes commands sees them (the others follow the same events)
+            devices = p.by(
+                "sum by (region) (fedgate_router_presence_devices * on (node) group_left () "
+                "fedgate_router_leading)",
+                "region",
             )
-        view["tables"] = {
-            "last_commit_age_s": p.scalar("time() - max(fedgate_spark_last_commit_timestamp_seconds)"),
-            "freshness_p95_s": p.scalar(
-                "histogram_quantile(0.95, sum by (le) (rate(fedgate_spark_freshness_seconds_bucket[5m])))"
-            ),
-            "records_behind": behind,
-        }
-        view["alerts"] = [
-            {
-                "name": a["labels"]["alertname"],
-                "severity": a["labels"].get("severity", ""),
-                "state": a["state"],
-                "summary": a.get("annotations", {}).get("summary", ""),
-            }
-            for a in p.get("alerts")["alerts"]
-        ]
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
-        errors.append(f"Prometheus ({prom_url}): {e}")
-        return view
-    up = {(m.get("job", ""), m.get("node", "")): v == 1 for m, v in nodes}
+            readings = p.by("region:fedgate_readings:rate1m", "region")
+            leading = p.by("fedgate_router_leading", "node")
+            # the shards each router read in the last minute (single active consumer per shard)
+            for m, _ in p.vector(
+                "sum by (node, shard) (rate(fedgate_router_shard_deliveries_total[1m])) > 0"
+            ):
+                shards.setdefault(m.get("node", ""), []).append(m.get("shard", ""))
+            _flows(p, view)
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
+            errors.append(f"Prometheus ({prom_url}): {e}")
     for region, g in endpoints["gateways"].items():
-        gateways = [{"node": n["name"], "up": up.get(("rabbitmq", n["name"]), False)} for n in g["nodes"]]
-        n_up = sum(x["up"] for x in gateways)
-        answer = answers.get(region, [])
+        gateways = [{"node": n["name"], "up": up.get(("rabbitmq", n["name"]))} for n in g["nodes"]]
+        n_up = sum(bool(x["up"]) for x in gateways)
+        if any(x["up"] is None for x in gateways):
+            state = "unknown"  # Prometheus did not say (yet)
+        else:
+            state = "up" if n_up == len(gateways) else ("down" if n_up == 0 else "degraded")
         view["regions"].append(
             {
                 "name": region,
-                "state": "up" if n_up == len(gateways) else ("down" if n_up == 0 else "degraded"),
+                "state": state,
                 "gateways": gateways,
                 "devices": int(devices.get(region, 0)),
                 "readings_per_s": readings.get(region),
                 "dns_network": (endpoints.get("dns") or {}).get("client_networks", {}).get(region, ""),
-                "dns_answer": [f"{a} ({addresses.get(a, '?')})" for a in answer],
+                "dns_answer": [f"{a} ({addresses.get(a, '?')})" for a in answers.get(region, [])],
             }
         )
     view["routers"] = [

@@ -86,8 +86,16 @@ def test_the_console_shows_a_region_going_down_its_devices_moving_and_a_commands
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(served.url + "/")
-            for region in ("local-eu", "local-us", REGION):
-                page.wait_for_selector(f'[data-region="{region}"][data-state="up"]', timeout=20_000)
+            shot = tmp_path / "console.png"
+            try:
+                # every region up (within a scrape or two of the new region's; the suite's other
+                # lanes may keep Prometheus slow to answer)
+                for region in ("local-eu", "local-us", REGION):
+                    page.wait_for_selector(f'[data-region="{region}"][data-state="up"]', timeout=60_000)
+            except Exception:
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"the page as it was: {shot}; its view: {served.view.get()}")
+                raise
             assert wait_until(lambda: devices_shown(page, REGION) == len(ids), 20, 0.5)
             fallback_before = devices_shown(page, FALLBACK)
 
@@ -109,7 +117,6 @@ def test_the_console_shows_a_region_going_down_its_devices_moving_and_a_commands
             assert devices[0].wait_for(1, timeout=15), "the command reached its device"
             # and Prometheus pages for it
             page.wait_for_selector('tr.firing[data-alert="FedgateRegionDown"]', timeout=45_000)
-            shot = tmp_path / "console.png"
             page.screenshot(path=str(shot), full_page=True)
             browser.close()
         if os.environ.get("FEDGATE_UPDATE_SCREENSHOT") == "1":

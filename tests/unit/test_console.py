@@ -63,6 +63,8 @@ def test_a_source_that_does_not_answer_is_named_in_the_view(console):
     view = json.loads(body)
     assert status == 200
     assert any(e.startswith("Prometheus (http://127.0.0.1:1)") for e in view["errors"]), view["errors"]
+    # the regions still show, their state not known
+    assert [(r["name"], r["state"]) for r in view["regions"]] == [("local-eu", "unknown")]
 
 
 def test_the_command_list_shows_each_commands_last_step_and_the_region_it_went_to():

@@ -29,7 +29,8 @@ function drawRegions(regions) {
       el("div", {}, "devices: ", el("b", { class: "devices" }, r.devices)),
       el("div", {}, "readings/s: ", num(r.readings_per_s)),
       el("div", {}, ...r.gateways.map((g) =>
-        el("span", { class: g.up ? "node-up" : "node-down", "data-node": g.node }, g.node, " "))),
+        el("span", { class: g.up === null ? "" : (g.up ? "node-up" : "node-down"), "data-node": g.node },
+          g.node, " "))),
       el("div", { class: "quiet" }, `DNS for ${r.dns_network || "-"}: `,
         r.dns_answer.length ? r.dns_answer.join(", ") : "no answer")));
   document.getElementById("regions").replaceChildren(...cards);
