@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
 
 from fedgate.console.fleet import CommandTail
-from fedgate.console.server import Console
+from fedgate.console.server import STATIC, Console
 
 ENDPOINTS = {
     "kafka": {"bootstrap": "127.0.0.1:1"},
@@ -80,3 +82,11 @@ def test_the_command_list_shows_each_commands_last_step_and_the_region_it_went_t
     assert (first["command_id"], first["outcome"], first["region"]) == ("a", "acknowledged", "local-eu")
     assert first["steps"] == ["accepted", "routed", "acknowledged"]
     assert (second["command_id"], second["outcome"]) == ("b", "accepted")
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js here to check the page's script")
+def test_the_pages_script_parses():
+    """A syntax error leaves the page at "connecting..." (the browser test finds it a minute
+    later, as a region that never shows)."""
+    checked = subprocess.run(["node", "--check", str(STATIC / "app.js")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr

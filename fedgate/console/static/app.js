@@ -51,7 +51,7 @@ function draw(v) {
     ...(v.routers || []).map((r) => el("tr", { "data-router": r.node },
       el("td", { class: r.up ? "node-up" : "node-down" }, r.node),
       el("td", {}, r.up ? (r.leading ? "routes commands" : "stands by for commands") : "down"),
-      el("td", { class: "shards" }, r.shards && r.shards.length ? `reads shards ${r.shards.join(", ")}` : "")),
+      el("td", { class: "shards" }, r.shards && r.shards.length ? `reads shards ${r.shards.join(", ")}` : ""))),
     ...(v.engines || []).map((e) => el("tr", {},
       el("td", { class: e.up ? "node-up" : "node-down" }, e.node), el("td", {}, e.job), el("td", {}))),
   ]);
