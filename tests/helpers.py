@@ -80,6 +80,22 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
+def devices_in_network(
+    federation: LocalFederation, ep: dict[str, Any], region: str, ids: list[str]
+) -> list[SimDevice]:
+    """Devices `ids`, registered, living in `region`'s client network: each finds its gateway by
+    DNS (its region's while healthy, the next region's when not), subscribes to its commands
+    and is seen connected there by the router."""
+    secrets = federation.add_devices(ids)
+    devices = [
+        SimDevice.nearest(d, resolver_for(ep, region, d), d, secrets[d], keepalive=5).connect() for d in ids
+    ]
+    for d in devices:
+        d.subscribe(c.device_command_topic(d.device_id, "#"))
+        wait_present(ep, d.device_id, region)
+    return devices
+
+
 def firing(federation: LocalFederation, alert: str, **labels: str) -> bool:
     """Whether the federation's Prometheus fires `alert` with `labels` now."""
     return any(

@@ -23,14 +23,11 @@ import time
 
 import pytest
 
-from backend import contract as c
 from backend.polling import wait_until
-from fedgate.devices import SimDevice
-from fedgate.dns_resolver import resolver_for
 from fedgate.resolver import Endpoint
 from infra.local.driver import gateway_node_name
 from tests.chaos.counting import CommandSender, Fleet, check, read_back, resend_bound
-from tests.helpers import firing, record_counts, router_metrics, wait_present
+from tests.helpers import devices_in_network, firing, record_counts, router_metrics, wait_present
 
 pytestmark = [
     pytest.mark.integration,
@@ -52,16 +49,9 @@ def test_a_gateway_killed_its_devices_fail_over_and_nothing_is_lost_either_way(f
         ep = federation.endpoints()
         near = Endpoint(REGION, ep["gateways"][REGION]["address"], ep["gateways"][REGION]["mqtt"])
         ids = [f"gk-{uid}-{i}" for i in range(DEVICES)]
-        secrets = federation.add_devices(ids)
         # the devices live in local-gk's client network: DNS answers them local-gk while its
         # gateway is healthy, the next region (local-eu) when it is not
-        devices = [
-            SimDevice.nearest(d, resolver_for(ep, REGION, d), d, secrets[d], keepalive=5).connect()
-            for d in ids
-        ]
-        for d in devices:
-            d.subscribe(c.device_command_topic(d.device_id, "#"))
-            wait_present(ep, d.device_id, REGION)
+        devices = devices_in_network(federation, ep, REGION, ids)
         assert {d.region for d in devices} == {REGION}
 
         with Fleet(devices, interval=0.05) as fleet, CommandSender(ep["backend"]["url"], ids) as commands:

@@ -27,9 +27,8 @@ from backend.amqp import send_command
 from backend.polling import wait_until
 from fedgate.console.server import Console
 from fedgate.devices import SimDevice
-from fedgate.dns_resolver import resolver_for
 from infra.local.driver import gateway_node_name
-from tests.helpers import wait_present
+from tests.helpers import devices_in_network, wait_present
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.browser, pytest.mark.slow]
 
@@ -65,14 +64,7 @@ def test_the_console_shows_a_region_going_down_its_devices_moving_and_a_commands
     served: Console | None = None
     try:
         ep = federation.endpoints()
-        secrets = federation.add_devices(ids)
-        devices = [
-            SimDevice.nearest(d, resolver_for(ep, REGION, d), d, secrets[d], keepalive=5).connect()
-            for d in ids
-        ]
-        for d in devices:
-            d.subscribe(c.device_command_topic(d.device_id, "#"))
-            wait_present(ep, d.device_id, REGION)
+        devices = devices_in_network(federation, ep, REGION, ids)
         served = Console(ep, ep["admin"]["user"], ep["admin"]["password"], "127.0.0.1", 0).start()
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(served.url + "/api/fleet", timeout=5)
