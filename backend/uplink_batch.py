@@ -30,7 +30,7 @@ from typing import Any
 
 from pamqp.commands import Basic
 
-from backend.contract import RECEIVED_FROM_HEADER
+from backend.contract import FIRST_READING_AT_HEADER, RECEIVED_FROM_HEADER
 
 BATCH_CONTENT_TYPE = "application/vnd.fedgate.uplink-batch.v1"
 
@@ -74,6 +74,13 @@ def readings(batch_body: bytes, batch_headers: dict[str, Any] | None) -> Iterato
             r.properties.headers = {**(r.properties.headers or {}), RECEIVED_FROM_HEADER: hops}
             given.add(id(r.properties))
         yield r
+
+
+def first_reading_at(batch_headers: dict[str, Any] | None) -> float | None:
+    """When the batch's first reading reached its gateway's batcher, in seconds since the epoch
+    (its FIRST_READING_AT_HEADER; None without it, as from a gateway older than the header)."""
+    at = (batch_headers or {}).get(FIRST_READING_AT_HEADER)
+    return at / 1000 if isinstance(at, int) and not isinstance(at, bool) else None
 
 
 def decode(body: bytes) -> Iterator[Reading]:

@@ -101,8 +101,6 @@ class UplinkBridge(Lifecycle):
         #: consumer tag -> the shard it reads (a single active consumer: deliveries say which
         #: shards this router reads now, fedgate_router_shard_deliveries_total)
         self._shard_of: dict[str, str] = {}
-        #: (counter, its label's value) -> its series (_counted)
-        self._series: dict[tuple[str, str], Series] = {}
 
     def kafka_topics(self) -> list[str]:
         return self.settings.kafka_topics()
@@ -219,7 +217,9 @@ class UplinkBridge(Lifecycle):
         tag = self.acks.track(channel, message.delivery_tag)
         # a delivery on a consumer (basic.deliver) names the consumer
         consumer = getattr(message.delivery, "consumer_tag", None) or ""
-        self.metrics.inc_series(self._shard_series(consumer))
+        self.metrics.inc_series(
+            self.metrics.labelled(SHARD_DELIVERIES, "shard", self._shard_of.get(consumer, ""))
+        )
         if message.header.properties.content_type != uplink_batch.BATCH_CONTENT_TYPE:
             self._bridge(message, lambda ok: self.acks.settled(channel, tag, message, ok=ok))
             return
@@ -238,7 +238,7 @@ class UplinkBridge(Lifecycle):
             return
         self.metrics.inc("fedgate_router_batches_total")
         # the gateway's time of the batch (its first reading's), for the latency histogram
-        gateway_at = _gateway_at(message.header.properties.headers)
+        gateway_at = uplink_batch.first_reading_at(message.header.properties.headers)
         region = c.region_from_headers(message.header.properties.headers) or ""
         latency = self.metrics.series(READING_LATENCY, region=region)
         # the batch is acked once every reading's record is in Kafka (or dead-lettered); one
@@ -291,22 +291,10 @@ class UplinkBridge(Lifecycle):
                 self.metrics.observe_series(KAFKA_DELIVERY, time.monotonic() - started)
                 if gateway_at is not None and latency is not None:
                     self.metrics.observe_series(latency, max(0.0, time.time() - gateway_at))
-                self.metrics.inc_series(self._counted(counter, topic))
+                self.metrics.inc_series(self.metrics.labelled(counter, "topic", topic))
             settle(err is None)
 
         self.producer.produce(topic, message.body, key, headers, delivered)
-
-    def _shard_series(self, consumer: str) -> Series:
-        """fedgate_router_shard_deliveries_total of the shard `consumer` reads."""
-        return self._counted(SHARD_DELIVERIES, self._shard_of.get(consumer, ""), label="shard")
-
-    def _counted(self, counter: str, value: str, label: str = "topic") -> Series:
-        """The series of `counter` whose `label` is `value` (a handful of topics or shards:
-        each built once)."""
-        series = self._series.get((counter, value))
-        if series is None:
-            series = self._series[(counter, value)] = self.metrics.series(counter, **{label: value})
-        return series
 
     def _send_alone(
         self,
@@ -356,13 +344,6 @@ class UplinkBridge(Lifecycle):
     async def drain_acks(self) -> None:
         """Send the acks still queued (shutdown)."""
         await self.acks.drain(SHUTDOWN_ACK_TIMEOUT_S)
-
-
-def _gateway_at(batch_headers: dict[str, Any] | None) -> float | None:
-    """The batch's FIRST_READING_AT_HEADER in seconds since the epoch (None: not there, as
-    from a gateway older than the header)."""
-    at = (batch_headers or {}).get(c.FIRST_READING_AT_HEADER)
-    return at / 1000 if isinstance(at, int) and not isinstance(at, bool) else None
 
 
 class BatchedReading:

@@ -235,6 +235,8 @@ class Metrics(Collector):
         self.gauges: dict[str, Callable[[], dict[Labels, float]]] = {}
         #: each histogram's bucket bounds (CATALOG's), looked up once
         self._bounds: dict[str, tuple[float, ...]] = {}
+        #: (name, label, value) -> its series (labelled)
+        self._labelled: dict[tuple[str, str, str], Series] = {}
         self.gauge(
             "fedgate_build_info",
             lambda: {(("python", platform.python_version()), ("version", _version())): 1.0},
@@ -255,6 +257,14 @@ class Metrics(Collector):
         """A series' key, built once where a hot path counts it per reading (inc_series,
         observe_series): sorting its labels per call cost ~1 us of the ~3 us a call took."""
         return (name, tuple(sorted(labels.items())))
+
+    def labelled(self, name: str, label: str, value: str) -> Series:
+        """series(name, label=value), built once per value (a handful of topics, shards)."""
+        key = (name, label, value)
+        found = self._labelled.get(key)
+        if found is None:
+            found = self._labelled[key] = self.series(name, **{label: value})
+        return found
 
     def inc_series(self, series: Series, value: float = 1.0) -> None:
         self.counters[series] += value
