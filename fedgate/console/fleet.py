@@ -17,8 +17,6 @@ import json
 import threading
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 from collections import OrderedDict
 from typing import Any
 
@@ -27,6 +25,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from backend import contract as c
 from backend.kafka_read import end_offsets, throwaway_consumer
 from infra.dns.query import DnsQueryError, DnsServer, ask_server
+from infra.local.prometheus_node import PrometheusApi as Prometheus
 
 #: the queues whose depth the console shows when not empty (a PromQL regex): the federation
 #: links', the uplink shards, the commands waiting for a router, the poison queue
@@ -35,29 +34,6 @@ WATCHED_QUEUES = r"federation: .*|fedgate\.uplink\..*|fedgate\.router\.commands|
 COMMANDS_SHOWN = 15
 #: outcome records read back from each partition's end when the console starts
 COMMANDS_READ_BACK = 200
-
-
-class Prometheus:
-    """Instant queries against Prometheus's HTTP API."""
-
-    def __init__(self, url: str, timeout: float = 10.0):
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def get(self, path: str, **params: str) -> Any:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=self.timeout) as r:
-            return json.loads(r.read())["data"]
-
-    def vector(self, expr: str) -> list[tuple[dict[str, str], float]]:
-        return [(s["metric"], float(s["value"][1])) for s in self.get("query", query=expr)["result"]]
-
-    def by(self, expr: str, label: str) -> dict[str, float]:
-        return {m.get(label, ""): v for m, v in self.vector(expr)}
-
-    def scalar(self, expr: str) -> float | None:
-        got = self.vector(expr)
-        return got[0][1] if got else None
 
 
 class CommandTail:

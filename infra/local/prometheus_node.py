@@ -114,6 +114,30 @@ def config(folder: Path, scrape_interval_s: int, self_address: str) -> dict[str,
     }
 
 
+class PrometheusApi:
+    """Instant queries against a Prometheus's HTTP API (the console's, the tests')."""
+
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def get(self, path: str, **params: str) -> Any:
+        """GET /api/v1/`path`; its `data`."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=self.timeout) as r:
+            return json.loads(r.read())["data"]
+
+    def vector(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        return [(s["metric"], float(s["value"][1])) for s in self.get("query", query=expr)["result"]]
+
+    def by(self, expr: str, label: str) -> dict[str, float]:
+        return {m.get(label, ""): v for m, v in self.vector(expr)}
+
+    def scalar(self, expr: str) -> float | None:
+        got = self.vector(expr)
+        return got[0][1] if got else None
+
+
 class PrometheusNode(Node):
     """Debian's Prometheus server, its config, targets and data in the node's folder."""
 
@@ -168,11 +192,13 @@ class PrometheusNode(Node):
         """A region added or removed: its targets rewritten (Prometheus reads them by itself)."""
         self.prepare()
 
+    @property
+    def client(self) -> PrometheusApi:
+        return PrometheusApi(self.url, timeout=5)
+
     def api(self, path: str, **params: str) -> Any:
         """GET Prometheus's HTTP API (`path` after /api/v1/); its `data`."""
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=5) as r:
-            return json.loads(r.read())["data"]
+        return self.client.get(path, **params)
 
     def alerts(self) -> list[dict[str, Any]]:
         """The alerts pending or firing now."""

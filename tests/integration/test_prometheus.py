@@ -21,8 +21,7 @@ JOBS = {"rabbitmq", "rabbitmq_queues", "router", "kafka", "spark", "dns", "power
 
 
 def _value(prom, expr: str) -> float | None:
-    result = prom.api("query", query=expr)["result"]
-    return float(result[0]["value"][1]) if result else None
+    return prom.client.scalar(expr)
 
 
 def test_every_node_is_scraped_and_what_the_alerts_read_is_there(federation):
