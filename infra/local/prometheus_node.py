@@ -22,6 +22,7 @@ runs here: firing alerts are Prometheus's own (/api/v1/alerts, `fedgate console`
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import urllib.error
 import urllib.parse
@@ -128,7 +129,10 @@ class PrometheusApi:
             return json.loads(r.read())["data"]
 
     def vector(self, expr: str) -> list[tuple[dict[str, str], float]]:
-        return [(s["metric"], float(s["value"][1])) for s in self.get("query", query=expr)["result"]]
+        """The samples of `expr` now; a NaN or infinite one (a quantile of no data) left out,
+        as it means nothing and JSON cannot carry it."""
+        samples = [(s["metric"], float(s["value"][1])) for s in self.get("query", query=expr)["result"]]
+        return [(m, v) for m, v in samples if math.isfinite(v)]
 
     def by(self, expr: str, label: str) -> dict[str, float]:
         return {m.get(label, ""): v for m, v in self.vector(expr)}

@@ -90,3 +90,43 @@ def test_the_pages_script_parses():
     later, as a region that never shows)."""
     checked = subprocess.run(["node", "--check", str(STATIC / "app.js")], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_quantile_of_no_data_is_left_out_not_sent_as_nan(tmp_path):
+    """Prometheus answers NaN for a region's p99 once its readings stopped (a region removed):
+    the page's JSON cannot carry it, and the whole view failed to parse in the browser."""
+    import http.server
+    import threading
+
+    from infra.local.prometheus_node import PrometheusApi
+
+    body = json.dumps(
+        {
+            "status": "success",
+            "data": {
+                "resultType": "vector",
+                "result": [
+                    {"metric": {"region": "local-gk"}, "value": [1, "NaN"]},
+                    {"metric": {"region": "local-eu"}, "value": [1, "0.05"]},
+                ],
+            },
+        }
+    ).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # noqa: ANN002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = PrometheusApi(f"http://127.0.0.1:{server.server_address[1]}")
+        assert api.by("region:fedgate_reading_latency_seconds:p99_5m", "region") == {"local-eu": 0.05}
+    finally:
+        server.shutdown()
