@@ -190,7 +190,7 @@ class LocalSettings:
         default=50_000, metadata={"doc": "Spark: count sooner than the interval once this many rows wait."}
     )
     spark_compact_interval_s: float = field(
-        default=600.0,
+        default=120.0,
         metadata={"doc": "Spark: how often the job compacts small files and expires old snapshots."},
     )
     boot_timeout: float = field(
