@@ -45,6 +45,9 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     first = r["first_minutes"]
     assert first["rows"] == first["sent"] > 0, "the job's first minutes are measured on every reading too"
     assert 0 < first["freshness_p50_ms"] <= first["freshness_p95_ms"]
+    step = r["army_step"]  # a faster rate after the steady one, its rows dated the same way
+    assert step["rows"] == step["sent"] > 0 and step["rate_per_s"] > s["rate_per_s"]
+    assert 0 < step["freshness_p50_ms"] <= step["freshness_p95_ms"]
     ingest = r["ingest"]
     assert ingest["raw_rows_per_s"] > 0 and ingest["all_tables_rows_per_s"] > 0
     assert r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
