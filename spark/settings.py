@@ -161,7 +161,7 @@ class SparkSettings:
             "and expires old snapshots (0: never; then run it yourself).  Each batch's MERGE "
             "plans over the files and manifests the batches since added: at 300 readings/s, "
             "every 2 minutes kept the job at ~0.4 cores where every 10 cost ~0.6 (a sawtooth up "
-            "to 0.85 before each compaction), for 4-6 s of compaction each time."
+            "to 0.85 before each compaction), for 4-7 s of compaction each time."
         },
     )
     snapshots_kept_hours: float = field(
