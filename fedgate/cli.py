@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import importlib.metadata
@@ -119,6 +120,39 @@ def _version() -> str:
         # a checkout never installed: the version its next build carries
         with (PROJECT_ROOT / "pyproject.toml").open("rb") as f:
             return str(tomllib.load(f)["project"]["version"])
+
+
+def _installed(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """--version, its line composed only when asked for (it reads files)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(_version_line())
+        parser.exit()
+
+
+def _version_line() -> str:
+    """fedgate's version and the engines' it runs and was tested with (the defaults of
+    its settings, and the Iceberg runtime `make setup` fetches): what a bug report needs."""
+    defaults = {f.name: f.default for f in dataclasses.fields(LocalSettings)}
+    pom = (PROJECT_ROOT / "infra" / "setup" / "spark-pom.xml").read_text()
+    iceberg = re.search(r"<iceberg.version>([^<]+)<", pom)
+    engines = [
+        f"RabbitMQ {defaults['rabbitmq_release']}",
+        f"Kafka {defaults['kafka_version']}",
+        f"Spark {_installed('pyspark')}",
+        f"Iceberg {iceberg.group(1) if iceberg else '?'}",
+    ]
+    return f"fedgate {_version()} ({', '.join(engines)}; Python {sys.version.split()[0]})"
 
 
 def _wait_seconds(args: argparse.Namespace) -> float | None:
@@ -672,7 +706,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"debug logging, and a failure's traceback ({DEBUG_ENV}=1 does the same)",
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument(
+        "--version", action=_VersionAction, help="fedgate's version and the engines' it runs, then exit"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="start the local federation (idempotent)").set_defaults(fn=cmd_up)
     down = sub.add_parser("down", help="stop the local federation, leaving no process behind")

@@ -188,7 +188,14 @@ def test_a_broken_pipe_to_a_node_is_still_named_as_a_failure():
 def test_version_is_the_installed_distributions(stopped):
     out = fedgate(stopped, "--version")
     assert out.returncode == 0, out.stderr
-    assert out.stdout == f"fedgate {importlib.metadata.version('fedgate')}\n"
+    fedgate_version = importlib.metadata.version("fedgate")
+    spark = importlib.metadata.version("pyspark")
+    # the engines a bug report needs, read from what runs them (settings, pyspark, the jars' pom)
+    assert re.fullmatch(
+        rf"fedgate {re.escape(fedgate_version)} \(RabbitMQ 4\.0, Kafka \d+\.\d+\.\d+, "
+        rf"Spark {re.escape(spark)}, Iceberg \d+\.\d+\.\d+; Python 3\.\d+\.\d+\)\n",
+        out.stdout,
+    ), out.stdout
 
 
 def test_command_wait_that_runs_out_exits_timed_out(tmp_path, monkeypatch, capsys):
