@@ -78,7 +78,10 @@ unit: setup ## unit tests only (no brokers)
 bench: setup ## benchmarks side by side with references -> bench/results/ (QUICK=1: shorter; BENCH=spark,router,cost,army,ha,scale; BENCH_KEEP=1 keeps the logs)
 	@QUICK=$(QUICK) BENCH=$(BENCH) BENCH_KEEP=$(BENCH_KEEP) $(VENV)/bin/python -m bench
 
-lint: setup ## ruff format --check, ruff check, mypy
+venv: ## the Python virtualenv alone (no root, no brokers): what make lint needs
+	@bash infra/setup/setup.sh --venv-only
+
+lint: venv ## ruff format --check, ruff check, mypy
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
@@ -86,4 +89,4 @@ lint: setup ## ruff format --check, ruff check, mypy
 clean: down ## stop everything and delete the local state (all broker data)
 	@if [ -x $(FEDGATE) ]; then $(FEDGATE) down --purge; fi
 
-.PHONY: help setup up down status presence console send gateway gateway-destroy regions query count-now recompute army demo cloud-rehearsal release spark-package test unit bench lint clean
+.PHONY: help setup up down status presence console send gateway gateway-destroy regions query count-now recompute army demo cloud-rehearsal release spark-package test unit bench venv lint clean

@@ -30,6 +30,8 @@
 # 5 needs the virtualenv and the jars, not the root.  Each background step writes its output to
 # .cache/setup-logs/<step>.log; a failed one's end is printed.
 #
+# `setup.sh --venv-only` does step 2 alone (no root needed): `make lint` runs on it.
+#
 # Environment: FEDGATE_VENV (default .venv), FEDGATE_CACHE (default .cache),
 # PYTHON (interpreter used to create the venv, default python3).
 set -euo pipefail
@@ -131,6 +133,12 @@ else
     step "installing Python dependencies into $VENV (pyspark is large: half a minute or more)"
     bg_start virtualenv install_venv
     venv_job=(virtualenv)
+fi
+if [[ "${1:-}" == "--venv-only" ]]; then
+    # make lint: the virtualenv alone, no root, no system packages, no broker root or jars
+    ((${#venv_job[@]} == 0)) || { bg_wait virtualenv; compile_bytecode; }
+    step "virtualenv ready in ${SECONDS}s"
+    exit 0
 fi
 
 # --- 1. system packages -----------------------------------------------------
