@@ -194,7 +194,8 @@ class SparkSettings:
             "doc": "Extra JVM options of the driver and the executors (e.g. -XX:TieredStopAtLevel=1 "
             "-XX:ReservedCodeCacheSize=240m: a third less CPU for short jobs; the tests' setting. "
             "C1 alone shrinks the code cache to 48 MB, which the job fills: give it its size). "
-            "The driver collects with -XX:+UseParallelGC unless these name a collector."
+            "The driver runs G1 marking from 70 % of its heap (spark.session.DRIVER_GC) "
+            "unless these name a collector."
         },
     )
     executor_memory: str = field(

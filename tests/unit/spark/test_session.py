@@ -21,11 +21,18 @@ def test_the_same_catalog_gets_the_running_session(spark, spark_settings):
     assert build_session(spark_settings, "fedgate-unit-again", kafka=False) is spark
 
 
-def test_the_driver_collects_with_the_throughput_collector_unless_told_otherwise(spark):
-    """The running driver (started with the tests' JIT options, no collector named) uses
-    DRIVER_GC; options that name a collector keep theirs, as two would not start."""
-    beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
-    assert {bean.getName() for bean in beans} == {"PS Scavenge", "PS MarkSweep"}
-    assert gc_option("-XX:TieredStopAtLevel=1") == DRIVER_GC == "-XX:+UseParallelGC"
-    assert gc_option("-Xmx2g -XX:+UseG1GC") == ""
+def test_the_driver_marks_its_old_generation_late_unless_told_otherwise(spark):
+    """The running driver (started with the tests' JIT options, no collector named) runs
+    DRIVER_GC: G1, its marking threshold fixed at 70 % of the heap.  Options that name a
+    collector keep theirs, as two would not start."""
+    jvm = spark._jvm
+    beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    assert "G1 Young Generation" in {bean.getName() for bean in beans}
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert hotspot.getVMOption("InitiatingHeapOccupancyPercent").getValue() == "70"
+    assert hotspot.getVMOption("G1UseAdaptiveIHOP").getValue() == "false"
+    assert gc_option("-XX:TieredStopAtLevel=1") == DRIVER_GC
+    assert gc_option("-Xmx2g -XX:+UseParallelGC") == ""
     assert gc_option("-XX:+UseZGC -XX:+ZGenerational") == ""
