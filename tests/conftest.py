@@ -84,7 +84,18 @@ def missing_runtime() -> str | None:
 
 
 def missing_java() -> str | None:
-    return None if shutil.which("java") else "no Java runtime for a local SparkSession (run `make setup`)"
+    """What a local SparkSession lacks here: Java, or the jars `make setup` fetches (`make
+    unit` runs on the virtualenv alone)."""
+    if not shutil.which("java"):
+        return "no Java runtime for a local SparkSession (run `make setup`)"
+    from spark.session import SparkSetupError, spark_jars
+    from spark.settings import SparkSettings
+
+    try:
+        spark_jars(SparkSettings(kafka_bootstrap="-", warehouse="-"), kafka=False)
+    except SparkSetupError as e:
+        return str(e)
+    return None
 
 
 def missing_chromium() -> str | None:
