@@ -125,12 +125,29 @@ install_venv() {
 compile_bytecode() {
     "$VENV/bin/python" -m compileall -q -j 0 "$VENV"/lib/python*/site-packages >/dev/null || true
 }
+# A first setup writes ~5 GB: uv's cache holds ~3.2 GB of it (pyspark's source and the wheel
+# built from it), the virtualenv, jars and RabbitMQ root ~0.9 GB, Debian's packages the rest.
+# A disk that fills half-way fails deep inside pyspark's build ("No space left on device"):
+# say so up front, naming the disks, without refusing (the figure is an estimate).
+warn_if_disk_short() {
+    local dir avail_mb mount seen=" "
+    for dir in "${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}}" "$(dirname "$VENV")" "$CACHE"; do
+        while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
+        read -r avail_mb mount < <(df -Pm "$dir" | awk 'NR==2 {print $4, $6}')
+        [[ "$seen" != *" $mount "* ]] || continue
+        seen+="$mount "
+        if [[ -n "$avail_mb" ]] && ((avail_mb < 5000)); then
+            step "warning: ${avail_mb} MB free on $mount (holding $dir); a first setup needs about 5,000 MB"
+        fi
+    done
+}
 want_stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)
 venv_job=()
 if [[ -f "$VENV/.fedgate-stamp" && "$(cat "$VENV/.fedgate-stamp")" == "$want_stamp" ]]; then
     step "virtualenv up to date ($VENV)"
 else
     step "installing Python dependencies into $VENV (pyspark is large: half a minute or more)"
+    warn_if_disk_short
     bg_start virtualenv install_venv
     venv_job=(virtualenv)
 fi
