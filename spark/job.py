@@ -45,6 +45,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -81,6 +82,11 @@ QUERY = "tables"
 #: 3-4 of its JVM: 0.66 cores and 0.78 s a batch with generated code, 0.47 cores and 0.56 s
 #: without.  A backlog's batches (up to max_offsets_per_trigger) keep generated code.
 INTERPRETED_BELOW_RECORDS = 20_000
+
+#: How often a compaction rewrites every file below the tables' target size, not only the
+#: micro-batches' own (spark.tables.SMALL_FILE_BYTES): each row is rewritten ~3 times on its
+#: way to a file of the target size instead of at every compaction until then.
+FULL_COMPACTION_EVERY_S = 900.0
 
 #: At most this many backlog batches wait in memory to be counted (TelemetryJob._in_memory;
 #: up to max_offsets_per_trigger records each); more are read back from telemetry_raw.
@@ -206,9 +212,13 @@ class TelemetryJob:
         self._wake = threading.Event()
         #: a count asked for (SIGUSR1): the next round counts what is pending, clock or not
         self._count_asked = threading.Event()
-        #: per table, the first date written since the last compaction
+        #: per table, the first date written since the last compaction, and since the last
+        #: one of every file below the target size (FULL_COMPACTION_EVERY_S)
         self._uncompacted: dict[Table, dt.date] = {}
-        self._compacted_at = time.monotonic()
+        self._not_fully_compacted: dict[Table, dt.date] = {}
+        self._compacted_at = self._fully_compacted_at = time.monotonic()
+        #: when snapshots were last expired (-inf: at the first compaction)
+        self._expired_at = -math.inf
         self.last_compaction: dict[str, Any] = {}
         self.last_refresh: dict[str, Any] = {}
         #: the last count asked for (SIGUSR1): when it was answered, through which batch
@@ -383,6 +393,7 @@ class TelemetryJob:
         if span is not None:
             first = span.first.date()
             self._uncompacted[table] = min(first, self._uncompacted.get(table, first))
+            self._not_fully_compacted[table] = min(first, self._not_fully_compacted.get(table, first))
 
     def refresh_aggregates(self) -> None:
         """Count the pending batches' rows in the aggregates (Catalog.refresh: each
@@ -478,16 +489,37 @@ class TelemetryJob:
         """Compact every table's dates written since the last time; between two batches, so
         that compaction never races the job's own commits."""
         t0 = time.monotonic()
-        older_than = dt.datetime.now(dt.UTC) - dt.timedelta(hours=self.settings.snapshots_kept_hours)
+        kept = dt.timedelta(hours=self.settings.snapshots_kept_hours)
+        # Expiring costs ~0.2-0.8 s a table whether it finds anything or not (it reads every
+        # manifest list): done a sixth of the time-travel window apart, not at every compaction
+        # (10 minutes with an hour kept), a table holds at most that much more history.
+        expire = t0 - self._expired_at >= max(self.settings.compact_interval_s, kept.total_seconds() / 6)
+        older_than = dt.datetime.now(dt.UTC) - kept if expire else None
+        full = t0 - self._fully_compacted_at >= max(self.settings.compact_interval_s, FULL_COMPACTION_EVERY_S)
+        dates = self._not_fully_compacted if full else self._uncompacted
         done = {}
         with self._refresh_lock:
-            for table, since in sorted(self._uncompacted.items(), key=lambda kv: kv[0].name):
-                done[table.name] = self.catalog.compact(table, since, older_than)
+            for table, since in sorted(dates.items(), key=lambda kv: kv[0].name):
+                done[table.name] = self.catalog.compact(table, since, older_than, small_files_only=not full)
             self._uncompacted.clear()
+            if full:
+                self._not_fully_compacted.clear()
+        if expire:
+            self._expired_at = t0
+        if full:
+            self._fully_compacted_at = t0
         self._compacted_at = time.monotonic()
         took = round(self._compacted_at - t0, 1)
-        self.last_compaction = {"at_ms": int(time.time() * 1000), "took_s": took, "tables": done}
-        log.info("compacted in %.1f s: %s", took, done)
+        self.last_compaction = {
+            "at_ms": int(time.time() * 1000),
+            "took_s": took,
+            "every_file": full,
+            "expired": expire,
+            "tables": done,
+        }
+        log.info(
+            "compacted in %.1f s%s: %s", took, " (every file below the target size)" if full else "", done
+        )
 
     # --- running ------------------------------------------------------------------------
 

@@ -167,9 +167,10 @@ class SparkSettings:
     snapshots_kept_hours: float = field(
         default=1.0,
         metadata={
-            "doc": "How far back a query can time-travel: older snapshots are expired at compaction "
-            "(the latest 5 are always kept; a table holds a snapshot per micro-batch, each commit "
-            "rewrites their list)."
+            "doc": "How far back a query can time-travel: older snapshots are expired at a "
+            "compaction, at most every sixth of this time (10 minutes for an hour), so a table "
+            "holds up to that much more (the latest 5 are always kept; a table holds a snapshot "
+            "per micro-batch, each commit rewrites their list)."
         },
     )
     dedupe_lookback_days: int = field(

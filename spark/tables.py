@@ -127,6 +127,14 @@ AGGREGATES = (
 #: the table's greatest is the table's own mark, moving in the same commit as its counts
 COUNTED_THROUGH = "counted_through"
 
+#: A file below this size is a micro-batch's own (at 300 readings/s: 16-50 kB each; a
+#: compaction's file of their 2 minutes ~1.5 MB): rewritten at every compaction.  The files
+#: above it are merged up to the target size less often (spark.job.FULL_COMPACTION_EVERY_S):
+#: rewriting every file below the target at every compaction rewrote a row up to 15 times
+#: (8 on average) before its file reached the 24 MB that ends it (zstd: ~31 minutes at 300
+#: readings/s); now ~3.
+SMALL_FILE_BYTES = 1 << 20
+
 #: Every table's Iceberg properties.
 TABLE_PROPERTIES = {
     "format-version": "2",
@@ -136,8 +144,8 @@ TABLE_PROPERTIES = {
     # readers of a table the job commits to every 2 s find its metadata small
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "20",
-    # compacted files of ~15 minutes of a busy fleet (300 readings/s): a MERGE's key lookup
-    # reads the few whose time range meets the batch's, not hours of rows
+    # compacted files of ~40 minutes of a busy fleet (300 readings/s, zstd): a MERGE's key
+    # lookup reads the few whose time range meets the batch's, not hours of rows
     "write.target-file-size-bytes": "33554432",
 }
 
@@ -337,29 +345,45 @@ class Catalog:
         """Replace `table`'s rows of `dates` with `rows` (holding only those dates) in one commit."""
         rows.writeTo(self.name(table)).overwrite(F.col("date").isin(dates))
 
-    def compact(self, table: Table, since: dt.date, snapshots_older_than: dt.datetime) -> dict[str, int]:
+    def compact(
+        self,
+        table: Table,
+        since: dt.date,
+        snapshots_older_than: dt.datetime | None,
+        *,
+        small_files_only: bool = False,
+    ) -> dict[str, int]:
         """Rewrite the small files of `table`'s dates from `since` into large ones, then expire
-        the snapshots older than `snapshots_older_than` (and the files only they used); return
-        Iceberg's counts.  A micro-batch every 2 s leaves a small file per batch and partition
-        and a snapshot per commit: unbounded, both slow every read."""
+        the snapshots older than `snapshots_older_than` (and the files only they used; None:
+        none this time); return Iceberg's counts.  A micro-batch every few seconds leaves a
+        small file per batch and partition and a snapshot per commit: unbounded, both slow
+        every read.
+
+        `small_files_only`: only the micro-batches' own files (below SMALL_FILE_BYTES) are
+        rewritten, into one file of the minutes since the last compaction; the others wait
+        for a compaction of every file below the target size (write.target-file-size-bytes)."""
         name = f"{self.settings.namespace}.{table.name}"
         # what the MERGEs look copies up by (TimeSpan.condition) keeps each file's range short
         sort_order = f"{table.time} ASC NULLS LAST"
         if table is RAW:
             sort_order = f"device_ts ASC NULLS LAST, {sort_order}"
+        options = "'min-input-files', '2', 'partial-progress.enabled', 'true'"
+        if small_files_only:
+            options += f", 'min-file-size-bytes', '{SMALL_FILE_BYTES}'"
         call = f"CALL {self.settings.catalog}.system"
         t0 = time.monotonic()
         rewritten = self.spark.sql(
             f"{call}.rewrite_data_files(table => '{name}', where => \"date >= '{since.isoformat()}'\", "
-            f"strategy => 'sort', sort_order => '{sort_order}', "
-            "options => map('min-input-files', '2', 'partial-progress.enabled', 'true'))"
+            f"strategy => 'sort', sort_order => '{sort_order}', options => map({options}))"
         ).first()
         t1 = time.monotonic()
-        older_than = snapshots_older_than.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        expired = self.spark.sql(
-            f"{call}.expire_snapshots(table => '{name}', older_than => TIMESTAMP '{older_than}', "
-            "retain_last => 5)"
-        ).first()
+        expired = None
+        if snapshots_older_than is not None:
+            older_than = snapshots_older_than.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+            expired = self.spark.sql(
+                f"{call}.expire_snapshots(table => '{name}', older_than => TIMESTAMP '{older_than}', "
+                "retain_last => 5)"
+            ).first()
         t2 = time.monotonic()
         return {
             # what each step took (wall), for progress.json: where a compaction's time goes

@@ -12,6 +12,7 @@ import json
 import pytest
 from pyspark.sql import functions as F
 
+from spark import tables
 from spark import transforms as tr
 from spark.tables import (
     DEVICE_MINUTE,
@@ -289,7 +290,7 @@ def test_seconds_or_minutes_become_the_fewest_runs():
     assert unit_spans([]) == []
 
 
-def test_compaction_rewrites_small_files_into_one_and_keeps_every_row(spark, catalog):
+def test_compaction_rewrites_small_files_into_one_and_keeps_every_row(spark, catalog, monkeypatch):
     for seq in range(4):  # four micro-batches: four small files, four snapshots
         land_raw(spark, catalog, [({"ts": ms(NOW), "seq": seq}, seq, NOW)])
     name = catalog.name(RAW)
@@ -300,6 +301,21 @@ def test_compaction_rewrites_small_files_into_one_and_keeps_every_row(spark, cat
     assert spark.sql(f"SELECT count(*) FROM {name}.files").first()[0] == 1
     assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == [0, 1, 2, 3]
     assert spark.sql(f"SELECT count(*) FROM {name}.snapshots").first()[0] == 5, "the latest 5 are kept"
+
+    # two more micro-batches, then a compaction of their files only (spark.job, between two
+    # of every file) and between two expiries (a sixth of the time-travel window apart)
+    for seq in range(4, 6):
+        land_raw(spark, catalog, [({"ts": ms(NOW), "seq": seq}, seq, NOW)])
+    sizes = sorted(r[0] for r in spark.sql(f"SELECT file_size_in_bytes FROM {name}.files").collect())
+    assert sizes[-1] > sizes[-2], "the compacted file is the largest"
+    monkeypatch.setattr(tables, "SMALL_FILE_BYTES", sizes[-1])  # below it: the batches' own
+    done = catalog.compact(RAW, NOW.date(), None, small_files_only=True)
+    assert (done["files_rewritten"], done["snapshots_expired"], done["expire_ms"]) == (2, 0, 0)
+    assert spark.sql(f"SELECT count(*) FROM {name}.files").first()[0] == 2
+    assert spark.sql(f"SELECT count(*) FROM {name}.snapshots").first()[0] == 8, "none expired"
+    done = catalog.compact(RAW, NOW.date(), None)  # every file below the target size
+    assert (done["files_rewritten"], done["files_added"]) == (2, 1)
+    assert sorted(r["kafka_offset"] for r in catalog.read(RAW).collect()) == list(range(6))
 
 
 def test_which_batches_the_aggregates_count_is_kept_with_the_tables(spark, catalog):
@@ -496,3 +512,30 @@ def test_a_backlogs_batch_is_counted_from_memory_once_and_a_batch_of_copies_is_n
     # every column as counting telemetry_raw's rows at once gives
     same_rows(catalog.read(DEVICE_MINUTE), tr.device_minute(catalog.read(RAW)), DEVICE_MINUTE.key)
     same_rows(catalog.read(REGION_MINUTE), tr.region_minute(catalog.read(RAW)), REGION_MINUTE.key)
+
+
+def test_the_job_compacts_batch_files_each_time_every_file_and_expiry_less_often(spark, catalog, monkeypatch):
+    """The job's compactions (TelemetryJob.compact): each rewrites the micro-batches' files;
+    every FULL_COMPACTION_EVERY_S one rewrites every file below the target size, and
+    snapshots expire a sixth of the time-travel window apart (10 minutes of an hour).  Tried:
+    three compactions, the clock moved past both periods before the third."""
+    import spark.job as job_module
+
+    monkeypatch.setattr(job_module, "build_session", lambda *args, **kwargs: spark)
+    job = job_module.TelemetryJob(catalog.settings)
+
+    def land_and_compact(seq):
+        job.land_batch(tr.parse(decode(spark, [record({"ts": NOW_MS, "seq": seq}, seq)])), seq)
+        job.land_batch(tr.parse(decode(spark, [record({"ts": NOW_MS, "seq": -seq}, 100 + seq)])), 100 + seq)
+        job.compact()
+        done = job.last_compaction
+        return done["every_file"], done["expired"], done["tables"]["telemetry_raw"]["files_rewritten"]
+
+    # files below 1 byte: none is the batches' own, so only a compaction of every file rewrites
+    monkeypatch.setattr(tables, "SMALL_FILE_BYTES", 1)
+    assert land_and_compact(1) == (False, True, 0), "the first compaction expires, batch files only"
+    assert land_and_compact(2) == (False, False, 0)
+    job._fully_compacted_at -= job_module.FULL_COMPACTION_EVERY_S
+    job._expired_at -= 3600 / 6
+    assert land_and_compact(3) == (True, True, 6), "every batch's file since the job began"
+    assert catalog.read(RAW).count() == 6
