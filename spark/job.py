@@ -490,7 +490,7 @@ class TelemetryJob:
         that compaction never races the job's own commits."""
         t0 = time.monotonic()
         kept = dt.timedelta(hours=self.settings.snapshots_kept_hours)
-        # Expiring costs ~0.2-0.8 s a table whether it finds anything or not (it reads every
+        # Expiring costs ~0.2-0.9 s a table whether it finds anything or not (it reads every
         # manifest list): done a sixth of the time-travel window apart, not at every compaction
         # (10 minutes with an hour kept), a table holds at most that much more history.
         expire = t0 - self._expired_at >= max(self.settings.compact_interval_s, kept.total_seconds() / 6)
