@@ -486,16 +486,20 @@ class TelemetryJob:
         log.info("aggregates count the batches through %s (%.1f s)", through, time.monotonic() - t0)
 
     def compact(self) -> None:
-        """Compact every table's dates written since the last time; between two batches, so
-        that compaction never races the job's own commits."""
+        """Compact every table's dates written since the last time -- the batches' own files,
+        or every file below the target size since the last such compaction
+        (FULL_COMPACTION_EVERY_S) -- and expire old snapshots when that is due; between two
+        batches, so that compaction never races the job's own commits."""
         t0 = time.monotonic()
         kept = dt.timedelta(hours=self.settings.snapshots_kept_hours)
         # Expiring costs ~0.2-0.9 s a table whether it finds anything or not (it reads every
         # manifest list): done a sixth of the time-travel window apart, not at every compaction
         # (10 minutes with an hour kept), a table holds at most that much more history.
-        expire = t0 - self._expired_at >= max(self.settings.compact_interval_s, kept.total_seconds() / 6)
+        # each at most as often as the compactions themselves
+        every = self.settings.compact_interval_s
+        expire = t0 - self._expired_at >= max(every, kept.total_seconds() / 6)
         older_than = dt.datetime.now(dt.UTC) - kept if expire else None
-        full = t0 - self._fully_compacted_at >= max(self.settings.compact_interval_s, FULL_COMPACTION_EVERY_S)
+        full = t0 - self._fully_compacted_at >= max(every, FULL_COMPACTION_EVERY_S)
         dates = self._not_fully_compacted if full else self._uncompacted
         done = {}
         with self._refresh_lock:

@@ -536,6 +536,6 @@ def test_the_job_compacts_batch_files_each_time_every_file_and_expiry_less_often
     assert land_and_compact(1) == (False, True, 0), "the first compaction expires, batch files only"
     assert land_and_compact(2) == (False, False, 0)
     job._fully_compacted_at -= job_module.FULL_COMPACTION_EVERY_S
-    job._expired_at -= 3600 / 6
+    job._expired_at -= catalog.settings.snapshots_kept_hours * 3600 / 6
     assert land_and_compact(3) == (True, True, 6), "every batch's file since the job began"
     assert catalog.read(RAW).count() == 6
