@@ -19,8 +19,9 @@ last rows are counted), the rows the batches since the last time added are count
 
 The topics are exactly those the router's mapping rules produce, plus its
 catch-all and dead-letter topics (settings `topics`, from
-router.topics.kafka_topics).  Every `compact_interval_s` the job rewrites the
-small files of the dates it wrote into large ones and expires old snapshots.
+router.topics.kafka_topics).  Every `compact_interval_s`, also beside the
+batches, the job rewrites the small files of the dates it wrote into large ones
+and expires old snapshots.
 
 SIGUSR1 asks for a count now: the batches landed so far are counted in the
 aggregates at the run loop's next round (within 2 s), whatever the clock says,
@@ -192,6 +193,12 @@ class InMemoryBatch:
     span: TimeSpan
 
 
+def _note_firsts(dates: dict[Table, dt.date], firsts: dict[Table, dt.date]) -> None:
+    """Keep in `dates` each table's first date of both."""
+    for table, first in firsts.items():
+        dates[table] = min(first, dates.get(table, first))
+
+
 class TelemetryJob:
     def __init__(self, settings: SparkSettings):
         self.settings = settings
@@ -212,10 +219,12 @@ class TelemetryJob:
         self._wake = threading.Event()
         #: a count asked for (SIGUSR1): the next round counts what is pending, clock or not
         self._count_asked = threading.Event()
-        #: per table, the first date written since the last compaction, and since the last
-        #: one of every file below the target size (FULL_COMPACTION_EVERY_S)
+        #: per table, the first date written since the last compaction began, and since the
+        #: last one of every file below the target size (FULL_COMPACTION_EVERY_S) began:
+        #: noted by the batches (and counts) while run() compacts, so under _dates_lock
         self._uncompacted: dict[Table, dt.date] = {}
         self._not_fully_compacted: dict[Table, dt.date] = {}
+        self._dates_lock = threading.Lock()
         self._compacted_at = self._fully_compacted_at = time.monotonic()
         #: when snapshots were last expired (-inf: at the first compaction)
         self._expired_at = -math.inf
@@ -234,8 +243,7 @@ class TelemetryJob:
         self._in_memory: dict[int, InMemoryBatch] = {}
         #: the last count counted aggregate_after_rows rows or more: a backlog is being counted
         self._catching_up = False
-        #: refreshes run from run() (and stop()), compactions from the batches: never both
-        #: at once (both rewrite the aggregates' files)
+        #: refreshes and compactions: never both at once (both rewrite the aggregates' files)
         self._refresh_lock = threading.Lock()
         #: what the last steady batches took, start to last commit (pause_after)
         self._batch_times: deque[float] = deque(maxlen=PACE_WINDOW)
@@ -349,12 +357,6 @@ class TelemetryJob:
         finally:
             if not kept:  # else run() lets it go once counted
                 batch.unpersist()
-        if (
-            self._uncompacted
-            and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0
-        ):
-            self.compact()
-            clock.lap("compaction")
         # The engine starts the next batch when this function returns (its trigger's time
         # is past): waiting here spaces the batches; what arrives meanwhile waits in Kafka.
         # This batch is in every table already; a stop ends the wait.
@@ -390,10 +392,11 @@ class TelemetryJob:
         self._note_dates(table, span)
 
     def _note_dates(self, table: Table, span: TimeSpan | None) -> None:
-        if span is not None:
-            first = span.first.date()
-            self._uncompacted[table] = min(first, self._uncompacted.get(table, first))
-            self._not_fully_compacted[table] = min(first, self._not_fully_compacted.get(table, first))
+        if span is None:
+            return
+        with self._dates_lock:
+            for dates in (self._uncompacted, self._not_fully_compacted):
+                _note_firsts(dates, {table: span.first.date()})
 
     def refresh_aggregates(self) -> None:
         """Count the pending batches' rows in the aggregates (Catalog.refresh: each
@@ -488,8 +491,12 @@ class TelemetryJob:
     def compact(self) -> None:
         """Compact every table's dates written since the last time -- the batches' own files,
         or every file below the target size since the last such compaction
-        (FULL_COMPACTION_EVERY_S) -- and expire old snapshots when that is due; between two
-        batches, so that compaction never races the job's own commits."""
+        (FULL_COMPACTION_EVERY_S) -- and expire old snapshots when that is due.
+
+        run() calls it beside the batches, which land meanwhile: their MERGEs only insert
+        (an Iceberg append), which commits beside a rewrite (each retries on the other's
+        commit), and the dates they note go to the next compaction; the aggregates, which
+        a count rewrites, are held by _refresh_lock."""
         t0 = time.monotonic()
         kept = dt.timedelta(hours=self.settings.snapshots_kept_hours)
         # Expiring costs ~0.2-0.9 s a table whether it finds anything or not (it reads every
@@ -500,14 +507,26 @@ class TelemetryJob:
         expire = t0 - self._expired_at >= max(every, kept.total_seconds() / 6)
         older_than = dt.datetime.now(dt.UTC) - kept if expire else None
         full = t0 - self._fully_compacted_at >= max(every, FULL_COMPACTION_EVERY_S)
-        dates = self._not_fully_compacted if full else self._uncompacted
-        done = {}
-        with self._refresh_lock:
-            for table, since in sorted(dates.items(), key=lambda kv: kv[0].name):
-                done[table.name] = self.catalog.compact(table, since, older_than, small_files_only=not full)
-            self._uncompacted.clear()
+        with self._dates_lock:  # what the batches note from here on is the next one's
+            uncompacted, self._uncompacted = self._uncompacted, {}
+            not_fully = self._not_fully_compacted
             if full:
-                self._not_fully_compacted.clear()
+                self._not_fully_compacted = {}
+        done = {}
+        try:
+            with self._refresh_lock:
+                for table, since in sorted(
+                    (not_fully if full else uncompacted).items(), key=lambda kv: kv[0].name
+                ):
+                    done[table.name] = self.catalog.compact(
+                        table, since, older_than, small_files_only=not full
+                    )
+        except BaseException:
+            with self._dates_lock:  # not compacted: the next compaction's
+                _note_firsts(self._uncompacted, uncompacted)
+                if full:
+                    _note_firsts(self._not_fully_compacted, not_fully)
+            raise
         if expire:
             self._expired_at = t0
         if full:
@@ -609,6 +628,14 @@ class TelemetryJob:
                     if asked:  # not answered: the next round tries again
                         self._count_asked.set()
                         asked = False
+            if self._compaction_due():
+                # here too, not in the batches, which land meanwhile (compact())
+                self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
+                try:
+                    self.compact()
+                except (PySparkException, Py4JError) as e:
+                    log.error("compaction: %s (tried again in compact_interval_s)", e)
+                    self._compacted_at = time.monotonic()
             if asked:
                 # answered even with nothing pending: the asker learns the count is current
                 self.last_count_request = {
@@ -619,6 +646,11 @@ class TelemetryJob:
         self.stop()
         self.write_progress("stopped")
         return 0
+
+    def _compaction_due(self) -> bool:
+        with self._dates_lock:
+            written = bool(self._uncompacted)
+        return written and time.monotonic() - self._compacted_at >= self.settings.compact_interval_s > 0
 
     def _pending_through(self, before: int | None = None) -> int:
         """The last micro-batch landed (before `before`; the aggregates count those up to

@@ -9,9 +9,8 @@ A batch's phases, in order (spark/job.py, TelemetryJob.land_batch):
   telemetry_raw  the MERGE into telemetry_raw: Iceberg's scan planning, the lookup of
                  earlier copies, the write and the commit
   keep           the batch kept in memory for the aggregates' count (a backlog's only)
-  compaction     the tables' small files rewritten (every compact_interval_s)
   pause          the wait that spaces the batches (freshness_target_s): its CPU is what
-                 ran beside it (a count, compaction's files, GC), not the batch's
+                 ran beside it (a count, a compaction, GC), not the batch's
 
 and, from the streaming engine's own progress of the batch (`engine_ms`, wall time only):
 the offsets asked of Kafka (latestOffset), the plan (queryPlanning), the offsets written

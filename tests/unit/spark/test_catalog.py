@@ -539,3 +539,71 @@ def test_the_job_compacts_batch_files_each_time_every_file_and_expiry_less_often
     job._expired_at -= catalog.settings.snapshots_kept_hours * 3600 / 6
     assert land_and_compact(3) == (True, True, 6), "every batch's file since the job began"
     assert catalog.read(RAW).count() == 6
+
+
+def test_a_batch_commits_while_the_job_compacts_and_every_reading_stays_one_row(spark, catalog, monkeypatch):
+    """The run loop compacts beside the batches (TelemetryJob.compact), which land and commit
+    meanwhile.  Tried: six batches of 5,000 readings two hours earlier the same day (the
+    files the compaction rewrites), then a compaction on a thread of its own, and once its
+    rewrite runs, a batch of new readings lands (its MERGE reads none of those files), up
+    to three times until the batch's append commits before the rewrite, which commits over
+    it.  Every reading is one row, and the date that batch wrote waits for the next
+    compaction."""
+    import threading
+    import time
+
+    import spark.job as job_module
+
+    monkeypatch.setattr(job_module, "build_session", lambda *args, **kwargs: spark)
+    job = job_module.TelemetryJob(dataclasses.replace(catalog.settings, freshness_target_s=0))
+    earlier = NOW - dt.timedelta(hours=2)
+
+    def land(batch_id, at, seqs):
+        readings = [record({"ts": ms(at), "seq": s}, s, device=f"dev-{s % 30}", ts=at) for s in seqs]
+        job.land_batch(tr.parse(decode(spark, readings)), batch_id)
+
+    tracker = spark.sparkContext.statusTracker()
+    land_merge = job.catalog.land
+
+    def land_inside_a_compaction(batch_id, seqs) -> list[Exception]:
+        failed: list[Exception] = []
+        compaction = threading.Thread(target=lambda: _record_failure(job.compact, failed))
+
+        def land_once_the_rewrite_runs(table, rows, **kwargs):
+            if table is RAW:
+                compaction.start()
+                while compaction.is_alive() and not tracker.getActiveJobsIds():
+                    time.sleep(0.01)
+            return land_merge(table, rows, **kwargs)
+
+        monkeypatch.setattr(job.catalog, "land", land_once_the_rewrite_runs)
+        land(batch_id, NOW, seqs)
+        monkeypatch.setattr(job.catalog, "land", land_merge)
+        compaction.join()
+        return failed
+
+    for attempt in range(3):  # until the batch commits first (~0.3-0.5 s ahead here)
+        for b in range(6):
+            first = (attempt * 7 + b) * 5000
+            land(attempt * 7 + b, earlier, range(first, first + 5000))
+        failed = land_inside_a_compaction(attempt * 7 + 6, range(first + 5000, first + 5003))
+        assert not failed, f"the compaction failed: {failed}"
+        assert job.last_compaction["tables"]["telemetry_raw"]["files_rewritten"] >= 6
+        assert job._uncompacted == {RAW: NOW.date()}, (
+            "the batch landed during the compaction waits for the next"
+        )
+        snapshots = spark.sql(f"SELECT operation FROM {catalog.name(RAW)}.snapshots ORDER BY committed_at")
+        if [r["operation"] for r in snapshots.collect()][-2:] == ["append", "replace"]:
+            break
+    else:
+        pytest.fail("in three tries, the batch never committed inside the compaction")
+    landed = (attempt + 1) * (6 * 5000 + 3)
+    rows = catalog.read(RAW)
+    assert (rows.count(), rows.select("message_id").distinct().count()) == (landed, landed)
+
+
+def _record_failure(call, failures: list) -> None:
+    try:
+        call()
+    except Exception as e:  # on a thread of its own: the test asserts the list empty
+        failures.append(e)
