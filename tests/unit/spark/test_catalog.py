@@ -143,11 +143,11 @@ def test_copies_are_looked_for_only_among_the_same_device_times(spark):
     assert window.kafka_times is None, "no reading without a device time: no lookback"
 
 
-def test_one_aggregate_tells_the_job_both_tables_copy_windows_and_the_batchs_own_copies(spark):
+def test_one_action_tells_the_job_both_tables_copy_windows_and_the_batchs_own_copies(spark):
     """The job's one action per micro-batch (summarize_batch) gives each MERGE the window
     that copy_window would, and says whether the batch repeats a message.  Tried: readings
     with a device time, from 2019, without one, a fast clock, a record of the unmatched topic,
-    and a redelivered copy right behind its original."""
+    a redelivered copy right behind its original, and an empty batch."""
     old = dt.datetime(2019, 5, 1, 12, 0, 10)
     later = NOW + dt.timedelta(minutes=3)
     reading = {"ts": ms(NOW), "seq": 1}
@@ -178,6 +178,8 @@ def test_one_aggregate_tells_the_job_both_tables_copy_windows_and_the_batchs_own
         {"ts": ms(later), "seq": 9}, 7, headers=bridge_headers(payload=json.dumps(reading).encode())
     )
     assert summarize_batch(tr.parse(decode(spark, [*records, borrowed])), 2).raw_copies is True
+    empty = summarize_batch(tr.parse(decode(spark, [])), 2)
+    assert empty == tables.BatchSummary(None, None, False, 0, 0, None)
 
 
 def test_a_device_sending_random_times_makes_a_short_condition():
