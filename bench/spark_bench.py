@@ -12,10 +12,10 @@ freshness, at a steady input rate
   payload.  The split device -> Kafka is the row's own `latency_ms`.
   The job's CPU and memory over the window are taken from /proc.
   The same rate first runs for WARMUP_S, reported apart as the job's first
-  minutes: a new JVM's JIT compiles Spark's code for minutes (measured here: the
-  job alone at 300 readings/s used ~1.0 core in its second minute, 0.5 in its
-  fifth, of which the compiler threads 0.5-0.6 and 0.1), and a fleet's job has
-  run for longer than that.
+  minutes: a new JVM's JIT compiles Spark's code for ten minutes (measured here,
+  the job's threads' CPU at 300 readings/s: 0.216 cores in its minutes 3-6, of
+  which the compiler threads 0.084; 0.156 in minutes 9-12, of which 0.046), and
+  a fleet's job runs for days.
 
 ingest rate on a backlog
   N bridge records wait in Kafka for the warm job: its processes are stopped
@@ -72,7 +72,7 @@ WARMUP_PREFIX = "warmup-"
 STEP_PREFIX = "step-"
 ARMY_STEP = {"full": (2000.0, 60.0, 100), "quick": (300.0, 3.0, 10)}
 #: How long the job runs at the measured rate before the steady figures (a full run).
-WARMUP_S = 180.0
+WARMUP_S = 480.0
 BURST_PREFIX = "burst-"
 #: how long the job is watched with nothing to land (full, quick)
 IDLE_S = {"full": 60.0, "quick": 5.0}
