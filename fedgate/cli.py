@@ -68,6 +68,7 @@ from infra.local.processes import sigterm_as_interrupt
 from infra.local.settings import LocalSettings, describe_settings, load_settings
 from infra.local.status import format_clusters
 from infra.regions import RegionDriver, RegionRow, all_drivers, driver_for, format_status
+from infra.releases import ICEBERG_RELEASE
 
 log = logging.getLogger("fedgate.cli")
 
@@ -144,13 +145,11 @@ def _version_line() -> str:
     """fedgate's version and the engines' it runs and was tested with (the defaults of
     its settings, and the Iceberg runtime `make setup` fetches): what a bug report needs."""
     defaults = {f.name: f.default for f in dataclasses.fields(LocalSettings)}
-    pom = (PROJECT_ROOT / "infra" / "setup" / "spark-pom.xml").read_text()
-    iceberg = re.search(r"<iceberg.version>([^<]+)<", pom)
     engines = [
         f"RabbitMQ {defaults['rabbitmq_release']}",
         f"Kafka {defaults['kafka_version']}",
         f"Spark {_installed('pyspark')}",
-        f"Iceberg {iceberg.group(1) if iceberg else '?'}",
+        f"Iceberg {ICEBERG_RELEASE}",
     ]
     return f"fedgate {_version()} ({', '.join(engines)}; Python {sys.version.split()[0]})"
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from backend.errors import FedgateError
 from backend.settings_layers import coerce, read_layers
+from infra.releases import KAFKA_RELEASE
 from router.settings import RouterSettings, RouterSettingsError, check_router_table, router_table
 from router.settings import describe as describe_router
 from spark.settings import SPARK_JARS
@@ -139,7 +140,7 @@ class LocalSettings:
     kafka_opts: str = field(default="", metadata={"doc": "Extra JVM options for the Kafka brokers."})
     spark_java_options: str = field(default="", metadata={"doc": "Extra JVM options for the Spark job."})
     kafka_version: str = field(
-        default="4.1.0",
+        default=KAFKA_RELEASE,
         metadata={"doc": "Apache Kafka release whose jars `make setup` downloaded."},
     )
     routers: int = field(

@@ -40,7 +40,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${FEDGATE_VENV:-$ROOT/.venv}"
 CACHE="${FEDGATE_CACHE:-$ROOT/.cache}"
 PYTHON="${PYTHON:-python3}"
-KAFKA_VERSION="4.1.0"
+# the release its pom names (infra/releases.py reads the same property)
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ROOT/infra/setup/kafka-pom.xml")"
+[ -n "$KAFKA_VERSION" ] || { printf '[setup] error: no <kafka.version> in infra/setup/kafka-pom.xml\n' >&2; exit 1; }
 JMX_EXPORTER_VERSION="1.0.1"  # infra/local/kafka_metrics.py names it too
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
