@@ -507,6 +507,8 @@ class TelemetryJob:
         expire = t0 - self._expired_at >= max(every, kept.total_seconds() / 6)
         older_than = dt.datetime.now(dt.UTC) - kept if expire else None
         full = t0 - self._fully_compacted_at >= max(every, FULL_COMPACTION_EVERY_S)
+        # the count's pool: the scheduler shares the cores with the batches' jobs
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
         with self._dates_lock:  # what the batches note from here on is the next one's
             uncompacted, self._uncompacted = self._uncompacted, {}
             not_fully = self._not_fully_compacted
@@ -630,7 +632,6 @@ class TelemetryJob:
                         asked = False
             if self._compaction_due():
                 # here too, not in the batches, which land meanwhile (compact())
-                self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
                 try:
                     self.compact()
                 except (PySparkException, Py4JError) as e:
