@@ -32,6 +32,13 @@ def test_a_partition_without_a_leader_yet_is_asked_again():
     assert consumer.calls == 4
 
 
+def test_a_new_leader_whose_high_watermark_lags_is_asked_again():
+    # an HA cluster's partition leader moved a moment ago (the HA benchmark's army, make test)
+    consumer = Answers(KafkaError.OFFSET_NOT_AVAILABLE)
+    assert kafka_read.end_offsets(consumer, "t") == {0: 10, 1: 11}
+    assert consumer.calls == 3
+
+
 def test_a_refusal_is_raised_at_once_not_asked_sixty_times():
     consumer = Answers(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(KafkaException) as err:
