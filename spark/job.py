@@ -423,7 +423,7 @@ class TelemetryJob:
         for batch_id in kept:
             if self._pending_through(before=batch_id) > self._refreshed_through:
                 self._count_read_back(batch_id - 1)
-            t0 = time.monotonic()
+            clock = self._count_clock(batch_id)
             with self._pending_lock:
                 batch = self._in_memory[batch_id]
             try:
@@ -432,16 +432,31 @@ class TelemetryJob:
                 self._let_go(batch_id)  # counted, or read back from telemetry_raw at the next try
             for table, span in spans.items():
                 self._note_dates(table, span)
-            self._counted(batch_id, self._take_pending(batch_id), t0)
+            self._counted(batch_id, self._take_pending(batch_id), clock)
         if through > self._refreshed_through:
             self._count_read_back(through)
 
     def _count_read_back(self, through: int) -> None:
         """Count the pending batches up to `through` from their rows in telemetry_raw."""
-        t0 = time.monotonic()
+        clock = self._count_clock(through)
         for table, span in self.catalog.refresh(through).items():
             self._note_dates(table, span)
-        self._counted(through, self._take_pending(through), t0)
+        self._counted(through, self._take_pending(through), clock)
+
+    def _count_clock(self, through: int) -> PhaseClock:
+        """Plan the count of the pending batches up to `through` for their rows, as a batch
+        is (interpreted_for), and start its clock.
+
+        The job's own session counts (the batches' is the streaming query's): a count after
+        the small batches of a steady rate (a minute's ~18,000 rows at 300/s, or the few rows
+        of the batch after a backlog) compiled its plans' classes anew each time, their
+        literals (batches, minutes) differing -- the count of one 600-record batch took 8-9 s
+        beside a backlog's first batch, delaying the backlog's own counts behind it."""
+        with self._pending_lock:
+            rows = [n for b, n in self._pending_rows.items() if b <= through]
+        # 0: rows landed before a restart, how many not known -- a backlog's, perhaps
+        interpreted_for(self.spark, sum(rows) if rows and all(rows) else INTERPRETED_BELOW_RECORDS)
+        return PhaseClock(self._jvm_pid)
 
     def _let_go(self, batch_id: int) -> None:
         with self._pending_lock:
@@ -473,8 +488,11 @@ class TelemetryJob:
         with self._pending_lock:
             return sum(self._pending_rows.pop(b) for b in [b for b in self._pending_rows if b <= through])
 
-    def _counted(self, through: int, rows: int, t0: float) -> None:
-        """The aggregates now count every batch up to `through`, the last `rows` rows since `t0`."""
+    def _counted(self, through: int, rows: int, clock: PhaseClock) -> None:
+        """The aggregates now count every batch up to `through`, the last `rows` rows since
+        `clock` started."""
+        clock.lap("count")
+        wall_ms, cpu_ms = clock.phases["count"]
         self._refreshed_through = through
         with self._pending_lock:
             # a backlog's count goes on until nothing waits: the rows of its last batches,
@@ -483,10 +501,18 @@ class TelemetryJob:
             self._catching_up = self._a_backlog(rows)
         self.last_refresh = {
             "through_batch": through,
-            "took_ms": round((time.monotonic() - t0) * 1000),
+            "rows": rows,
+            "took_ms": wall_ms,
+            "cpu_ms": cpu_ms,
             "at_ms": int(time.time() * 1000),
         }
-        log.info("aggregates count the batches through %s (%.1f s)", through, time.monotonic() - t0)
+        log.info(
+            "aggregates count the batches through %s: %d rows in %.1f s (the job's CPU meanwhile %.1f s)",
+            through,
+            rows,
+            wall_ms / 1000,
+            cpu_ms / 1000,
+        )
 
     def compact(self) -> None:
         """Compact every table's dates written since the last time -- the batches' own files,
@@ -509,6 +535,9 @@ class TelemetryJob:
         full = t0 - self._fully_compacted_at >= max(every, FULL_COMPACTION_EVERY_S)
         # the count's pool: the scheduler shares the cores with the batches' jobs
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
+        # with generated code, whatever the count before it was planned for (_count_clock):
+        # a compaction rewrites minutes of rows at once
+        interpreted_for(self.spark, INTERPRETED_BELOW_RECORDS)
         with self._dates_lock:  # what the batches note from here on is the next one's
             uncompacted, self._uncompacted = self._uncompacted, {}
             not_fully = self._not_fully_compacted

@@ -188,6 +188,14 @@ class SparkSettings:
         default=256 * 1024, metadata={"doc": "Records over this size go to rejects."}
     )
     shuffle_partitions: int = field(default=2, metadata={"doc": "spark.sql.shuffle.partitions."})
+    local_spare_slots: int = field(
+        default=1,
+        metadata={
+            "doc": "Task slots a local master (local[N]) runs beyond its N cores, the batches still "
+            "read in N tasks: the aggregates' count then runs beside a backlog batch's long tasks "
+            "instead of waiting for one of them to end before each of its small jobs (0: none)."
+        },
+    )
     driver_memory: str = field(default="1g", metadata={"doc": "spark.driver.memory."})
     java_options: str = field(
         default="",
@@ -249,8 +257,9 @@ class SparkSettings:
         ):
             if getattr(self, name) < 0:
                 raise SparkSettingsError(f"{name}: must be >= 0")
-        if self.aggregate_after_rows < 0:
-            raise SparkSettingsError("aggregate_after_rows: must be >= 0")
+        for name in ("aggregate_after_rows", "local_spare_slots"):
+            if getattr(self, name) < 0:
+                raise SparkSettingsError(f"{name}: must be >= 0")
         if self.dedupe_lookback_days < 0:
             raise SparkSettingsError("dedupe_lookback_days: must be >= 0")
         for name in ("catalog", "namespace"):

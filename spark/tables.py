@@ -33,10 +33,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import InheritableThread
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -45,6 +46,8 @@ from spark import transforms as tr
 from spark.settings import SparkSettings
 
 log = logging.getLogger("fedgate.spark")
+
+R = TypeVar("R")
 
 KAFKA_SOURCE_SCHEMA = T.StructType(
     [
@@ -126,6 +129,38 @@ AGGREGATES = (
     Aggregate(DEVICE_MINUTE, tr.device_minute, tr.DEVICE_MINUTE_MERGE),
     Aggregate(REGION_MINUTE, tr.region_minute, tr.REGION_MINUTE_MERGE),
 )
+
+
+def each_aggregate(count: Callable[[Aggregate], R]) -> dict[Table, R]:
+    """`count` of every aggregate, all at once, each aggregate on a thread of its own (the
+    first on the caller's); an error of any is raised once all have ended.
+
+    Why at once: an aggregate's MERGE is a chain of small Spark jobs, each planned and
+    committed by the driver while one core computes, and the last of a backlog's counts
+    runs alone after its last batch -- the two aggregates one after the other left a core
+    idle for much of it.  Each commits on its own (its own mark, counted_through), so
+    either may fail alone and be counted again from its mark.  The threads inherit the
+    caller's scheduler pool (InheritableThread)."""
+    results: dict[Table, R] = {}
+    errors: list[BaseException] = []
+
+    def one(aggregate: Aggregate) -> None:
+        try:
+            results[aggregate.table] = count(aggregate)
+        except BaseException as e:  # raised by the caller's thread below
+            errors.append(e)
+
+    threads = [InheritableThread(target=one, args=(a,)) for a in AGGREGATES[1:]]
+    for thread in threads:
+        thread.start()
+    one(AGGREGATES[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 #: an aggregate's column: the last micro-batch whose telemetry_raw rows the row counts;
 #: the table's greatest is the table's own mark, moving in the same commit as its counts
 COUNTED_THROUGH = "counted_through"
@@ -300,15 +335,14 @@ class Catalog:
             .select(*_AGGREGATES_READ)
             .persist()  # read once for both aggregates
         )
+
+        def count(aggregate: Aggregate) -> TimeSpan | None:
+            mark = marks[aggregate.table]
+            rows = new.where(batch > mark) if mark > after else new
+            return self.land(aggregate.table, aggregate.transform(rows), merge=aggregate.merge)
+
         try:
-            done = {}
-            for aggregate in AGGREGATES:
-                mark = marks[aggregate.table]
-                rows = new.where(batch > mark) if mark > after else new
-                done[aggregate.table] = self.land(
-                    aggregate.table, aggregate.transform(rows), merge=aggregate.merge
-                )
-            return done
+            return each_aggregate(count)
         finally:
             new.unpersist()
 
@@ -323,12 +357,14 @@ class Catalog:
         counts every batch up to it."""
         minutes = TimeSpan(_minute(span.first), _minute(span.last))
         new = rows.select(*_AGGREGATES_READ)
-        done = {}
-        for aggregate in AGGREGATES:
-            if self.counted_through(aggregate.table) < batch_id:
-                self.land(aggregate.table, aggregate.transform(new), merge=aggregate.merge, span=minutes)
-                done[aggregate.table] = minutes
-        return done
+
+        def count(aggregate: Aggregate) -> TimeSpan | None:
+            if self.counted_through(aggregate.table) >= batch_id:
+                return None
+            self.land(aggregate.table, aggregate.transform(new), merge=aggregate.merge, span=minutes)
+            return minutes
+
+        return {table: span for table, span in each_aggregate(count).items() if span is not None}
 
     def landed_rows(self, batch_id: int) -> int:
         """How many rows telemetry_raw holds as micro-batch `batch_id`'s."""

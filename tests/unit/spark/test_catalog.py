@@ -399,6 +399,35 @@ def test_a_crash_between_the_aggregates_commits_counts_no_batch_twice(spark, cat
     assert catalog.refreshed_through() == 2
 
 
+def test_an_aggregate_whose_count_fails_beside_the_other_is_counted_at_the_next_refresh(
+    spark, catalog, monkeypatch
+):
+    """Tried: the aggregates count at once, each on its own thread (tables.each_aggregate),
+    and region_minute's MERGE fails (its commit lost, say): the refresh raises that error
+    once device_minute's count has ended, device_minute counts batch 2 all the same, and
+    the next refresh counts batch 2 in region_minute alone -- every row once in each."""
+    first, second = (readings_of_one_minute(spark, range(s, s + 30)) for s in (0, 30))
+    land_batch(catalog, first, 1)
+    catalog.land(RAW, second.withColumn("ingest_batch", F.lit(2).cast("long")))
+    land = catalog.land
+
+    def region_minute_fails(table, rows, **kwargs):
+        if table is REGION_MINUTE:
+            raise RuntimeError("region_minute's commit lost")
+        return land(table, rows, **kwargs)
+
+    monkeypatch.setattr(catalog, "land", region_minute_fails)
+    with pytest.raises(RuntimeError, match="commit lost"):
+        catalog.refresh(2)
+    assert (catalog.counted_through(DEVICE_MINUTE), catalog.counted_through(REGION_MINUTE)) == (2, 1)
+    monkeypatch.undo()
+    catalog.refresh(2)
+    everything = catalog.read(RAW)
+    same_rows(catalog.read(DEVICE_MINUTE), tr.device_minute(everything), DEVICE_MINUTE.key)
+    same_rows(catalog.read(REGION_MINUTE), tr.region_minute(everything), REGION_MINUTE.key)
+    assert catalog.refreshed_through() == 2
+
+
 def test_an_aggregate_made_before_its_states_is_counted_again_from_telemetry_raw(spark, catalog):
     """An operator upgrades: device_minute was made without the columns that later rows are
     added to.  The next start adds them and counts the table again from telemetry_raw."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
-from spark.session import DRIVER_GC, SparkSetupError, build_session, gc_option
+from spark.session import DRIVER_GC, SparkSetupError, build_session, gc_option, local_master
 
 
 def test_a_session_for_another_warehouse_is_refused_while_one_runs(spark, spark_settings, tmp_path):
@@ -36,3 +37,15 @@ def test_the_driver_marks_its_old_generation_late_unless_told_otherwise(spark):
     assert gc_option("-XX:TieredStopAtLevel=1") == DRIVER_GC
     assert gc_option("-Xmx2g -XX:+UseParallelGC") == ""
     assert gc_option("-XX:+UseZGC -XX:+ZGenerational") == ""
+
+
+def test_a_local_master_gets_a_spare_task_slot_and_its_batches_keep_its_cores(spark):
+    """local[N] starts N + spare slots, its batches cut in N tasks (the count beside a
+    backlog batch gets a slot); local[*] counts this machine's cores; a cluster's master and
+    a spare of 0 are left as they are.  The tests' own session, local[1], runs two slots."""
+    assert local_master("local[2]", 1) == ("local[3]", 2)
+    assert local_master("local[*]", 2)[1] == os.cpu_count()
+    assert local_master("local[2]", 0) == ("local[2]", None)
+    assert local_master("spark://10.0.0.5:7077", 1) == ("spark://10.0.0.5:7077", None)
+    assert spark.sparkContext.master == "local[2]"
+    assert spark.sparkContext.defaultParallelism == 1

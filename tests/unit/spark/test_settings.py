@@ -33,6 +33,10 @@ def test_file_then_environment_then_overrides(tmp_path, monkeypatch):
             'kafka_bootstrap = "k"\nwarehouse = "w"\naggregate_after_rows = -5\n',
             "^aggregate_after_rows: must be >= 0",
         ),
+        (
+            'kafka_bootstrap = "k"\nwarehouse = "w"\nlocal_spare_slots = -1\n',
+            "^local_spare_slots: must be >= 0",
+        ),
         ('warehouse = "w"\n', "^kafka_bootstrap: required"),
         ("kafka_bootstrap = \n", "config file .*spark.toml"),
     ],
