@@ -9,6 +9,7 @@ rather than boot one of its own (tests/ha/test_ha_bench.py).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,9 @@ def test_quick_benchmarks_produce_their_figures_and_lose_nothing(monkeypatch):
     assert r["spark_batch_per_s"] > 0 and r["python_consume_per_s"] > 0
     assert r["job_vs_spark_batch"] > 0
     assert ingest["all_tables_s"] >= ingest["raw_s"], "the aggregates count a row after it landed"
+    # each the median of its runs (one each in the quick run), the backlog one of them whole
+    assert ingest["all_tables_rows_per_s"] in r["ingest_runs"]
+    assert r["spark_batch_per_s"] == round(statistics.median(r["spark_batch_warm_runs"]))
     burst = r["burst"]  # the same count produced into the running job
     assert 0 < burst["raw_s"] <= burst["all_tables_s"] and r["burst_vs_spark_batch"] > 0
     assert "row queryable" in spark_bench.to_markdown(r)
