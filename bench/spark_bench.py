@@ -22,8 +22,9 @@ ingest rate on a backlog
   (SIGSTOP, as a stalled job is) while they are produced, and the clock runs
   from their SIGCONT until the last of the N rows is committed to
   telemetry_raw, and until the aggregates' commit of the same batch (rows/s);
-  three such backlogs in a full run, the median the figure.  Before them, N more are produced into the running job as fast as Kafka takes
-  them (~80k/s here), the clock from the first record: the job reads them as
+  three such backlogs in a full run, the median the figure.  Before them,
+  N more are produced into the running job as fast as Kafka takes them
+  (~80k/s here), the clock from the first record: the job reads them as
   they come, beside the bench's producer.
   References on the same N records, waiting in a topic the job does not
   read, same run:
