@@ -423,7 +423,8 @@ class TelemetryJob:
         for batch_id in kept:
             if self._pending_through(before=batch_id) > self._refreshed_through:
                 self._count_read_back(batch_id - 1)
-            clock = self._count_clock(batch_id)
+            # counted on the streaming query's session, planned as the batch was
+            clock = PhaseClock(self._jvm_pid)
             with self._pending_lock:
                 batch = self._in_memory[batch_id]
             try:
@@ -438,22 +439,22 @@ class TelemetryJob:
 
     def _count_read_back(self, through: int) -> None:
         """Count the pending batches up to `through` from their rows in telemetry_raw."""
-        clock = self._count_clock(through)
+        clock = self._plan_read_back(through)
         for table, span in self.catalog.refresh(through).items():
             self._note_dates(table, span)
         self._counted(through, self._take_pending(through), clock)
 
-    def _count_clock(self, through: int) -> PhaseClock:
-        """Plan the count of the pending batches up to `through` for their rows, as a batch
-        is (interpreted_for), and start its clock.
+    def _plan_read_back(self, through: int) -> PhaseClock:
+        """Plan the read-back count of the pending batches up to `through` for their rows,
+        as a batch is (interpreted_for), and start its clock.
 
         A count read back from telemetry_raw runs on the job's own session, which planned
         every count with generated code: a minute's ~18,000 rows at 300/s, whose plans'
         literals (batches, minutes) differ at every count.  Planned like a batch of its size
         (with the spare task slot and both aggregates at once, docs/benchmarks.md) a minute's
         count took 1.2-1.6 s instead of 2.7-3.2, and the job at 300/s 0.13 cores instead of
-        0.18.  A backlog batch's count from memory runs on the streaming query's session,
-        planned as that batch was."""
+        0.18.  (A backlog batch's count from memory runs on the streaming query's session,
+        planned as that batch was: _refresh_pending leaves it so.)"""
         with self._pending_lock:
             rows = [n for b, n in self._pending_rows.items() if b <= through]
         # 0: rows landed before a restart, how many not known -- a backlog's, perhaps
@@ -537,7 +538,7 @@ class TelemetryJob:
         full = t0 - self._fully_compacted_at >= max(every, FULL_COMPACTION_EVERY_S)
         # the count's pool: the scheduler shares the cores with the batches' jobs
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "aggregates")
-        # with generated code, whatever the count before it was planned for (_count_clock):
+        # with generated code, whatever the count before it was planned for (_plan_read_back):
         # a compaction rewrites minutes of rows at once
         interpreted_for(self.spark, INTERPRETED_BELOW_RECORDS)
         with self._dates_lock:  # what the batches note from here on is the next one's
