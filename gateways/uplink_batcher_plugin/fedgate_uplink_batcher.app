@@ -7,14 +7,15 @@
     {mod, {fedgate_uplink_batcher_app, []}},
     %% the queue and exchange are the gateway's definitions' (gateways/wiring.py);
     %% pass_through: routing keys forwarded alone, each in order with the batches
-    %% (a device's command acknowledgements, which the backend routes by key)
+    %% (a device's command acknowledgements, which the backend routes by key);
+    %% buckets: batches per flush, a region's routers sharing it (src/, "buckets")
     {env, [
         {queue, <<"fedgate.uplink.batch-in">>},
         {exchange, <<"fedgate.uplink.batches">>},
         {linger_ms, 25},
         {max_readings, 500},
         {max_bytes, 262144},
-        {buckets, 4},
+        {buckets, 1},
         {prefetch, 2000},
         {pass_through, [<<"devices.*.acks">>]}
     ]}
