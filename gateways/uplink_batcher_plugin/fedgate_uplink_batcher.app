@@ -8,7 +8,8 @@
     %% the queue and exchange are the gateway's definitions' (gateways/wiring.py);
     %% pass_through: routing keys forwarded alone, each in order with the batches
     %% (a device's command acknowledgements, which the backend routes by key);
-    %% buckets: batches per flush, a region's routers sharing it (src/, "buckets")
+    %% buckets: a region's batches per flush; with 1, one router at a time bridges
+    %% the region (src/fedgate_uplink_batcher.erl says when to raise it)
     {env, [
         {queue, <<"fedgate.uplink.batch-in">>},
         {exchange, <<"fedgate.uplink.batches">>},

@@ -48,7 +48,8 @@ def test_a_region_is_bridged_by_one_router_at_a_time_in_each_devices_order(feder
     region's readings travel in one batch a flush (the gateway batcher's one bucket), so they
     take one shard and one router bridges them all: every reading reaches Kafka once, each
     device's in the order it sent them, and the other router bridges none of that region's.
-    (Were a region's readings split over several shards, both routers would take part.)"""
+    (With four buckets a region, the default before, a region's keys took several shards and
+    both routers bridged it.)"""
     routers = ("router-0", "router-1")
     for region in ("local-eu", "local-us"):
         before = {n: _bridged(federation, n) for n in routers}
