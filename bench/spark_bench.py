@@ -563,8 +563,7 @@ def run(fed: LocalFederation, workdir: Path, quick: bool = False) -> dict[str, A
             backlogs.append(burst(fed, spark, log, last_table, n_backlog, prefix=prefix, job_paused=True))
             check_backlog_rows(spark, raw, n_backlog, prefix)
         results["ingest_runs"] = [b["all_tables_rows_per_s"] for b in backlogs]
-        # the median backlog, whole (its raw and all-tables times belong together)
-        results["ingest"] = sorted(backlogs, key=lambda b: b["all_tables_rows_per_s"])[len(backlogs) // 2]
+        results["ingest"] = median_backlog(backlogs)
         commits = log.commits_by_batch(spark, raw)  # one scan of the table serves all three
         results["steady"].update(freshness_figures(spark, raw, commits, results["steady"]["sent"]))
         first = results["first_minutes"]
@@ -643,6 +642,12 @@ def to_markdown(r: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def median_backlog(backlogs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The backlog of the median all-tables rate, whole: its raw and all-tables times belong
+    together (of an even count, the faster of the middle two)."""
+    return sorted(backlogs, key=lambda b: b["all_tables_rows_per_s"])[len(backlogs) // 2]
 
 
 def _runs(values: list[int]) -> str:
